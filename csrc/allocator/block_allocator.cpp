@@ -1,0 +1,480 @@
+#include "allocator/block_allocator.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "core/errors.h"
+
+namespace gnomon {
+namespace {
+
+constexpr int32_t kUnlinked = -1;
+// Serial numbers name cache entries. A block computed on top of no cached entry has no serial,
+// and its descendants are not cached: they could never be reached by a lookup.
+constexpr uint64_t kNoSerial = 0;
+constexpr uint64_t kRootSerial = 1;
+constexpr uint64_t kFirstSerial = 2;
+
+uint64_t mix64(uint64_t x) {  // the splitmix64 finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+uint64_t BlockAllocator::hash_block(uint64_t parent_key, const int32_t* tokens, size_t count,
+                                    uint64_t extra_key) {
+  uint64_t h = mix64(mix64(parent_key ^ 0x9e3779b97f4a7c15ULL) ^ extra_key);
+  for (size_t i = 0; i < count; ++i) {
+    h = (h ^ static_cast<uint32_t>(tokens[i])) * 0x100000001b3ULL;
+  }
+  return mix64(h);
+}
+
+BlockAllocator::BlockAllocator(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
+                               int hash_bits)
+    : block_size_(block_size),
+      prefix_caching_(enable_prefix_caching),
+      hash_bits_(hash_bits),
+      key_mask_(hash_bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << hash_bits) - 1),
+      num_free_(num_blocks),
+      next_serial_(kFirstSerial) {
+  if (num_blocks < 1 || num_blocks > kMaxBlocks) {
+    raise<ValueError>("num_blocks: expected an integer in [1, ", kMaxBlocks, "], got ", num_blocks);
+  }
+  if (block_size < 1 || block_size > kMaxBlockSize) {
+    raise<ValueError>("block_size: expected an integer in [1, ", kMaxBlockSize, "], got ",
+                      block_size);
+  }
+  if (hash_bits < 1 || hash_bits > 64) {
+    raise<ValueError>("hash_bits: expected an integer in [1, 64], got ", hash_bits);
+  }
+  const auto n = static_cast<int32_t>(num_blocks);
+  blocks_.resize(n);
+  head_ = n;
+  tail_ = n + 1;
+  prev_.resize(n + 2);
+  next_.resize(n + 2);
+  prev_[head_] = kUnlinked;
+  next_[tail_] = kUnlinked;
+  int32_t last = head_;
+  for (int32_t b = 0; b < n; ++b) {
+    next_[last] = b;
+    prev_[b] = last;
+    last = b;
+  }
+  next_[last] = tail_;
+  prev_[tail_] = last;
+  if (prefix_caching_) {
+    cached_tokens_.resize(static_cast<size_t>(num_blocks) * block_size);
+    cache_.reserve(n);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The free queue
+
+void BlockAllocator::link_after(int32_t at, int32_t block) {
+  const int32_t after = next_[at];
+  prev_[block] = at;
+  next_[block] = after;
+  next_[at] = block;
+  prev_[after] = block;
+  ++num_free_;
+}
+
+void BlockAllocator::push_head(int32_t block) { link_after(head_, block); }
+
+void BlockAllocator::push_tail(int32_t block) { link_after(prev_[tail_], block); }
+
+void BlockAllocator::unlink(int32_t block) {
+  next_[prev_[block]] = next_[block];
+  prev_[next_[block]] = prev_[block];
+  prev_[block] = next_[block] = kUnlinked;
+  --num_free_;
+}
+
+int32_t BlockAllocator::take_fresh_block() {
+  const int32_t block = next_[head_];
+  unlink(block);
+  Block& b = blocks_[block];
+  if (b.cached) {
+    cache_.erase(b.key);
+    b.cached = false;
+    ++stats_.evictions;
+  }
+  b.ref_count = 1;
+  return block;
+}
+
+void BlockAllocator::release(int32_t block) {
+  Block& b = blocks_[block];
+  if (--b.ref_count == 0) {
+    if (b.cached) {
+      push_tail(block);
+    } else {
+      push_head(block);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The prefix cache
+
+bool BlockAllocator::holds_content(int32_t block, uint64_t parent_serial, uint64_t extra_key,
+                                   const int32_t* tokens) const {
+  const Block& b = blocks_[block];
+  const int32_t* stored = cached_tokens_.data() + static_cast<size_t>(block) * block_size_;
+  return b.parent_serial == parent_serial && b.extra_key == extra_key &&
+         std::equal(tokens, tokens + block_size_, stored);
+}
+
+template <typename Visit>
+BlockAllocator::Chain BlockAllocator::walk_cache(TokenSpan tokens, uint64_t extra_key,
+                                                 Visit&& visit) const {
+  Chain chain{0, 0, kRootSerial};
+  if (!prefix_caching_ || tokens.size == 0) return chain;
+  // Leave at least one token to compute, so a fully cached prompt still yields logits.
+  const int64_t max_blocks = (static_cast<int64_t>(tokens.size) - 1) / block_size_;
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    const int32_t* block_tokens = tokens.data + i * block_size_;
+    const uint64_t key = hash_block(chain.key, block_tokens, block_size_, extra_key) & key_mask_;
+    const auto found = cache_.find(key);
+    if (found == cache_.end() ||
+        !holds_content(found->second, chain.serial, extra_key, block_tokens)) {
+      break;
+    }
+    visit(found->second);
+    chain = Chain{i + 1, key, blocks_[found->second].serial};
+  }
+  return chain;
+}
+
+int64_t BlockAllocator::lookup(TokenSpan tokens, uint64_t extra_key) const {
+  return walk_cache(tokens, extra_key, [](int32_t) {}).num_blocks * block_size_;
+}
+
+void BlockAllocator::cache_next_full_block(Sequence& seq) {
+  const int64_t index = seq.num_full_committed++;
+  if (seq.last_serial == kNoSerial) return;
+  const int32_t block = seq.blocks[index];
+  const int32_t* tokens = seq.tokens.data() + index * block_size_;
+  const uint64_t key = hash_block(seq.last_key, tokens, block_size_, seq.extra_key) & key_mask_;
+  const auto [entry, inserted] = cache_.try_emplace(key, block);
+  seq.last_key = key;
+  if (!inserted) {
+    // A duplicate keeps the chain going through the entry already cached; a collision ends it.
+    const int32_t other = entry->second;
+    seq.last_serial = holds_content(other, seq.last_serial, seq.extra_key, tokens)
+                          ? blocks_[other].serial
+                          : kNoSerial;
+    return;
+  }
+  Block& b = blocks_[block];
+  b.cached = true;
+  b.key = key;
+  b.serial = next_serial_++;
+  b.parent_serial = seq.last_serial;
+  b.extra_key = seq.extra_key;
+  std::copy(tokens, tokens + block_size_,
+            cached_tokens_.begin() + static_cast<size_t>(block) * block_size_);
+  seq.last_serial = b.serial;
+}
+
+bool BlockAllocator::reset_prefix_cache() {
+  if (num_free_ != num_blocks()) return false;
+  for (const auto& [key, block] : cache_) blocks_[block].cached = false;
+  cache_.clear();
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sequences
+
+BlockAllocator::Sequence& BlockAllocator::sequence(int64_t seq_id, const char* arg) {
+  const auto found = seqs_.find(seq_id);
+  if (found == seqs_.end()) raise<KeyError>(arg, ": unknown sequence id ", seq_id);
+  return found->second;
+}
+
+const BlockAllocator::Sequence& BlockAllocator::sequence(int64_t seq_id, const char* arg) const {
+  return const_cast<BlockAllocator*>(this)->sequence(seq_id, arg);
+}
+
+bool BlockAllocator::allocate(int64_t seq_id, TokenSpan new_tokens, int64_t num_new_tokens,
+                              uint64_t extra_key) {
+  if (num_new_tokens < 0) {
+    raise<ValueError>("num_new_tokens: expected an integer >= 0, got ", num_new_tokens);
+  }
+  const auto found = seqs_.find(seq_id);
+  if (found != seqs_.end()) return extend(found->second, new_tokens, num_new_tokens);
+  return admit(seq_id, new_tokens, num_new_tokens, extra_key);
+}
+
+bool BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tokens,
+                           uint64_t extra_key) {
+  claimed_.clear();
+  const Chain chain = walk_cache(tokens, extra_key, [&](int32_t b) { claimed_.push_back(b); });
+  const int64_t claimed_free = std::count_if(claimed_.begin(), claimed_.end(),
+                                             [&](int32_t b) { return blocks_[b].ref_count == 0; });
+  const int64_t computed = chain.num_blocks * block_size_;
+  const int64_t capacity = num_blocks() * block_size_;
+  if (num_new_tokens > capacity ||
+      ceil_div(computed + num_new_tokens, block_size_) - chain.num_blocks >
+          num_free_ - claimed_free) {
+    ++stats_.failed_allocations;
+    return false;
+  }
+  const int64_t num_table_blocks = ceil_div(computed + num_new_tokens, block_size_);
+
+  // Everything that can throw happens before the pool changes.
+  Sequence seq;
+  seq.tokens.assign(tokens.data, tokens.data + tokens.size);
+  seq.blocks.reserve(num_table_blocks);
+  seq.num_computed = computed;
+  seq.num_slots = computed + num_new_tokens;
+  seq.num_full_committed = chain.num_blocks;
+  seq.last_key = chain.key;
+  seq.last_serial = chain.serial;
+  seq.extra_key = extra_key;
+  Sequence& admitted = seqs_.emplace(seq_id, std::move(seq)).first->second;
+
+  for (const int32_t block : claimed_) {
+    if (blocks_[block].ref_count++ == 0) unlink(block);
+    admitted.blocks.push_back(block);
+  }
+  while (static_cast<int64_t>(admitted.blocks.size()) < num_table_blocks) {
+    admitted.blocks.push_back(take_fresh_block());
+  }
+  stats_.queries += static_cast<int64_t>(tokens.size);
+  stats_.hits += computed;
+  ++stats_.allocations;
+  return true;
+}
+
+bool BlockAllocator::extend(Sequence& seq, TokenSpan new_tokens, int64_t num_new_tokens) {
+  if (num_new_tokens > num_blocks() * block_size_) {
+    ++stats_.failed_allocations;
+    return false;
+  }
+  const int64_t slots = seq.num_computed + num_new_tokens;
+  const int64_t have = static_cast<int64_t>(seq.blocks.size());
+  const int64_t want = ceil_div(slots, block_size_);
+  // Blocks this step writes into that another sequence also holds get a private copy first.
+  const int64_t first_written = seq.num_computed / block_size_;
+  const int64_t last_shared_candidate = std::min(have, want);
+  int64_t shared = 0;
+  for (int64_t i = first_written; i < last_shared_candidate; ++i) {
+    shared += blocks_[seq.blocks[i]].ref_count > 1;
+  }
+  if (std::max<int64_t>(want - have, 0) + shared > num_free_) {
+    ++stats_.failed_allocations;
+    return false;
+  }
+
+  seq.blocks.reserve(std::max(want, have));
+  seq.tokens.insert(seq.tokens.end(), new_tokens.data, new_tokens.data + new_tokens.size);
+  for (int64_t i = first_written; shared > 0 && i < last_shared_candidate; ++i) {
+    const int32_t source = seq.blocks[i];
+    if (blocks_[source].ref_count == 1) continue;
+    const int32_t copy = take_fresh_block();
+    --blocks_[source].ref_count;
+    seq.blocks[i] = copy;
+    if (i * block_size_ < seq.num_computed) pending_copies_.emplace_back(source, copy);
+    --shared;
+  }
+  while (static_cast<int64_t>(seq.blocks.size()) < want) seq.blocks.push_back(take_fresh_block());
+  seq.num_slots = std::max(seq.num_slots, slots);
+  ++stats_.allocations;
+  return true;
+}
+
+void BlockAllocator::check_commit(const Sequence& seq, int64_t num_computed_tokens) const {
+  if (num_computed_tokens < seq.num_computed) {
+    raise<ValueError>("num_computed_tokens: ", num_computed_tokens,
+                      " is below the sequence's ", seq.num_computed,
+                      " computed tokens; it may not decrease");
+  }
+  if (num_computed_tokens > seq.num_slots) {
+    raise<ValueError>("num_computed_tokens: ", num_computed_tokens, " is beyond the ",
+                      seq.num_slots, " tokens allocated to the sequence");
+  }
+  if (num_computed_tokens > static_cast<int64_t>(seq.tokens.size())) {
+    raise<ValueError>("num_computed_tokens: ", num_computed_tokens, " is beyond the ",
+                      seq.tokens.size(), " token ids the allocator was given for the sequence");
+  }
+}
+
+void BlockAllocator::apply_commit(Sequence& seq, int64_t num_computed_tokens) {
+  seq.num_computed = num_computed_tokens;
+  if (!prefix_caching_) return;
+  while ((seq.num_full_committed + 1) * block_size_ <= num_computed_tokens) {
+    cache_next_full_block(seq);
+  }
+}
+
+void BlockAllocator::commit(int64_t seq_id, int64_t num_computed_tokens) {
+  Sequence& seq = sequence(seq_id, "seq_id");
+  check_commit(seq, num_computed_tokens);
+  apply_commit(seq, num_computed_tokens);
+}
+
+std::vector<BlockAllocator::Sequence*>& BlockAllocator::batch_sequences(IntSpan seq_ids) {
+  ++batch_epoch_;
+  batch_.clear();
+  batch_.reserve(seq_ids.size);
+  for (size_t i = 0; i < seq_ids.size; ++i) {
+    const auto found = seqs_.find(seq_ids[i]);
+    if (found == seqs_.end()) {
+      raise<KeyError>("seq_ids: unknown sequence id ", seq_ids[i], " at index ", i,
+                      " (the batch forms take running sequences; admit new ones with allocate)");
+    }
+    Sequence& seq = found->second;
+    if (seq.batch_mark == batch_epoch_) {
+      raise<ValueError>("seq_ids: sequence id ", seq_ids[i], " appears more than once");
+    }
+    seq.batch_mark = batch_epoch_;
+    batch_.push_back(&seq);
+  }
+  return batch_;
+}
+
+int64_t BlockAllocator::allocate_batch(IntSpan seq_ids, IntSpan new_token_ids,
+                                       IntSpan new_token_counts, IntSpan num_new_tokens) {
+  const size_t n = seq_ids.size;
+  if (new_token_counts.size != n) {
+    raise<ValueError>("new_token_counts: expected ", n, " entries (one per seq_ids), got ",
+                      new_token_counts.size);
+  }
+  if (num_new_tokens.size != n) {
+    raise<ValueError>("num_new_tokens: expected ", n, " entries (one per seq_ids), got ",
+                      num_new_tokens.size);
+  }
+  std::vector<Sequence*>& batch = batch_sequences(seq_ids);
+  size_t total_tokens = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t count = new_token_counts[i];
+    if (count < 0 || static_cast<size_t>(count) > new_token_ids.size - total_tokens) {
+      raise<ValueError>("new_token_counts: entry ", i, " is ", count,
+                        "; the counts must be >= 0 and sum to len(new_token_ids) = ",
+                        new_token_ids.size);
+    }
+    total_tokens += static_cast<size_t>(count);
+    if (num_new_tokens[i] < 0) {
+      raise<ValueError>("num_new_tokens: entry ", i, " is ", num_new_tokens[i],
+                        "; expected integers >= 0");
+    }
+  }
+  if (total_tokens != new_token_ids.size) {
+    raise<ValueError>("new_token_counts: the counts sum to ", total_tokens,
+                      " but new_token_ids holds ", new_token_ids.size, " ids");
+  }
+  const int32_t* tokens = static_cast<const int32_t*>(new_token_ids.data);
+  if (new_token_ids.is_int64) {
+    batch_tokens_.resize(new_token_ids.size);
+    for (size_t i = 0; i < new_token_ids.size; ++i) {
+      const int64_t id = new_token_ids[i];
+      if (id < INT32_MIN || id > INT32_MAX) {
+        raise<ValueError>("new_token_ids: entry ", i, " = ", id, " is outside the int32 range");
+      }
+      batch_tokens_[i] = static_cast<int32_t>(id);
+    }
+    tokens = batch_tokens_.data();
+  }
+
+  size_t offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const auto count = static_cast<size_t>(new_token_counts[i]);
+    if (!extend(*batch[i], TokenSpan{tokens + offset, count}, num_new_tokens[i])) {
+      return static_cast<int64_t>(i);
+    }
+    offset += count;
+  }
+  return static_cast<int64_t>(n);
+}
+
+void BlockAllocator::commit_batch(IntSpan seq_ids, IntSpan num_computed_tokens) {
+  if (num_computed_tokens.size != seq_ids.size) {
+    raise<ValueError>("num_computed_tokens: expected ", seq_ids.size,
+                      " entries (one per seq_ids), got ", num_computed_tokens.size);
+  }
+  std::vector<Sequence*>& batch = batch_sequences(seq_ids);
+  for (size_t i = 0; i < batch.size(); ++i) check_commit(*batch[i], num_computed_tokens[i]);
+  for (size_t i = 0; i < batch.size(); ++i) apply_commit(*batch[i], num_computed_tokens[i]);
+}
+
+void BlockAllocator::free(int64_t seq_id) {
+  const auto found = seqs_.find(seq_id);
+  if (found == seqs_.end()) raise<KeyError>("seq_id: unknown sequence id ", seq_id);
+  const std::vector<int32_t>& table = found->second.blocks;
+  for (auto block = table.rbegin(); block != table.rend(); ++block) release(*block);
+  // A copy into a block nobody holds any more has nothing left to serve.
+  pending_copies_.erase(std::remove_if(pending_copies_.begin(), pending_copies_.end(),
+                                       [&](const std::pair<int32_t, int32_t>& copy) {
+                                         return blocks_[copy.second].ref_count == 0;
+                                       }),
+                        pending_copies_.end());
+  seqs_.erase(found);
+}
+
+void BlockAllocator::fork(int64_t parent_seq_id, int64_t child_seq_id) {
+  const Sequence& parent = sequence(parent_seq_id, "parent_seq_id");
+  if (seqs_.count(child_seq_id) != 0) {
+    raise<ValueError>("child_seq_id: sequence id ", child_seq_id, " is already present");
+  }
+  if (parent.num_slots != parent.num_computed) {
+    raise<ValueError>("parent_seq_id: sequence ", parent_seq_id, " has ",
+                      parent.num_slots - parent.num_computed,
+                      " allocated tokens not yet committed; fork it after commit");
+  }
+  Sequence child = parent;
+  const Sequence& forked = seqs_.emplace(child_seq_id, std::move(child)).first->second;
+  for (const int32_t block : forked.blocks) ++blocks_[block].ref_count;
+}
+
+std::vector<std::pair<int32_t, int32_t>> BlockAllocator::take_pending_copies() {
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  copies.swap(pending_copies_);
+  return copies;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inspection
+
+const std::vector<int32_t>& BlockAllocator::block_table(int64_t seq_id) const {
+  return sequence(seq_id, "seq_id").blocks;
+}
+
+int64_t BlockAllocator::num_computed_tokens(int64_t seq_id) const {
+  return sequence(seq_id, "seq_id").num_computed;
+}
+
+int32_t BlockAllocator::ref_count(int64_t block_id) const {
+  if (block_id < 0 || block_id >= num_blocks()) {
+    raise<ValueError>("block_id: expected 0 <= block_id < ", num_blocks(), ", got ", block_id);
+  }
+  return blocks_[block_id].ref_count;
+}
+
+std::vector<int32_t> BlockAllocator::free_queue() const {
+  std::vector<int32_t> order;
+  order.reserve(num_free_);
+  for (int32_t b = next_[head_]; b != tail_; b = next_[b]) order.push_back(b);
+  return order;
+}
+
+std::vector<int32_t> BlockAllocator::cached_blocks() const {
+  std::vector<int32_t> cached;
+  cached.reserve(cache_.size());
+  for (const auto& [key, block] : cache_) cached.push_back(block);
+  std::sort(cached.begin(), cached.end());
+  return cached;
+}
+
+}  // namespace gnomon

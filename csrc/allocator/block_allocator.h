@@ -1,0 +1,155 @@
+#pragma once
+// The paged-block allocator with prefix caching. The semantics are stated once, in the Python
+// docstring in bindings.cpp; this header documents only what the C++ side adds.
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace gnomon {
+
+// A borrowed, read-only 1-D integer array: int32 or int64, as numpy hands it over.
+struct IntSpan {
+  const void* data = nullptr;
+  size_t size = 0;
+  bool is_int64 = false;
+
+  int64_t operator[](size_t i) const {
+    return is_int64 ? static_cast<const int64_t*>(data)[i] : static_cast<const int32_t*>(data)[i];
+  }
+};
+
+// Borrowed token ids, already checked to be int32.
+struct TokenSpan {
+  const int32_t* data = nullptr;
+  size_t size = 0;
+};
+
+struct AllocatorStats {
+  int64_t queries = 0;  // prompt tokens offered to the prefix cache at admission
+  int64_t hits = 0;     // of those, tokens whose KV was found cached
+  int64_t allocations = 0;
+  int64_t failed_allocations = 0;
+  int64_t evictions = 0;
+};
+
+class BlockAllocator {
+ public:
+  static constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 3;  // int32 ids plus two sentinels
+  static constexpr int64_t kMaxBlockSize = int64_t{1} << 20;
+
+  BlockAllocator(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching, int hash_bits);
+
+  int64_t lookup(TokenSpan tokens, uint64_t extra_key) const;
+  bool allocate(int64_t seq_id, TokenSpan new_tokens, int64_t num_new_tokens, uint64_t extra_key);
+  void commit(int64_t seq_id, int64_t num_computed_tokens);
+  int64_t allocate_batch(IntSpan seq_ids, IntSpan new_token_ids, IntSpan new_token_counts,
+                         IntSpan num_new_tokens);
+  void commit_batch(IntSpan seq_ids, IntSpan num_computed_tokens);
+  void free(int64_t seq_id);
+  void fork(int64_t parent_seq_id, int64_t child_seq_id);
+  std::vector<std::pair<int32_t, int32_t>> take_pending_copies();
+  bool reset_prefix_cache();
+
+  const std::vector<int32_t>& block_table(int64_t seq_id) const;
+  int64_t num_computed_tokens(int64_t seq_id) const;
+  bool contains(int64_t seq_id) const { return seqs_.count(seq_id) != 0; }
+  int32_t ref_count(int64_t block_id) const;
+  std::vector<int32_t> free_queue() const;
+  std::vector<int32_t> cached_blocks() const;
+
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  int64_t block_size() const { return block_size_; }
+  bool prefix_caching() const { return prefix_caching_; }
+  int hash_bits() const { return hash_bits_; }
+  int64_t num_free_blocks() const { return num_free_; }
+  int64_t num_cached_blocks() const { return static_cast<int64_t>(cache_.size()); }
+  int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
+  double usage() const { return 1.0 - static_cast<double>(num_free_) / num_blocks(); }
+  const AllocatorStats& stats() const { return stats_; }
+
+  // The full-width chained key of one block; the allocator keeps its low hash_bits bits.
+  static uint64_t hash_block(uint64_t parent_key, const int32_t* tokens, size_t count,
+                             uint64_t extra_key);
+
+ private:
+  struct Block {
+    int32_t ref_count = 0;
+    bool cached = false;
+    uint64_t key = 0;
+    uint64_t serial = 0;         // unique per cache entry, never reused
+    uint64_t parent_serial = 0;  // the entry this block's KV was computed on top of
+    uint64_t extra_key = 0;
+  };
+
+  struct Sequence {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> blocks;
+    int64_t num_computed = 0;
+    int64_t num_slots = 0;           // tokens the block table was last sized for
+    int64_t num_full_committed = 0;  // leading full blocks already offered to the cache
+    uint64_t last_key = 0;           // chain key of the last of those blocks
+    uint64_t last_serial = 0;        // cache entry holding that block's content, or none
+    uint64_t extra_key = 0;
+    uint64_t batch_mark = 0;
+  };
+
+  struct Chain {
+    int64_t num_blocks = 0;
+    uint64_t key = 0;
+    uint64_t serial = 0;
+  };
+
+  template <typename Visit>
+  Chain walk_cache(TokenSpan tokens, uint64_t extra_key, Visit&& visit) const;
+  bool holds_content(int32_t block, uint64_t parent_serial, uint64_t extra_key,
+                     const int32_t* tokens) const;
+
+  bool admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tokens, uint64_t extra_key);
+  bool extend(Sequence& seq, TokenSpan new_tokens, int64_t num_new_tokens);
+  void check_commit(const Sequence& seq, int64_t num_computed_tokens) const;
+  void apply_commit(Sequence& seq, int64_t num_computed_tokens);
+  void cache_next_full_block(Sequence& seq);
+
+  Sequence& sequence(int64_t seq_id, const char* arg);
+  const Sequence& sequence(int64_t seq_id, const char* arg) const;
+  std::vector<Sequence*>& batch_sequences(IntSpan seq_ids);
+
+  int32_t take_fresh_block();
+  void release(int32_t block);
+  void push_head(int32_t block);
+  void push_tail(int32_t block);
+  void unlink(int32_t block);
+  void link_after(int32_t at, int32_t block);
+
+  int64_t block_size_;
+  bool prefix_caching_;
+  int hash_bits_;
+  uint64_t key_mask_;
+
+  std::vector<Block> blocks_;
+  // The free queue, threaded through the blocks: indices num_blocks and num_blocks+1 are the head
+  // and tail sentinels; prev_[b] == -1 means block b is not queued.
+  std::vector<int32_t> prev_;
+  std::vector<int32_t> next_;
+  int32_t head_;
+  int32_t tail_;
+  int64_t num_free_;
+
+  std::unordered_map<uint64_t, int32_t> cache_;
+  std::vector<int32_t> cached_tokens_;  // block_size token ids per block, valid while cached
+  uint64_t next_serial_;
+
+  std::unordered_map<int64_t, Sequence> seqs_;
+  std::vector<std::pair<int32_t, int32_t>> pending_copies_;
+  AllocatorStats stats_;
+
+  // Scratch reused across calls so the per-step path does not allocate.
+  std::vector<int32_t> claimed_;
+  std::vector<int32_t> batch_tokens_;
+  std::vector<Sequence*> batch_;
+  uint64_t batch_epoch_ = 0;
+};
+
+}  // namespace gnomon

@@ -1,0 +1,295 @@
+// The one Python module, gnomon._C. Arguments are converted and checked here; the C++ classes
+// check their own invariants again, so no call from Python can corrupt their state.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "allocator/block_allocator.h"
+#include "core/build_info.h"
+#include "core/errors.h"
+#include "core/threads.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace gnomon {
+namespace {
+
+std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")); }
+
+IntSpan int_array(py::handle obj, const char* arg) {
+  if (!py::isinstance<py::array>(obj)) {
+    raise<TypeError>(arg, ": expected a 1-D numpy array of int32 or int64, got ", type_name(obj));
+  }
+  const auto array = py::reinterpret_borrow<py::array>(obj);
+  const py::dtype dtype = array.dtype();
+  if (dtype.kind() != 'i' || (dtype.itemsize() != 4 && dtype.itemsize() != 8) ||
+      !dtype.attr("isnative").cast<bool>()) {
+    raise<TypeError>(arg, ": expected dtype int32 or int64 in native byte order, got ",
+                     std::string(py::str(dtype)));
+  }
+  if (array.ndim() != 1) {
+    raise<ValueError>(arg, ": expected a 1-D array, got ", array.ndim(), " dimensions");
+  }
+  if (!(array.flags() & py::array::c_style)) {
+    raise<ValueError>(arg, ": expected a C-contiguous array (use numpy.ascontiguousarray)");
+  }
+  return IntSpan{array.data(), static_cast<size_t>(array.shape(0)), dtype.itemsize() == 8};
+}
+
+// Token ids from a 1-D int array or any sequence of Python ints, checked to fit int32.
+std::vector<int32_t> token_ids(py::handle obj, const char* arg) {
+  std::vector<int32_t> ids;
+  if (py::isinstance<py::array>(obj)) {
+    const IntSpan span = int_array(obj, arg);
+    ids.resize(span.size);
+    for (size_t i = 0; i < span.size; ++i) {
+      if (span[i] < INT32_MIN || span[i] > INT32_MAX) {
+        raise<ValueError>(arg, ": entry ", i, " = ", span[i], " is outside the int32 range");
+      }
+      ids[i] = static_cast<int32_t>(span[i]);
+    }
+    return ids;
+  }
+  if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) || !PySequence_Check(obj.ptr())) {
+    raise<TypeError>(arg, ": expected a sequence of ints or a 1-D int array, got ",
+                     type_name(obj));
+  }
+  const py::sequence items = py::reinterpret_borrow<py::sequence>(obj);
+  const size_t n = py::len(items);
+  ids.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const py::object item = items[i];
+    if (!PyLong_Check(item.ptr())) {
+      raise<TypeError>(arg, ": entry ", i, " is a ", type_name(item), "; expected int");
+    }
+    int overflow = 0;
+    const long long id = PyLong_AsLongLongAndOverflow(item.ptr(), &overflow);
+    if (overflow != 0 || id < INT32_MIN || id > INT32_MAX) {
+      raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(item)),
+                        " is outside the int32 range");
+    }
+    ids[i] = static_cast<int32_t>(id);
+  }
+  return ids;
+}
+
+// Any int in [-2**63, 2**64), taken modulo 2**64, so hash() of a salt works as it is.
+uint64_t extra_key_arg(const py::int_& value) {
+  const py::int_ wrapped = py::reinterpret_steal<py::int_>(
+      PyNumber_And(value.ptr(), py::int_(~0ULL).ptr()));
+  const bool in_range = value >= py::int_(LLONG_MIN) && value <= py::int_(~0ULL);
+  if (!in_range) {
+    raise<ValueError>("extra_key: expected an integer in [-2**63, 2**64), got ",
+                      std::string(py::str(value)));
+  }
+  return wrapped.cast<uint64_t>();
+}
+
+TokenSpan span_of(const std::vector<int32_t>& ids) { return TokenSpan{ids.data(), ids.size()}; }
+
+py::array_t<int32_t> int32_array(const std::vector<int32_t>& values) {
+  return py::array_t<int32_t>(static_cast<py::ssize_t>(values.size()), values.data());
+}
+
+constexpr const char* kAllocatorDoc = R"doc(
+Paged KV-cache block allocator with prefix caching, in C++.
+
+BlockAllocator(num_blocks, block_size=16, enable_prefix_caching=True, *, hash_bits=64)
+
+Blocks hold ``block_size`` token slots; a token's slot is ``block_id * block_size + offset``.
+One allocator object is not thread-safe: call it from one thread (it keeps the GIL).
+
+Structure
+  Every block has a ref count: the number of sequences whose block table holds it. Blocks with
+  ref count 0 sit in one free queue, doubly linked through the blocks themselves, so taking a
+  block out of the middle is O(1). Fresh blocks are taken from the head.
+
+Prefix caching
+  A full block's key is a 64-bit hash chained over the parent block's key, the block's token
+  ids and ``extra_key`` (a namespace such as a LoRA id or cache salt; it enters every block's
+  hash, the first one included). The hash is deterministic across processes. ``hash_bits``
+  keeps only the low bits of each key, so tests can force collisions.
+  A block enters the cache only once it is full and ``commit`` says its KV is computed.
+  A hash match also compares the stored token ids, the extra key and the cache entry the block
+  was computed on top of, so a collision is a miss and can never hand out wrong KV. A block
+  whose parent's content is not in the cache (after a collision) is not cached either.
+
+lookup(token_ids, extra_key=0) -> int
+  How many leading tokens already have cached KV: whole blocks only, and at least one token is
+  left to compute, so a fully cached prompt recomputes its last block. Changes no state.
+
+allocate(seq_id, new_token_ids, num_new_tokens, extra_key=0) -> bool
+  Appends ``new_token_ids`` to what the allocator knows of the sequence: the whole prompt for a
+  new sequence; for a running one only what was appended since its last call (usually the one
+  sampled token, nothing during a prompt's later chunks). For a new sequence it first claims
+  exactly the blocks ``lookup`` would count now: each claimed block's ref count goes up, a hit
+  on a free block takes it out of the free queue, and the claimed tokens count as computed.
+  The admitting call counts the prefix-cache ``queries`` (prompt tokens) and ``hits`` (claimed
+  tokens). Then it makes sure the sequence has slots for its computed tokens plus
+  ``num_new_tokens``. ``extra_key`` applies at admission; a running sequence keeps its own.
+  When a write would land in a block another sequence also holds (after ``fork``), that block
+  is first replaced by a private copy, and ``(src, dst)`` joins ``pending_copies()`` if the
+  block held computed tokens.
+  All or nothing: if the free blocks do not suffice it returns False and changes nothing but
+  the ``failed_allocations`` counter.
+
+commit(seq_id, num_computed_tokens)
+  After a forward: records how many of the sequence's tokens now have KV. It may not decrease,
+  nor exceed the tokens allocated or the token ids known. Blocks that became full enter the
+  prefix cache; a newly full block whose content is already cached (a duplicate, as when a fully
+  cached prompt recomputes its last block) stays out of the cache and is freed like any
+  uncached block.
+
+allocate_batch(seq_ids, new_token_ids, new_token_counts, num_new_tokens) -> int
+  The per-step form of ``allocate`` for running sequences. Arguments are 1-D C-contiguous numpy
+  arrays of int32 or int64; ``new_token_ids`` is the concatenation of each sequence's new tokens.
+  All arguments are checked before anything changes. Sequences are processed in order, each all
+  or nothing; it stops at the first that does not fit and returns how many succeeded.
+
+commit_batch(seq_ids, num_computed_tokens)
+  The per-step form of ``commit``, with the same array rules; checked whole, then applied.
+
+free(seq_id)
+  Releases the sequence's blocks in reverse block-table order, so a chain's tail is evicted
+  before its head. A block reaching ref count 0 returns to the free queue: at the tail if it
+  holds cached content (LRU), at the head if not. Taking a cached free block as a fresh block
+  evicts it and removes its hash entry. Pending copies into blocks nobody holds are dropped.
+
+fork(parent_seq_id, child_seq_id)
+  The child shares every block of the parent (ref count +1 each), for parallel sampling. The
+  parent must have no allocated tokens left uncommitted.
+
+pending_copies() -> list[tuple[int, int]]
+  Returns and clears the copy-on-write ``(src, dst)`` block pairs to copy before the forward.
+
+Inspection: block_table(seq_id) (a new int32 array), num_computed_tokens(seq_id),
+ref_count(block_id), free_queue() (block ids in queue order), cached_blocks() (sorted ids),
+the properties num_blocks, block_size, num_free_blocks, num_cached_blocks, usage (the used
+fraction), and stats(), a dict with exactly the keys queries, hits (both in tokens), hit_rate,
+allocations (successful allocate calls, per sequence in a batch), failed_allocations and
+evictions (cached blocks reused as fresh ones).
+
+reset_prefix_cache() -> bool
+  Drops every cache entry; refuses, returning False, while any block is in use.
+
+Bad input (an unknown sequence id, a fork into a present id, a non-positive size, a token id
+outside int32, a negative num_new_tokens, a commit beyond what was allocated) raises KeyError
+or ValueError naming the argument, and leaves the allocator unchanged.
+)doc";
+
+void bind_allocator(py::module_& m) {
+  py::class_<BlockAllocator>(m, "BlockAllocator", kAllocatorDoc)
+      .def(py::init<int64_t, int64_t, bool, int>(), "num_blocks"_a, "block_size"_a = 16,
+           "enable_prefix_caching"_a = true, py::kw_only(), "hash_bits"_a = 64)
+      .def(
+          "lookup",
+          [](const BlockAllocator& self, py::handle token_ids, const py::int_& extra_key) {
+            const std::vector<int32_t> ids = gnomon::token_ids(token_ids, "token_ids");
+            return self.lookup(span_of(ids), extra_key_arg(extra_key));
+          },
+          "token_ids"_a, "extra_key"_a = 0)
+      .def(
+          "allocate",
+          [](BlockAllocator& self, int64_t seq_id, py::handle new_token_ids,
+             int64_t num_new_tokens, const py::int_& extra_key) {
+            const std::vector<int32_t> ids = token_ids(new_token_ids, "new_token_ids");
+            return self.allocate(seq_id, span_of(ids), num_new_tokens, extra_key_arg(extra_key));
+          },
+          "seq_id"_a, "new_token_ids"_a, "num_new_tokens"_a, "extra_key"_a = 0)
+      .def("commit", &BlockAllocator::commit, "seq_id"_a, "num_computed_tokens"_a)
+      .def(
+          "allocate_batch",
+          [](BlockAllocator& self, py::handle seq_ids, py::handle new_token_ids,
+             py::handle new_token_counts, py::handle num_new_tokens) {
+            return self.allocate_batch(int_array(seq_ids, "seq_ids"),
+                                       int_array(new_token_ids, "new_token_ids"),
+                                       int_array(new_token_counts, "new_token_counts"),
+                                       int_array(num_new_tokens, "num_new_tokens"));
+          },
+          "seq_ids"_a, "new_token_ids"_a, "new_token_counts"_a, "num_new_tokens"_a)
+      .def(
+          "commit_batch",
+          [](BlockAllocator& self, py::handle seq_ids, py::handle num_computed_tokens) {
+            self.commit_batch(int_array(seq_ids, "seq_ids"),
+                              int_array(num_computed_tokens, "num_computed_tokens"));
+          },
+          "seq_ids"_a, "num_computed_tokens"_a)
+      .def("free", &BlockAllocator::free, "seq_id"_a)
+      .def("fork", &BlockAllocator::fork, "parent_seq_id"_a, "child_seq_id"_a)
+      .def("pending_copies", &BlockAllocator::take_pending_copies)
+      .def("reset_prefix_cache", &BlockAllocator::reset_prefix_cache)
+      .def(
+          "block_table",
+          [](const BlockAllocator& self, int64_t seq_id) {
+            return int32_array(self.block_table(seq_id));
+          },
+          "seq_id"_a)
+      .def("num_computed_tokens", &BlockAllocator::num_computed_tokens, "seq_id"_a)
+      .def("__contains__", &BlockAllocator::contains, "seq_id"_a)
+      .def("__len__", &BlockAllocator::num_sequences)
+      .def("ref_count", &BlockAllocator::ref_count, "block_id"_a)
+      .def("free_queue", [](const BlockAllocator& self) { return int32_array(self.free_queue()); })
+      .def("cached_blocks",
+           [](const BlockAllocator& self) { return int32_array(self.cached_blocks()); })
+      .def("stats",
+           [](const BlockAllocator& self) {
+             const AllocatorStats& s = self.stats();
+             const double hit_rate =
+                 s.queries == 0 ? 0.0 : static_cast<double>(s.hits) / s.queries;
+             return py::dict("queries"_a = s.queries, "hits"_a = s.hits, "hit_rate"_a = hit_rate,
+                             "allocations"_a = s.allocations,
+                             "failed_allocations"_a = s.failed_allocations,
+                             "evictions"_a = s.evictions);
+           })
+      .def_property_readonly("num_blocks", &BlockAllocator::num_blocks)
+      .def_property_readonly("block_size", &BlockAllocator::block_size)
+      .def_property_readonly("enable_prefix_caching", &BlockAllocator::prefix_caching)
+      .def_property_readonly("hash_bits", &BlockAllocator::hash_bits)
+      .def_property_readonly("num_free_blocks", &BlockAllocator::num_free_blocks)
+      .def_property_readonly("num_cached_blocks", &BlockAllocator::num_cached_blocks)
+      .def_property_readonly("usage", &BlockAllocator::usage)
+      .def("__repr__", [](const BlockAllocator& self) {
+        return concat("BlockAllocator(num_blocks=", self.num_blocks(),
+                      ", block_size=", self.block_size(), ", enable_prefix_caching=",
+                      self.prefix_caching() ? "True" : "False", ", free=", self.num_free_blocks(),
+                      ", cached=", self.num_cached_blocks(), ", sequences=",
+                      self.num_sequences(), ")");
+      });
+}
+
+}  // namespace
+}  // namespace gnomon
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "gnomon's C++ kernels and allocator";
+  m.attr("__version__") = GNOMON_VERSION;
+
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const gnomon::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const gnomon::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const gnomon::KeyError& e) {
+      PyErr_SetString(PyExc_KeyError, e.what());
+    }
+  });
+
+  m.def("build_info", [] {
+    const gnomon::BuildInfo info = gnomon::build_info();
+    return py::dict("version"_a = info.version, "compiler"_a = info.compiler,
+                    "build_type"_a = info.build_type, "cxx_flags"_a = info.cxx_flags,
+                    "sanitizers"_a = info.sanitizers, "simd_compiled"_a = info.simd_compiled,
+                    "simd_cpu"_a = info.simd_cpu, "gpu_backends"_a = info.gpu_backends);
+  });
+  m.def("num_threads", &gnomon::num_threads);
+  m.def("set_num_threads", &gnomon::set_num_threads, "n"_a);
+
+  gnomon::bind_allocator(m);
+}
