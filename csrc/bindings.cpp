@@ -59,18 +59,20 @@ std::vector<int32_t> token_ids(py::handle obj, const char* arg) {
     raise<TypeError>(arg, ": expected a sequence of ints or a 1-D int array, got ",
                      type_name(obj));
   }
-  const py::sequence items = py::reinterpret_borrow<py::sequence>(obj);
-  const size_t n = py::len(items);
+  const py::object fast =
+      py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "token ids"));
+  if (!fast) throw py::error_already_set();
+  const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+  PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
   ids.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    const py::object item = items[i];
-    if (!PyLong_Check(item.ptr())) {
-      raise<TypeError>(arg, ": entry ", i, " is a ", type_name(item), "; expected int");
+    if (!PyLong_Check(items[i])) {
+      raise<TypeError>(arg, ": entry ", i, " is a ", type_name(items[i]), "; expected int");
     }
     int overflow = 0;
-    const long long id = PyLong_AsLongLongAndOverflow(item.ptr(), &overflow);
+    const long long id = PyLong_AsLongLongAndOverflow(items[i], &overflow);
     if (overflow != 0 || id < INT32_MIN || id > INT32_MAX) {
-      raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(item)),
+      raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(items[i])),
                         " is outside the int32 range");
     }
     ids[i] = static_cast<int32_t>(id);

@@ -108,14 +108,17 @@ def test_fork_of_a_parent_with_uncommitted_tokens(a):
 
 
 @pytest.mark.parametrize("kwargs, arg", [
-    (dict(num_blocks=0), "num_blocks"),
-    (dict(num_blocks=-1), "num_blocks"),
-    (dict(num_blocks=2**40), "num_blocks"),
-    (dict(num_blocks=4, block_size=0), "block_size"),
-    (dict(num_blocks=4, block_size=-16), "block_size"),
-    (dict(num_blocks=4, hash_bits=0), "hash_bits"),
-    (dict(num_blocks=4, hash_bits=-1), "hash_bits"),
-    (dict(num_blocks=4, hash_bits=65), "hash_bits"),
+    pytest.param(dict(num_blocks=0), "num_blocks", id="num_blocks=0"),
+    pytest.param(dict(num_blocks=-1), "num_blocks", id="num_blocks=-1"),
+    pytest.param(dict(num_blocks=2**40), "num_blocks", id="num_blocks=2**40"),
+    pytest.param(dict(num_blocks=4, block_size=0), "block_size", id="block_size=0"),
+    pytest.param(dict(num_blocks=4, block_size=-16), "block_size", id="block_size=-16"),
+    pytest.param(dict(num_blocks=4, hash_bits=0), "hash_bits", id="hash_bits=0"),
+    # DISCREPANCY (UBSan): the constructor computes its key mask, 1 << hash_bits, before it
+    # checks hash_bits, so a negative hash_bits shifts by a negative amount (undefined behaviour;
+    # the UBSan build aborts here). Documented behaviour, tested: ValueError naming hash_bits.
+    pytest.param(dict(num_blocks=4, hash_bits=-1), "hash_bits", id="hash_bits=-1"),
+    pytest.param(dict(num_blocks=4, hash_bits=65), "hash_bits", id="hash_bits=65"),
 ])
 def test_bad_constructor_arguments(kwargs, arg):
     with pytest.raises(ValueError, match=arg):
