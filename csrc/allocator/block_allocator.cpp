@@ -42,7 +42,6 @@ BlockAllocator::BlockAllocator(int64_t num_blocks, int64_t block_size, bool enab
     : block_size_(block_size),
       prefix_caching_(enable_prefix_caching),
       hash_bits_(hash_bits),
-      key_mask_(hash_bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << hash_bits) - 1),
       num_free_(num_blocks),
       next_serial_(kFirstSerial) {
   if (num_blocks < 1 || num_blocks > kMaxBlocks) {
@@ -55,6 +54,7 @@ BlockAllocator::BlockAllocator(int64_t num_blocks, int64_t block_size, bool enab
   if (hash_bits < 1 || hash_bits > 64) {
     raise<ValueError>("hash_bits: expected an integer in [1, 64], got ", hash_bits);
   }
+  key_mask_ = hash_bits == 64 ? ~uint64_t{0} : (uint64_t{1} << hash_bits) - 1;
   const auto n = static_cast<int32_t>(num_blocks);
   blocks_.resize(n);
   head_ = n;
