@@ -1,0 +1,86 @@
+"""`gnomon info` and what the build holds."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import gnomon
+from gnomon import _C, cli
+
+
+def test_info_prints_what_the_build_holds(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"gnomon {gnomon.__version__}\n")
+    for label in ("compiler:", "build:", "simd:", "gpu backends:", "threads:"):
+        assert re.search(rf"^{label} +\S", out, re.M), label
+    assert f"threads:      {_C.num_threads()}" in out
+
+
+def test_info_json_has_every_field(capsys):
+    cli.main(["info", "--json"])
+    info = json.loads(capsys.readouterr().out)
+    assert set(info) == {"version", "compiler", "build_type", "cxx_flags", "sanitizers",
+                         "simd_compiled", "simd_cpu", "gpu_backends", "num_threads"}
+    assert info["version"] == metadata.version("gnomon")
+    assert info["num_threads"] >= 1
+
+
+def test_release_build_is_optimised():
+    info = _C.build_info()
+    if info["build_type"] == "Release":
+        assert "-O3" in info["cxx_flags"].split()
+
+
+def test_console_script_is_installed():
+    script = shutil.which("gnomon")
+    assert script is not None, "the gnomon console script is not on PATH"
+    result = subprocess.run([script, "info"], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith("gnomon ")
+
+
+def test_unknown_command_is_an_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["no-such-command"])
+    assert exit_info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_importing_gnomon_does_not_import_torch():
+    code = "import sys, gnomon; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_extension_links_no_libtorch():
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed")
+    dynamic = subprocess.run([readelf, "-d", _C.__file__], capture_output=True, text=True,
+                             check=True).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
+    assert needed, dynamic
+    assert not [lib for lib in needed if re.search(r"torch|c10", lib)], needed
+
+
+def test_thread_count_rejects_non_positive():
+    before = _C.num_threads()
+    with pytest.raises(ValueError, match="num_threads"):
+        _C.set_num_threads(0)
+    assert _C.num_threads() == before
+    _C.set_num_threads(before)
+
+
+def test_readme_quick_start_has_exactly_two_commands():
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    section = readme.read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    commands = [line for line in block.splitlines() if line.strip()]
+    assert commands == ['pip install . && gnomon info',
+                        'pip install ".[test]" && python -m pytest']
