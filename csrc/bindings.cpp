@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <climits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "core/build_info.h"
 #include "core/errors.h"
 #include "core/threads.h"
+#include "ops.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -264,6 +266,107 @@ void bind_allocator(py::module_& m) {
       });
 }
 
+const TensorView* maybe(const std::optional<TensorView>& view) {
+  return view.has_value() ? &*view : nullptr;
+}
+
+TensorView make_view(uintptr_t data, int32_t dtype, std::vector<int64_t> shape,
+                     std::vector<int64_t> strides, int32_t device, int32_t device_index) {
+  if (dtype < 0 || dtype > static_cast<int32_t>(DType::Int64)) {
+    raise<ValueError>("dtype: unknown dtype code ", dtype);
+  }
+  if (device < 0 || device > static_cast<int32_t>(DeviceType::HIP)) {
+    raise<ValueError>("device: unknown device code ", device);
+  }
+  if (shape.size() != strides.size()) {
+    raise<ValueError>("strides: expected one stride per dim (", shape.size(), "), got ",
+                      strides.size());
+  }
+  for (const int64_t s : shape) {
+    if (s < 0) raise<ValueError>("shape: sizes must be >= 0");
+  }
+  TensorView view;
+  view.data = reinterpret_cast<void*>(data);
+  view.dtype = static_cast<DType>(dtype);
+  view.shape = std::move(shape);
+  view.strides = std::move(strides);
+  view.device = static_cast<DeviceType>(device);
+  view.device_index = device_index;
+  if (view.data == nullptr && view.numel() > 0) raise<ValueError>("data: null pointer");
+  return view;
+}
+
+// The op entries. Arguments are converted with the GIL held; the kernels run without it.
+void bind_ops(py::module_& m) {
+  py::class_<TensorView>(m, "TensorView",
+                         "A borrowed tensor: data pointer, dtype code, shape, strides (elements), "
+                         "device code and index. Built by gnomon.ops; never owns memory.")
+      .def(py::init(&make_view), "data"_a, "dtype"_a, "shape"_a, "strides"_a, "device"_a,
+           "device_index"_a)
+      .def_readonly("shape", &TensorView::shape)
+      .def_readonly("strides", &TensorView::strides)
+      .def("__repr__", &TensorView::describe);
+
+  using View = const TensorView&;
+  using Optional = const std::optional<TensorView>&;
+  const auto release = py::call_guard<py::gil_scoped_release>();
+
+  m.def("reshape_and_cache", &gnomon::reshape_and_cache, "key"_a, "value"_a, "key_cache"_a,
+        "value_cache"_a, "slot_mapping"_a, release);
+  m.def(
+      "paged_attention",
+      [](View out, View query, View key_cache, View value_cache, View block_tables,
+         View seq_lens, View query_start_loc, double scale, int64_t sliding_window,
+         Optional sinks) {
+        gnomon::paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
+                                query_start_loc, scale, sliding_window, maybe(sinks));
+      },
+      "out"_a, "query"_a, "key_cache"_a, "value_cache"_a, "block_tables"_a, "seq_lens"_a,
+      "query_start_loc"_a, "scale"_a, "sliding_window"_a, "sinks"_a, release);
+  m.def(
+      "rms_norm",
+      [](View out, View x, View weight, double eps, Optional residual) {
+        gnomon::rms_norm(out, x, weight, eps, maybe(residual));
+      },
+      "out"_a, "x"_a, "weight"_a, "eps"_a, "residual"_a, release);
+  m.def("rotary_embedding", &gnomon::rotary_embedding, "positions"_a, "query"_a, "key"_a,
+        "cos_sin_cache"_a, "is_neox"_a, release);
+  m.def(
+      "topk_routing",
+      [](View topk_weights, View topk_ids, View router_logits, int64_t top_k,
+         const std::string& mode, bool renormalize) {
+        gnomon::topk_routing(topk_weights, topk_ids, router_logits, top_k,
+                             parse_routing_mode(mode, "mode"), renormalize);
+      },
+      "topk_weights"_a, "topk_ids"_a, "router_logits"_a, "top_k"_a, "mode"_a, "renormalize"_a,
+      release);
+  m.def(
+      "fused_moe",
+      [](View out, View hidden, View w13, View w2, View topk_weights, View topk_ids,
+         const std::string& activation, const std::string& gate_up_layout, Optional w13_bias,
+         Optional w2_bias, Optional w13_scales, Optional w2_scales) {
+        gnomon::fused_moe(out, hidden, w13, w2, topk_weights, topk_ids,
+                          parse_activation(activation, "activation"),
+                          parse_gate_up_layout(gate_up_layout, "gate_up_layout"), maybe(w13_bias),
+                          maybe(w2_bias), maybe(w13_scales), maybe(w2_scales));
+      },
+      "out"_a, "hidden"_a, "w13"_a, "w2"_a, "topk_weights"_a, "topk_ids"_a, "activation"_a,
+      "gate_up_layout"_a, "w13_bias"_a, "w2_bias"_a, "w13_scales"_a, "w2_scales"_a, release);
+  m.def(
+      "mxfp4_quantize",
+      [](View packed, View scales, View x, const std::string& scale_rule) {
+        gnomon::mxfp4_quantize(packed, scales, x, parse_scale_rule(scale_rule, "scale_rule"));
+      },
+      "packed"_a, "scales"_a, "x"_a, "scale_rule"_a, release);
+  m.def("mxfp4_dequantize", &gnomon::mxfp4_dequantize, "out"_a, "packed"_a, "scales"_a, release);
+  m.def(
+      "mxfp4_gemm",
+      [](View out, View a, View w, View w_scales, Optional bias) {
+        gnomon::mxfp4_gemm(out, a, w, w_scales, maybe(bias));
+      },
+      "out"_a, "a"_a, "w"_a, "w_scales"_a, "bias"_a, release);
+}
+
 }  // namespace
 }  // namespace gnomon
 
@@ -294,4 +397,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_num_threads", &gnomon::set_num_threads, "n"_a);
 
   gnomon::bind_allocator(m);
+  gnomon::bind_ops(m);
 }
