@@ -66,6 +66,10 @@ def view(t: Optional[torch.Tensor]) -> Optional[_C.TensorView]:
     """The borrowed view the C++ entries take; the tensor must outlive the call."""
     if t is None:
         return None
+    code = _DTYPE_CODES.get(t.dtype)
+    if code is None:
+        raise TypeError(f"tensor of dtype {t.dtype}: gnomon's kernels take "
+                        f"{_dtype_names(_DTYPE_CODES)}")
     device = t.device
     if device.type == "cpu":
         kind = _CPU
@@ -73,7 +77,7 @@ def view(t: Optional[torch.Tensor]) -> Optional[_C.TensorView]:
         kind = _HIP if torch.version.hip else _CUDA
     else:
         raise ValueError(f"tensor on {device}: gnomon has kernels for cpu, cuda and hip tensors")
-    return _C.TensorView(t.data_ptr(), _DTYPE_CODES[t.dtype], tuple(t.shape), t.stride(), kind,
+    return _C.TensorView(t.data_ptr(), code, tuple(t.shape), t.stride(), kind,
                          device.index or 0)
 
 
