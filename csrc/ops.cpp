@@ -18,10 +18,9 @@ void check_devices(const char* lead_arg, const TensorView& lead,
     if (view != nullptr) check_same_device(*view, arg, lead, lead_arg);
   }
   if (lead.device != DeviceType::CPU) {
-    raise<ValueError>(lead_arg, ": this build of gnomon has no kernels for ",
+    raise<ValueError>(lead_arg, ": this build of gnomon has CPU kernels only and cannot run on ",
                       device_name(lead.device),
-                      " tensors; rebuild it with GPU kernels (see README, 'GPU builds') or "
-                      "pass CPU tensors");
+                      " tensors; pass CPU tensors (see `gnomon info` for the backends built)");
   }
 }
 

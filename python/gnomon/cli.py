@@ -12,7 +12,11 @@ def build_summary() -> dict:
     from gnomon import _C
 
     info = _C.build_info()
-    info["num_threads"] = _C.num_threads()
+    try:  # the thread count the kernels use follows torch's unless pinned
+        from gnomon.ops import num_threads
+    except ImportError:
+        num_threads = _C.num_threads
+    info["num_threads"] = num_threads()
     return info
 
 
