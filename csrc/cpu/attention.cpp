@@ -22,6 +22,25 @@
 #include "cpu/kernels.h"
 #include "cpu/vec.h"
 
+// bfloat16 scores use AVX512-BF16 dot products where the CPU has them (checked at run time).
+// Building with -DGNOMON_ATTENTION_BF16_DOT=0 leaves only the portable path.
+#if !defined(GNOMON_ATTENTION_BF16_DOT) && defined(__x86_64__) && \
+    (defined(__GNUC__) || defined(__clang__))
+#define GNOMON_ATTENTION_BF16_DOT 1
+#endif
+#if GNOMON_ATTENTION_BF16_DOT
+// GCC 12's AVX-512 headers build "undefined" vectors as `__m512 __Y = __Y;`, which
+// -Wmaybe-uninitialized can report wherever the intrinsics are inlined.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
 namespace gnomon::cpu {
 
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
@@ -43,6 +62,12 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
     }
   });
 }
+
+
+
+#ifndef GNOMON_ATTENTION_PREFETCH_TILES
+#define GNOMON_ATTENTION_PREFETCH_TILES 1
+#endif
 
 namespace {
 
@@ -145,36 +170,25 @@ ATTENTION_INLINE void exp_nonpositive(f32x16& out, const f32x16& x) {
   select(out, underflow, zero, p * two_n);
 }
 
-// The rows of one work item against one tile of n <= kKeyTile keys. Rows are padded to
-// `chunks` * 16 floats (zeros past head_dim): q (already multiplied by the scale) and acc have
-// that stride, and k[j] / v[j] point at key j's padded float rows. Row r sees keys
-// [lo[r], hi[r]) of the tile; its block softmax is merged into state[r] and its weighted values
-// added into its acc row. kChunks > 0 fixes `chunks` at compile time, so a row's query and
-// accumulator live in registers.
+// A tile's work is two passes over the rows of one work item (one KV head's rows): score_tile
+// writes each row's scores against the tile's keys, update_tile folds them into the row's online
+// softmax and value accumulator. Row r sees keys [lo[r], hi[r]) of the tile (n <= kKeyTile
+// keys). Score rows have kKeyTile floats; lanes outside [lo, hi) hold anything and are masked.
+
+// Float rows are padded to `chunks` * 16 floats (zeros past head_dim). q is already multiplied by
+// the scale; k[j] is key j's padded float row, readable for every j < kKeyTile. kChunks > 0
+// fixes `chunks` at compile time, so a row's query lives in registers.
 template <int kChunks>
-ATTENTION_INLINE void attend_tile_impl(int64_t chunks_at_run_time, int64_t rows, const float* q,
-                             const float* const* k, const float* const* v, const int32_t* lo,
-                             const int32_t* hi, math::OnlineSoftmax* state, float* acc) {
+ATTENTION_INLINE void score_tile_impl(int64_t chunks_at_run_time, int64_t rows, const float* q,
+                                      const float* const* k, const int32_t* lo,
+                                      const int32_t* hi, float* scores) {
   constexpr int kMaxChunks = kChunks > 0 ? kChunks : static_cast<int>(kMaxHeadDim / kLanes);
   const int64_t chunks = kChunks > 0 ? kChunks : chunks_at_run_time;
-  const int64_t stride = chunks * kLanes;
-  static_assert(kKeyTile == 2 * kLanes, "the score vectors below hold one key tile");
-  i32x16 lane;
-  for (int l = 0; l < kLanes; ++l) lane[l] = l;
-  f32x16 neg_inf = {};
-  neg_inf -= std::numeric_limits<float>::infinity();
-
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t first = lo[r], last = hi[r];
-    if (first >= last) continue;
     f32x16 qv[kMaxChunks];
-    for (int64_t c = 0; c < chunks; ++c) load(qv[c], q + r * stride + c * kLanes);
-
-    // Scores, eight keys at a time (independent accumulation chains, one butterfly reduction).
-    // The group of eight may start before `first` and end past `last`: k[] holds kKeyTile
-    // readable rows, and the scores outside [first, last) are masked below.
-    alignas(64) float s[kKeyTile] = {};
-    for (int64_t j = first & ~int64_t{7}; j < last; j += 8) {
+    for (int64_t c = 0; c < chunks; ++c) load(qv[c], q + r * chunks * kLanes + c * kLanes);
+    // Eight keys at a time: independent accumulation chains, one butterfly reduction.
+    for (int64_t j = lo[r] & ~int32_t{7}; j < hi[r]; j += 8) {
       f32x16 a[8] = {}, kv;
       for (int64_t c = 0; c < chunks; ++c) {
 #pragma GCC unroll 8
@@ -185,33 +199,67 @@ ATTENTION_INLINE void attend_tile_impl(int64_t chunks_at_run_time, int64_t rows,
       }
       f32x8 sums;
       reduce_add8(sums, a);
-      std::memcpy(s + j, &sums, sizeof(sums));
+      std::memcpy(scores + r * kKeyTile + j, &sums, sizeof(sums));
     }
+  }
+}
 
-    // The tile's block softmax over the keys in [first, last); the other lanes weigh 0.
-    f32x16 s0, s1;
-    load(s0, s);
-    load(s1, s + kLanes);
-    const i32x16 in0 = (lane >= static_cast<int32_t>(first)) & (lane < static_cast<int32_t>(last));
-    const i32x16 in1 = (lane + static_cast<int32_t>(kLanes) >= static_cast<int32_t>(first)) &
-                       (lane + static_cast<int32_t>(kLanes) < static_cast<int32_t>(last));
-    select(s0, in0, s0, neg_inf);
-    select(s1, in1, s1, neg_inf);
-    f32x16 m;
-    select(m, s0 > s1, s0, s1);
+GNOMON_SIMD_CLONES void score_tile(int64_t chunks, int64_t rows, const float* q,
+                                   const float* const* k, const int32_t* lo, const int32_t* hi,
+                                   float* scores) {
+  switch (chunks) {
+    case 4: return score_tile_impl<4>(chunks, rows, q, k, lo, hi, scores);  // head dim 64
+    case 8: return score_tile_impl<8>(chunks, rows, q, k, lo, hi, scores);  // head dim 128
+    default: return score_tile_impl<0>(chunks, rows, q, k, lo, hi, scores);
+  }
+}
+
+// Row r's block softmax over its scores is merged into state[r], and the weighted value rows
+// v[j] (padded float rows) are added into its acc row (stride chunks * 16), which lives in
+// registers when kChunks fixes `chunks`.
+template <int kChunks>
+ATTENTION_INLINE void update_tile_impl(int64_t chunks_at_run_time, int64_t rows,
+                                       const float* const* v, const int32_t* lo,
+                                       const int32_t* hi, float* scores,
+                                       math::OnlineSoftmax* state, float* acc) {
+  constexpr int kMaxChunks = kChunks > 0 ? kChunks : static_cast<int>(kMaxHeadDim / kLanes);
+  constexpr int kVectors = static_cast<int>(kKeyTile / kLanes);
+  static_assert(kKeyTile % kLanes == 0, "whole score vectors per tile");
+  const int64_t chunks = kChunks > 0 ? kChunks : chunks_at_run_time;
+  i32x16 lane;
+  for (int l = 0; l < kLanes; ++l) lane[l] = l;
+  f32x16 neg_inf = {};
+  neg_inf -= std::numeric_limits<float>::infinity();
+
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t first = lo[r], last = hi[r];
+    if (first >= last) continue;
+    float* s = scores + r * kKeyTile;
+    f32x16 sv[kVectors], m = neg_inf;
+#pragma GCC unroll 8
+    for (int u = 0; u < kVectors; ++u) {
+      load(sv[u], s + u * kLanes);
+      const i32x16 index = lane + u * static_cast<int32_t>(kLanes);
+      select(sv[u], (index >= static_cast<int32_t>(first)) & (index < static_cast<int32_t>(last)),
+             sv[u], neg_inf);
+      select(m, sv[u] > m, sv[u], m);
+    }
     float block_max = m[0];
     for (int l = 1; l < kLanes; ++l) block_max = m[l] > block_max ? m[l] : block_max;
-    if (block_max == -std::numeric_limits<float>::infinity()) continue;  // all scores -inf
-    f32x16 p0, p1;
-    exp_nonpositive(p0, s0 - block_max);
-    exp_nonpositive(p1, s1 - block_max);
+    if (block_max == kNegInf) continue;  // every score -inf: nothing to add
+    f32x16 total = {};
+#pragma GCC unroll 8
+    for (int u = 0; u < kVectors; ++u) {
+      exp_nonpositive(sv[u], sv[u] - block_max);
+      total += sv[u];
+    }
     float acc_scale, block_scale;
-    state[r].merge(math::OnlineSoftmax{block_max, reduce_add(p0 + p1)}, acc_scale, block_scale);
-    store(s, p0 * block_scale);
-    store(s + kLanes, p1 * block_scale);
+    state[r].merge(math::OnlineSoftmax{block_max, reduce_add(total)}, acc_scale, block_scale);
+#pragma GCC unroll 8
+    for (int u = 0; u < kVectors; ++u) store(s + u * kLanes, sv[u] * block_scale);
 
     f32x16 av[kMaxChunks], vv;
-    float* acc_row = acc + r * stride;
+    float* acc_row = acc + r * chunks * kLanes;
     for (int64_t c = 0; c < chunks; ++c) {
       load(av[c], acc_row + c * kLanes);
       av[c] *= acc_scale;
@@ -227,16 +275,74 @@ ATTENTION_INLINE void attend_tile_impl(int64_t chunks_at_run_time, int64_t rows,
   }
 }
 
-GNOMON_SIMD_CLONES void attend_tile(int64_t chunks, int64_t rows, const float* q,
-                                    const float* const* k, const float* const* v,
-                                    const int32_t* lo, const int32_t* hi,
+GNOMON_SIMD_CLONES void update_tile(int64_t chunks, int64_t rows, const float* const* v,
+                                    const int32_t* lo, const int32_t* hi, float* scores,
                                     math::OnlineSoftmax* state, float* acc) {
   switch (chunks) {
-    case 4: return attend_tile_impl<4>(chunks, rows, q, k, v, lo, hi, state, acc);    // D = 64
-    case 8: return attend_tile_impl<8>(chunks, rows, q, k, v, lo, hi, state, acc);    // D = 128
-    default: return attend_tile_impl<0>(chunks, rows, q, k, v, lo, hi, state, acc);
+    case 4: return update_tile_impl<4>(chunks, rows, v, lo, hi, scores, state, acc);
+    case 8: return update_tile_impl<8>(chunks, rows, v, lo, hi, scores, state, acc);
+    default: return update_tile_impl<0>(chunks, rows, v, lo, hi, scores, state, acc);
   }
 }
+
+#if GNOMON_ATTENTION_BF16_DOT
+// Scores straight from bfloat16 rows with AVX512-BF16 dot products (vdpbf16ps: two products
+// per float lane, each exact, summed in float32): no key is converted to float, and a
+// dot costs half the instructions. `q` rows are the unscaled bf16 queries, `pairs` * 32 elements
+// long (the head dim, a multiple of 32); k[j] points at key j's bf16 row in the cache.
+#define BF16_DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+template <int kPairs>
+BF16_DOT_TARGET ATTENTION_INLINE void score_tile_bf16_impl(int64_t pairs_at_run_time,
+                                                           int64_t rows, const uint16_t* q,
+                                                           const uint16_t* const* k,
+                                                           const int32_t* lo, const int32_t* hi,
+                                                           float scale, float* scores) {
+  constexpr int kMaxPairs = kPairs > 0 ? kPairs : static_cast<int>(kMaxHeadDim / 32);
+  const int64_t pairs = kPairs > 0 ? kPairs : pairs_at_run_time;
+  for (int64_t r = 0; r < rows; ++r) {
+    __m512bh qv[kMaxPairs];
+    for (int64_t c = 0; c < pairs; ++c) {
+      qv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + r * pairs * 32 + c * 32));
+    }
+    for (int64_t j = lo[r] & ~int32_t{7}; j < hi[r]; j += 8) {
+      __m512 a[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) a[i] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < pairs; ++c) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(k[j + i] + c * 32));
+          a[i] = _mm512_dpbf16_ps(a[i], qv[c], kv);
+        }
+      }
+      f32x16 partial[8];
+      std::memcpy(partial, a, sizeof(partial));
+      f32x8 sums;
+      reduce_add8(sums, partial);
+      sums *= scale;
+      std::memcpy(scores + r * kKeyTile + j, &sums, sizeof(sums));
+    }
+  }
+}
+
+BF16_DOT_TARGET void score_tile_bf16(int64_t pairs, int64_t rows, const uint16_t* q,
+                                     const uint16_t* const* k, const int32_t* lo,
+                                     const int32_t* hi, float scale, float* scores) {
+  switch (pairs) {
+    case 2: return score_tile_bf16_impl<2>(pairs, rows, q, k, lo, hi, scale, scores);
+    case 4: return score_tile_bf16_impl<4>(pairs, rows, q, k, lo, hi, scale, scores);
+    default: return score_tile_bf16_impl<0>(pairs, rows, q, k, lo, hi, scale, scores);
+  }
+}
+
+bool cpu_has_bf16_dot() {
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+#else
+bool cpu_has_bf16_dot() { return false; }
+#endif
 
 // The call's geometry, shared by every work item.
 struct Geometry {
@@ -252,6 +358,7 @@ struct Geometry {
   const float* sinks;  // nullptr: none
   float scale;
   int64_t window;  // 0: none
+  bool bf16_dot;   // bfloat16 scores by AVX512-BF16 dot products
 
   int64_t padded() const { return chunks * kLanes; }
 };
@@ -275,10 +382,12 @@ struct SplitTile {
 
 // Per-thread scratch, grown on demand and kept for the next call.
 struct Scratch {
-  std::vector<float> q, acc, keys, values;
+  std::vector<float> q, acc, keys, values, scores;
+  std::vector<uint16_t> q_bf16;
   std::vector<math::OnlineSoftmax> state;
   std::vector<int32_t> lo, hi;
   std::vector<const float*> k_rows, v_rows;
+  std::vector<const uint16_t*> k_rows_bf16;
 };
 
 Scratch& thread_scratch() {
@@ -310,37 +419,47 @@ void finish_rows(const Geometry& geo, const Item& item, math::OnlineSoftmax* sta
 void run_item(const Geometry& geo, const Item& item, const TensorView& out, float* partials) {
   const int64_t d = geo.head_dim, stride = geo.padded(), group = geo.group;
   const int64_t heads = item.heads, head_rows = item.count * group, rows = heads * head_rows;
-  // float32 rows with no padding are read in place; others are converted into the scratch.
-  const bool in_place = geo.dtype == DType::Float32 && d == stride;
+  // float32 rows with no padding are read in place; bfloat16 keys are read in place by the
+  // AVX512-BF16 scores; every other row is converted to a padded float row in the scratch.
+  const bool f32_in_place = geo.dtype == DType::Float32 && d == stride;
+  const bool bf16_dot = geo.bf16_dot;
+  const bool keys_in_place = f32_in_place || bf16_dot;
   Scratch& sc = thread_scratch();
-  sc.q.assign(rows * stride, 0.0f);
   sc.acc.assign(rows * stride, 0.0f);
   sc.state.assign(rows, math::OnlineSoftmax{});
+  sc.scores.resize(head_rows * kKeyTile);
   sc.lo.resize(head_rows);
   sc.hi.resize(head_rows);
   sc.k_rows.resize(heads * kKeyTile);
   sc.v_rows.resize(heads * kKeyTile);
-  if (!in_place) {
-    // [head][key][stride]: one head's tile is contiguous (a stride of heads rows between keys
-    // would alias in the L1 sets).
+  sc.k_rows_bf16.resize(heads * kKeyTile);
+  // Converted rows are [head][key][stride]: one head's tile is contiguous (a stride of `heads`
+  // rows between keys would alias in the L1 sets). Padding, when there is some, stays zero.
+  auto prepare = [&](std::vector<float>& buffer, std::vector<const float*>& row_ptrs) {
     if (d == stride) {
-      sc.keys.resize(heads * kKeyTile * stride);
-      sc.values.resize(heads * kKeyTile * stride);
+      buffer.resize(heads * kKeyTile * stride);
     } else {
-      sc.keys.assign(heads * kKeyTile * stride, 0.0f);  // the padding stays zero
-      sc.values.assign(heads * kKeyTile * stride, 0.0f);
+      buffer.assign(heads * kKeyTile * stride, 0.0f);
     }
-    for (int64_t j = 0; j < heads * kKeyTile; ++j) {
-      sc.k_rows[j] = sc.keys.data() + j * stride;
-      sc.v_rows[j] = sc.values.data() + j * stride;
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < heads * kKeyTile; ++j) row_ptrs[j] = buffer.data() + j * stride;
+  };
+  if (!keys_in_place) prepare(sc.keys, sc.k_rows);
+  if (!f32_in_place) prepare(sc.values, sc.v_rows);
+
+  // Row r is head r % group of query r / group % count, of KV head g0 + r / head_rows.
+  auto query_row = [&](int64_t r) {
     const int64_t g = item.g0 + r / head_rows, i = r / group % item.count;
-    const int64_t t = item.token + i, head = g * group + r % group;
-    load_floats(geo.query + (t * geo.num_heads + head) * d * geo.elem, geo.dtype,
-                sc.q.data() + r * stride, d);
-    scale(geo.scale, sc.q.data() + r * stride, d);
+    return geo.query + ((item.token + i) * geo.num_heads + g * group + r % group) * d * geo.elem;
+  };
+  if (bf16_dot) {
+    sc.q_bf16.resize(rows * d);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(sc.q_bf16.data() + r * d, query_row(r), d * 2);
+  } else {
+    sc.q.assign(rows * stride, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      load_floats(query_row(r), geo.dtype, sc.q.data() + r * stride, d);
+      scale(geo.scale, sc.q.data() + r * stride, d);
+    }
   }
 
   // A key's rows for the item's heads are one contiguous run in the cache.
@@ -349,9 +468,11 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
   auto element_of = [&](int64_t block, int64_t offset) {
     return (table[block] * geo.block_size + offset) * token_elems + item.g0 * d;
   };
-  // Asks for the runs of keys [first, first + n) ahead of use; the runs are scattered through
-  // the cache by the block table, which hardware prefetchers cannot follow.
+  // Asks for the runs of keys [first, first + n) ahead of use: the block table scatters blocks
+  // through the cache, and a hardware prefetcher only learns each block's run once inside it.
+  // GNOMON_ATTENTION_PREFETCH_TILES 0 turns this off.
   auto prefetch = [&](int64_t first, int64_t n) {
+    if (GNOMON_ATTENTION_PREFETCH_TILES == 0) return;
     int64_t block = first / geo.block_size, offset = first % geo.block_size;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t byte = element_of(block, offset) * geo.elem;
@@ -365,23 +486,29 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
       }
     }
   };
-  prefetch(item.k0, std::min(kKeyTile, item.k1 - item.k0));
+  constexpr int64_t kAhead = GNOMON_ATTENTION_PREFETCH_TILES * kKeyTile;  // keys asked for ahead of use
+  prefetch(item.k0, std::min(kAhead, item.k1 - item.k0));
   for (int64_t kb = item.k0; kb < item.k1; kb += kKeyTile) {
     const int64_t n = std::min(kKeyTile, item.k1 - kb);
-    if (kb + n < item.k1) prefetch(kb + n, std::min(kKeyTile, item.k1 - kb - n));
+    if (kb + kAhead < item.k1) prefetch(kb + kAhead, std::min(kKeyTile, item.k1 - kb - kAhead));
     int64_t block = kb / geo.block_size, offset = kb % geo.block_size;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t element = element_of(block, offset);
       const char* k = geo.key_cache + element * geo.elem;
       const char* v = geo.value_cache + element * geo.elem;
       for (int64_t h = 0; h < heads; ++h) {
-        if (in_place) {
-          sc.k_rows[h * kKeyTile + j] = reinterpret_cast<const float*>(k) + h * d;
-          sc.v_rows[h * kKeyTile + j] = reinterpret_cast<const float*>(v) + h * d;
+        const int64_t slot = h * kKeyTile + j, head_bytes = h * d * geo.elem;
+        if (bf16_dot) {
+          sc.k_rows_bf16[slot] = reinterpret_cast<const uint16_t*>(k + head_bytes);
+        } else if (f32_in_place) {
+          sc.k_rows[slot] = reinterpret_cast<const float*>(k + head_bytes);
         } else {
-          const int64_t row = (h * kKeyTile + j) * stride;
-          load_floats(k + h * d * geo.elem, geo.dtype, sc.keys.data() + row, d);
-          load_floats(v + h * d * geo.elem, geo.dtype, sc.values.data() + row, d);
+          load_floats(k + head_bytes, geo.dtype, sc.keys.data() + slot * stride, d);
+        }
+        if (f32_in_place) {
+          sc.v_rows[slot] = reinterpret_cast<const float*>(v + head_bytes);
+        } else {
+          load_floats(v + head_bytes, geo.dtype, sc.values.data() + slot * stride, d);
         }
       }
       if (++offset == geo.block_size) {
@@ -389,9 +516,12 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
         ++block;
       }
     }
-    if (in_place) {  // attend_tile may read (and then mask) rows up to kKeyTile
+    if (keys_in_place) {  // the scores read (and then mask) groups of 8 keys up to kKeyTile
       for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t j = n; j < kKeyTile; ++j) sc.k_rows[h * kKeyTile + j] = sc.k_rows[h * kKeyTile];
+        for (int64_t j = n; j < kKeyTile; ++j) {
+          sc.k_rows[h * kKeyTile + j] = sc.k_rows[h * kKeyTile];
+          sc.k_rows_bf16[h * kKeyTile + j] = sc.k_rows_bf16[h * kKeyTile];
+        }
       }
     }
     // Query i sees keys [pos - window + 1, pos]; the tile holds [kb, kb + n). Every KV head's
@@ -407,9 +537,20 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
     }
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t r = h * head_rows;
-      attend_tile(geo.chunks, head_rows, sc.q.data() + r * stride, sc.k_rows.data() + h * kKeyTile,
-                  sc.v_rows.data() + h * kKeyTile, sc.lo.data(), sc.hi.data(),
-                  sc.state.data() + r, sc.acc.data() + r * stride);
+#if GNOMON_ATTENTION_BF16_DOT
+      if (bf16_dot) {
+        score_tile_bf16(d / 32, head_rows, sc.q_bf16.data() + r * d,
+                        sc.k_rows_bf16.data() + h * kKeyTile, sc.lo.data(), sc.hi.data(),
+                        geo.scale, sc.scores.data());
+      } else
+#endif
+      {
+        score_tile(geo.chunks, head_rows, sc.q.data() + r * stride,
+                   sc.k_rows.data() + h * kKeyTile, sc.lo.data(), sc.hi.data(),
+                   sc.scores.data());
+      }
+      update_tile(geo.chunks, head_rows, sc.v_rows.data() + h * kKeyTile, sc.lo.data(),
+                  sc.hi.data(), sc.scores.data(), sc.state.data() + r, sc.acc.data() + r * stride);
     }
   }
 
@@ -469,6 +610,7 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
   geo.sinks = sinks != nullptr ? sinks->ptr<const float>() : nullptr;
   geo.scale = static_cast<float>(scale);
   geo.window = sliding_window;
+  geo.bf16_dot = geo.dtype == DType::BFloat16 && geo.head_dim % 32 == 0 && cpu_has_bf16_dot();
 
   const int64_t batch = seq_lens.size(0);
   const int32_t* lens = seq_lens.ptr<const int32_t>();
