@@ -131,15 +131,26 @@ def case(request):
     return case
 
 
+@pytest.fixture(params=["1-thread", "all-threads"])
+def threads(request):
+    """Both implementations at one thread (steady on a shared machine) and at torch's default."""
+    default = torch.get_num_threads()
+    count = 1 if request.param == "1-thread" else default
+    torch.set_num_threads(count)
+    yield count
+    torch.set_num_threads(default)
+
+
 @pytest.mark.parametrize("implementation", ["gnomon", "baseline"])
-def test_paged_attention(benchmark, case, implementation, memory_bandwidth):
+def test_paged_attention(benchmark, case, threads, implementation, memory_bandwidth):
     baseline = BASELINES[case.name]
     label = "gnomon" if implementation == "gnomon" else baseline
     fn = case.gnomon if implementation == "gnomon" else getattr(
         case, baseline.replace("+", "_").replace("-", "_"))
-    benchmark.group = case.name
+    suite = f"{case.name}, {threads} thread{'s' if threads > 1 else ''}"
+    benchmark.group = suite
     benchmark.pedantic(fn, rounds=20 if implementation == "gnomon" else 5, warmup_rounds=1)
-    record(case.name, label, benchmark)
+    record(suite, label, benchmark)
     if benchmark.stats is not None:
         seconds = benchmark.stats.stats.median
         read_rate = case.kv_bytes() / seconds

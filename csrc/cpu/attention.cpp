@@ -1,13 +1,18 @@
 // reshape_and_cache and paged_attention.
 //
-// paged_attention splits a call into work items: (sequence, KV head, tile of queries, range of
-// keys). Every query head of the KV head's group is in the item, so each K/V row is read and
-// converted to float once per group. A tile holds up to kRowsPerTile (query, head) rows; decode
-// tiles hold one query. The keys are walked in tiles of kKeyTile through the block table, with
-// an online softmax per row (the scores of one key tile at a time, never a [q, kv] matrix). When
-// the items are too few to keep every thread busy (decode with few sequences and long contexts)
-// the key range of each tile is split, the splits write partial softmaxes (max, sum, unnormalised
-// output), and a second pass merges them.
+// paged_attention splits a call into work items: (sequence, tile of queries, KV heads, range of
+// keys). Every query head of a KV head's group is in the item, so each K/V row is read (and
+// converted to float) once per group. A prefill tile is up to kRowsPerTile (query, head) rows of
+// one KV head; a decode tile is one query over as many KV heads as fit in kRowsPerTile rows, so a
+// key's rows for those heads are one contiguous run of the cache. Keys are walked in tiles of
+// kKeyTile through the block table with an online softmax per row: the scores of one key tile at
+// a time, never a [q, kv] matrix. When the items are too few to keep every thread busy (decode of
+// few sequences with long contexts) each tile's key range is split; the splits write partial
+// softmaxes (max, sum, unnormalised output) that a second pass merges (OnlineSoftmax::merge).
+//
+// Scores and value updates run on 16-float vectors (GCC/Clang vector extensions) in functions
+// cloned for AVX-512, AVX2 and the baseline. bfloat16 keys are scored straight from the cache with
+// AVX512-BF16 dot products where the CPU has them.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -63,11 +68,6 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
   });
 }
 
-
-
-#ifndef GNOMON_ATTENTION_PREFETCH_TILES
-#define GNOMON_ATTENTION_PREFETCH_TILES 1
-#endif
 
 namespace {
 
@@ -464,33 +464,12 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
 
   // A key's rows for the item's heads are one contiguous run in the cache.
   const int32_t* table = geo.block_tables + item.b * geo.max_blocks;
-  const int64_t token_elems = geo.num_kv_heads * d, run_bytes = heads * d * geo.elem;
+  const int64_t token_elems = geo.num_kv_heads * d;
   auto element_of = [&](int64_t block, int64_t offset) {
     return (table[block] * geo.block_size + offset) * token_elems + item.g0 * d;
   };
-  // Asks for the runs of keys [first, first + n) ahead of use: the block table scatters blocks
-  // through the cache, and a hardware prefetcher only learns each block's run once inside it.
-  // GNOMON_ATTENTION_PREFETCH_TILES 0 turns this off.
-  auto prefetch = [&](int64_t first, int64_t n) {
-    if (GNOMON_ATTENTION_PREFETCH_TILES == 0) return;
-    int64_t block = first / geo.block_size, offset = first % geo.block_size;
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t byte = element_of(block, offset) * geo.elem;
-      for (int64_t line = 0; line < run_bytes; line += 64) {
-        __builtin_prefetch(geo.key_cache + byte + line);
-        __builtin_prefetch(geo.value_cache + byte + line);
-      }
-      if (++offset == geo.block_size) {
-        offset = 0;
-        ++block;
-      }
-    }
-  };
-  constexpr int64_t kAhead = GNOMON_ATTENTION_PREFETCH_TILES * kKeyTile;  // keys asked for ahead of use
-  prefetch(item.k0, std::min(kAhead, item.k1 - item.k0));
   for (int64_t kb = item.k0; kb < item.k1; kb += kKeyTile) {
     const int64_t n = std::min(kKeyTile, item.k1 - kb);
-    if (kb + kAhead < item.k1) prefetch(kb + kAhead, std::min(kKeyTile, item.k1 - kb - kAhead));
     int64_t block = kb / geo.block_size, offset = kb % geo.block_size;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t element = element_of(block, offset);
@@ -518,9 +497,12 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
     }
     if (keys_in_place) {  // the scores read (and then mask) groups of 8 keys up to kKeyTile
       for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t j = n; j < kKeyTile; ++j) {
-          sc.k_rows[h * kKeyTile + j] = sc.k_rows[h * kKeyTile];
-          sc.k_rows_bf16[h * kKeyTile + j] = sc.k_rows_bf16[h * kKeyTile];
+        for (int64_t j = h * kKeyTile + n; j < (h + 1) * kKeyTile; ++j) {
+          if (bf16_dot) {
+            sc.k_rows_bf16[j] = sc.k_rows_bf16[h * kKeyTile];
+          } else {
+            sc.k_rows[j] = sc.k_rows[h * kKeyTile];
+          }
         }
       }
     }
@@ -593,6 +575,7 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
                      const TensorView& value_cache, const TensorView& block_tables,
                      const TensorView& seq_lens, const TensorView& query_start_loc, double scale,
                      int64_t sliding_window, const TensorView* sinks) {
+  if (out.numel() == 0) return;  // no query tokens, or no heads (then group would be 0)
   Geometry geo;
   geo.query = query.ptr<const char>();
   geo.key_cache = key_cache.ptr<const char>();
