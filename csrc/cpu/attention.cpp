@@ -73,7 +73,7 @@ namespace {
 
 constexpr int64_t kKeyTile = 32;        // keys scored together; the scores of one tile per row
 constexpr int64_t kRowsPerTile = 64;    // (query, head) rows per prefill work item
-constexpr int64_t kMinSplitKeys = 256;  // a key-range split is never shorter than this
+constexpr int64_t kMinSplitKeys = 64;   // a key-range split is never shorter than this
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Fixed-width vectors (GCC/Clang vector extensions): each SIMD clone lowers them to its own

@@ -143,7 +143,7 @@ def test_head_dims(head_dim, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("threads", [1, 3, 16])
 def test_long_decode_split(dtype, threads):
     """One decode sequence of 2500 tokens (crossing blocks at odd offsets) and a short one: the
     long key range is split over items whose partial softmaxes are merged."""
