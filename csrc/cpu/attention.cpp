@@ -104,6 +104,17 @@ ATTENTION_INLINE float reduce_add(const f32x16& v) {
   return (a[0] + a[2]) + (a[1] + a[3]);
 }
 
+// The largest lane, folding halves (a tree, not a chain of 15 dependent steps).
+ATTENTION_INLINE float reduce_max(const f32x16& v) {
+  f32x8 lo, hi;
+  std::memcpy(&lo, &v, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  for (int l = 0; l < 8; ++l) lo[l] = hi[l] > lo[l] ? hi[l] : lo[l];
+  for (int l = 0; l < 4; ++l) lo[l] = lo[l + 4] > lo[l] ? lo[l + 4] : lo[l];
+  const float a = lo[1] > lo[0] ? lo[1] : lo[0], b = lo[3] > lo[2] ? lo[3] : lo[2];
+  return b > a ? b : a;
+}
+
 // The sums of eight vectors, lane i of `out` for a[i].
 ATTENTION_INLINE void reduce_add8(f32x8& out, const f32x16 (&a)[8]) {
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
@@ -244,8 +255,7 @@ ATTENTION_INLINE void update_tile_impl(int64_t chunks_at_run_time, int64_t rows,
              sv[u], neg_inf);
       select(m, sv[u] > m, sv[u], m);
     }
-    float block_max = m[0];
-    for (int l = 1; l < kLanes; ++l) block_max = m[l] > block_max ? m[l] : block_max;
+    const float block_max = reduce_max(m);
     if (block_max == kNegInf) continue;  // every score -inf: nothing to add
     f32x16 total = {};
 #pragma GCC unroll 8
