@@ -68,7 +68,6 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
   });
 }
 
-
 namespace {
 
 constexpr int64_t kKeyTile = 32;        // keys scored together; the scores of one tile per row

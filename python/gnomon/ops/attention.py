@@ -41,7 +41,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     """Writes token t's `key`/`value` rows [T, Hkv, D] into the caches at ``slot_mapping[t]``.
 
     In place. `slot_mapping` is int64 [T]; a slot of -1 skips the token (padding). Slots must be
-    below ``num_blocks * block_size`` (checked in C++).
+    below ``num_blocks * block_size`` (checked in C++). If two tokens name the same slot, which
+    one the slot ends up holding is unspecified.
     """
     check_tensor(key, "key", dtypes=FLOATING, dim=3)
     check_tensor(value, "value", dtypes=(key.dtype,), shape=tuple(key.shape))
