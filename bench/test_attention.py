@@ -12,6 +12,11 @@ Baselines, timed beside gnomon in the same run:
 - "gather+eager-sinks" (gpt-oss, whose sinks SDPA cannot express): gather the window's K/V, then
   the Hugging Face gpt-oss eager path: repeat_kv, q @ k^T, a sink column, softmax, @ v.
 
+Every case runs at one thread and at torch's default thread count (both implementations alike):
+on a machine shared with other work, a parallel region can wait a scheduler tick for a busy
+core, which torch's many small parallel ops in the baselines suffer far more than one gnomon
+call; the one-thread figures are the steady comparison.
+
 extra_info: the K/V bytes one call must read (each KV head's rows over each sequence's attended
 key range), the achieved read rate, and that rate as a fraction of `memory_bandwidth` (this
 machine's copy bandwidth, measured in the same session). Decode is memory-bound, so that
