@@ -1,7 +1,679 @@
-// PLACEHOLDER: replaced by the attention family's kernels.
-#include "core/errors.h"
+// reshape_and_cache and paged_attention.
+//
+// paged_attention splits a call into work items: (sequence, tile of queries, KV heads, range of
+// keys). Every query head of a KV head's group is in the item, so each K/V row is read (and
+// converted to float) once per group. A prefill tile is up to kRowsPerTile (query, head) rows of
+// one KV head; a decode tile is one query over as many KV heads as fit in kRowsPerTile rows, so a
+// key's rows for those heads are one contiguous run of the cache. Keys are walked in tiles of
+// kKeyTile through the block table with an online softmax per row: the scores of one key tile at
+// a time, never a [q, kv] matrix. When the items are too few to keep every thread busy (decode of
+// few sequences with long contexts) each tile's key range is split; the splits write partial
+// softmaxes (max, sum, unnormalised output) that a second pass merges (OnlineSoftmax::merge).
+//
+// Scores and value updates run on 16-float vectors (GCC/Clang vector extensions) in functions
+// cloned for AVX-512, AVX2 and the baseline. bfloat16 keys are scored straight from the cache with
+// AVX512-BF16 dot products where the CPU has them.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/scalar_math.h"
+#include "core/simd.h"
+#include "core/threads.h"
 #include "cpu/kernels.h"
+#include "cpu/vec.h"
+
+// bfloat16 scores use AVX512-BF16 dot products where the CPU has them (checked at run time).
+// Building with -DGNOMON_ATTENTION_BF16_DOT=0 leaves only the portable path.
+#if !defined(GNOMON_ATTENTION_BF16_DOT) && defined(__x86_64__) && \
+    (defined(__GNUC__) || defined(__clang__))
+#define GNOMON_ATTENTION_BF16_DOT 1
+#endif
+#if GNOMON_ATTENTION_BF16_DOT
+// GCC 12's AVX-512 headers build "undefined" vectors as `__m512 __Y = __Y;`, which
+// -Wmaybe-uninitialized can report wherever the intrinsics are inlined.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
 namespace gnomon::cpu {
-void reshape_and_cache(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&) { raise<ValueError>("not built yet"); }
-void paged_attention(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&, double, int64_t, const TensorView*) { raise<ValueError>("not built yet"); }
+
+void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
+                       const TensorView& value_cache, const TensorView& slot_mapping) {
+  // A slot's row of Hkv * D elements is contiguous in the cache, as a token's is in key/value.
+  const int64_t row_bytes = key.size(1) * key.size(2) * dtype_size(key.dtype);
+  const int64_t* slots = slot_mapping.ptr<const int64_t>();
+  const char* k = key.ptr<const char>();
+  const char* v = value.ptr<const char>();
+  char* kc = key_cache.ptr<char>();
+  char* vc = value_cache.ptr<char>();
+  parallel_for(key.size(0), std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(row_bytes, 1)),
+               [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t slot = slots[t];
+      if (slot < 0) continue;  // padding
+      std::memcpy(kc + slot * row_bytes, k + t * row_bytes, row_bytes);
+      std::memcpy(vc + slot * row_bytes, v + t * row_bytes, row_bytes);
+    }
+  });
+}
+
+namespace {
+
+constexpr int64_t kKeyTile = 32;        // keys scored together; the scores of one tile per row
+constexpr int64_t kRowsPerTile = 64;    // (query, head) rows per prefill work item
+constexpr int64_t kMinSplitKeys = 64;   // a key-range split is never shorter than this
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Fixed-width vectors (GCC/Clang vector extensions): each SIMD clone lowers them to its own
+// registers (one zmm, two ymm, four xmm; four NEON registers on arm64). They are only passed by
+// reference, so no vector type ever crosses a function ABI.
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+constexpr int64_t kLanes = 16;
+
+// GCC inlines nothing into a SIMD clone across differing target arches unless forced, so every
+// helper of the clone below is always_inline (and then compiled once per clone).
+#define ATTENTION_INLINE inline __attribute__((always_inline))
+
+ATTENTION_INLINE void load(f32x16& v, const float* p) { std::memcpy(&v, p, sizeof(v)); }
+ATTENTION_INLINE void store(float* p, const f32x16& v) { std::memcpy(p, &v, sizeof(v)); }
+
+ATTENTION_INLINE float reduce_add(const f32x16& v) {
+  f32x8 lo, hi;
+  std::memcpy(&lo, &v, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  lo += hi;
+  f32x4 a, b;
+  std::memcpy(&a, &lo, sizeof(a));
+  std::memcpy(&b, reinterpret_cast<const char*>(&lo) + sizeof(a), sizeof(b));
+  a += b;
+  return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+// The largest lane, folding halves (a tree, not a chain of 15 dependent steps).
+ATTENTION_INLINE float reduce_max(const f32x16& v) {
+  f32x8 lo, hi;
+  std::memcpy(&lo, &v, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  for (int l = 0; l < 8; ++l) lo[l] = hi[l] > lo[l] ? hi[l] : lo[l];
+  for (int l = 0; l < 4; ++l) lo[l] = lo[l + 4] > lo[l] ? lo[l + 4] : lo[l];
+  const float a = lo[1] > lo[0] ? lo[1] : lo[0], b = lo[3] > lo[2] ? lo[3] : lo[2];
+  return b > a ? b : a;
+}
+
+// The sums of eight vectors, lane i of `out` for a[i].
+ATTENTION_INLINE void reduce_add8(f32x8& out, const f32x16 (&a)[8]) {
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+  // A butterfly of two-source shuffles: about 3 instructions per vector instead of ~10 for a
+  // reduction of each. Level by level, each vector's partial sums fold into half as many lanes.
+  f32x16 b[4], c[2];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
+                                   19, 20, 21, 22, 23) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25,
+                                   26, 27, 28, 29, 30, 31);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18,
+                                   19, 24, 25, 26, 27) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21,
+                                   22, 23, 28, 29, 30, 31);
+  }
+  const f32x16 d = __builtin_shufflevector(c[0], c[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21,
+                                           24, 25, 28, 29) +
+                   __builtin_shufflevector(c[0], c[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22,
+                                           23, 26, 27, 30, 31);
+  out = __builtin_shufflevector(d, d, 0, 2, 4, 6, 8, 10, 12, 14) +
+        __builtin_shufflevector(d, d, 1, 3, 5, 7, 9, 11, 13, 15);
+#else
+  for (int i = 0; i < 8; ++i) out[i] = reduce_add(a[i]);
+#endif
+}
+
+// mask ? a : b, lane by lane (mask lanes are all ones or all zeros).
+ATTENTION_INLINE void select(f32x16& out, const i32x16& mask, const f32x16& a, const f32x16& b) {
+  i32x16 ia, ib;
+  std::memcpy(&ia, &a, sizeof(ia));
+  std::memcpy(&ib, &b, sizeof(ib));
+  const i32x16 bits = (ia & mask) | (ib & ~mask);
+  std::memcpy(&out, &bits, sizeof(out));
+}
+
+// e^x lane by lane for x <= 0, no calls or branches: Cody-Waite reduction by ln 2 and the Cephes
+// expf polynomial (within 2 ulp of expf). Lanes below -87, -inf included, give 0; NaN stays NaN.
+// 2^n comes from the bits of the rounding sum, so no float-to-int conversion is involved.
+ATTENTION_INLINE void exp_nonpositive(f32x16& out, const f32x16& x) {
+  const i32x16 underflow = x < -87.0f;
+  f32x16 xc, floor_value = {};
+  floor_value -= 87.0f;
+  select(xc, underflow, floor_value, x);
+  const f32x16 shifted = xc * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to int
+  const f32x16 n = shifted - 12582912.0f;
+  const f32x16 r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
+  f32x16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  i32x16 bits;
+  std::memcpy(&bits, &shifted, sizeof(bits));
+  bits = (bits - 0x4b400000 + 127) << 23;  // (n + 127) << 23: the float 2^n
+  f32x16 two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  const f32x16 zero = {};
+  select(out, underflow, zero, p * two_n);
+}
+
+// A tile's work is two passes over the rows of one work item (one KV head's rows): score_tile
+// writes each row's scores against the tile's keys, update_tile folds them into the row's online
+// softmax and value accumulator. Row r sees keys [lo[r], hi[r]) of the tile (n <= kKeyTile
+// keys). Score rows have kKeyTile floats; lanes outside [lo, hi) hold anything and are masked.
+
+// Float rows are padded to `chunks` * 16 floats (zeros past head_dim). q is already multiplied by
+// the scale; k[j] is key j's padded float row, readable for every j < kKeyTile. kChunks > 0
+// fixes `chunks` at compile time, so a row's query lives in registers.
+template <int kChunks>
+ATTENTION_INLINE void score_tile_impl(int64_t chunks_at_run_time, int64_t rows, const float* q,
+                                      const float* const* k, const int32_t* lo,
+                                      const int32_t* hi, float* scores) {
+  constexpr int kMaxChunks = kChunks > 0 ? kChunks : static_cast<int>(kMaxHeadDim / kLanes);
+  const int64_t chunks = kChunks > 0 ? kChunks : chunks_at_run_time;
+  for (int64_t r = 0; r < rows; ++r) {
+    f32x16 qv[kMaxChunks];
+    for (int64_t c = 0; c < chunks; ++c) load(qv[c], q + r * chunks * kLanes + c * kLanes);
+    // Eight keys at a time: independent accumulation chains, one butterfly reduction.
+    for (int64_t j = lo[r] & ~int32_t{7}; j < hi[r]; j += 8) {
+      f32x16 a[8] = {}, kv;
+      for (int64_t c = 0; c < chunks; ++c) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          load(kv, k[j + i] + c * kLanes);
+          a[i] += qv[c] * kv;
+        }
+      }
+      f32x8 sums;
+      reduce_add8(sums, a);
+      std::memcpy(scores + r * kKeyTile + j, &sums, sizeof(sums));
+    }
+  }
+}
+
+GNOMON_SIMD_CLONES void score_tile(int64_t chunks, int64_t rows, const float* q,
+                                   const float* const* k, const int32_t* lo, const int32_t* hi,
+                                   float* scores) {
+  switch (chunks) {
+    case 4: return score_tile_impl<4>(chunks, rows, q, k, lo, hi, scores);  // head dim 64
+    case 8: return score_tile_impl<8>(chunks, rows, q, k, lo, hi, scores);  // head dim 128
+    default: return score_tile_impl<0>(chunks, rows, q, k, lo, hi, scores);
+  }
+}
+
+// Row r's block softmax over its scores is merged into state[r], and the weighted value rows
+// v[j] (padded float rows) are added into its acc row (stride chunks * 16), which lives in
+// registers when kChunks fixes `chunks`.
+template <int kChunks>
+ATTENTION_INLINE void update_tile_impl(int64_t chunks_at_run_time, int64_t rows,
+                                       const float* const* v, const int32_t* lo,
+                                       const int32_t* hi, float* scores,
+                                       math::OnlineSoftmax* state, float* acc) {
+  constexpr int kMaxChunks = kChunks > 0 ? kChunks : static_cast<int>(kMaxHeadDim / kLanes);
+  constexpr int kVectors = static_cast<int>(kKeyTile / kLanes);
+  static_assert(kKeyTile % kLanes == 0, "whole score vectors per tile");
+  const int64_t chunks = kChunks > 0 ? kChunks : chunks_at_run_time;
+  i32x16 lane;
+  for (int l = 0; l < kLanes; ++l) lane[l] = l;
+  f32x16 neg_inf = {};
+  neg_inf -= std::numeric_limits<float>::infinity();
+
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t first = lo[r], last = hi[r];
+    if (first >= last) continue;
+    float* s = scores + r * kKeyTile;
+    f32x16 sv[kVectors], m = neg_inf;
+#pragma GCC unroll 8
+    for (int u = 0; u < kVectors; ++u) {
+      load(sv[u], s + u * kLanes);
+      const i32x16 index = lane + u * static_cast<int32_t>(kLanes);
+      select(sv[u], (index >= static_cast<int32_t>(first)) & (index < static_cast<int32_t>(last)),
+             sv[u], neg_inf);
+      select(m, sv[u] > m, sv[u], m);
+    }
+    const float block_max = reduce_max(m);
+    if (block_max == kNegInf) continue;  // every score -inf: nothing to add
+    f32x16 total = {};
+#pragma GCC unroll 8
+    for (int u = 0; u < kVectors; ++u) {
+      exp_nonpositive(sv[u], sv[u] - block_max);
+      total += sv[u];
+    }
+    float acc_scale, block_scale;
+    state[r].merge(math::OnlineSoftmax{block_max, reduce_add(total)}, acc_scale, block_scale);
+#pragma GCC unroll 8
+    for (int u = 0; u < kVectors; ++u) store(s + u * kLanes, sv[u] * block_scale);
+
+    f32x16 av[kMaxChunks], vv;
+    float* acc_row = acc + r * chunks * kLanes;
+    for (int64_t c = 0; c < chunks; ++c) {
+      load(av[c], acc_row + c * kLanes);
+      av[c] *= acc_scale;
+    }
+    for (int64_t j = first; j < last; ++j) {
+      const float w = s[j];
+      for (int64_t c = 0; c < chunks; ++c) {
+        load(vv, v[j] + c * kLanes);
+        av[c] += w * vv;
+      }
+    }
+    for (int64_t c = 0; c < chunks; ++c) store(acc_row + c * kLanes, av[c]);
+  }
+}
+
+GNOMON_SIMD_CLONES void update_tile(int64_t chunks, int64_t rows, const float* const* v,
+                                    const int32_t* lo, const int32_t* hi, float* scores,
+                                    math::OnlineSoftmax* state, float* acc) {
+  switch (chunks) {
+    case 4: return update_tile_impl<4>(chunks, rows, v, lo, hi, scores, state, acc);
+    case 8: return update_tile_impl<8>(chunks, rows, v, lo, hi, scores, state, acc);
+    default: return update_tile_impl<0>(chunks, rows, v, lo, hi, scores, state, acc);
+  }
+}
+
+#if GNOMON_ATTENTION_BF16_DOT
+// Scores straight from bfloat16 rows with AVX512-BF16 dot products (vdpbf16ps: two products
+// per float lane, each exact, summed in float32): no key is converted to float, and a
+// dot costs half the instructions. `q` rows are the unscaled bf16 queries, `pairs` * 32 elements
+// long (the head dim, a multiple of 32); k[j] points at key j's bf16 row in the cache.
+#define BF16_DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+template <int kPairs>
+BF16_DOT_TARGET ATTENTION_INLINE void score_tile_bf16_impl(int64_t pairs_at_run_time,
+                                                           int64_t rows, const uint16_t* q,
+                                                           const uint16_t* const* k,
+                                                           const int32_t* lo, const int32_t* hi,
+                                                           float scale, float* scores) {
+  constexpr int kMaxPairs = kPairs > 0 ? kPairs : static_cast<int>(kMaxHeadDim / 32);
+  const int64_t pairs = kPairs > 0 ? kPairs : pairs_at_run_time;
+  for (int64_t r = 0; r < rows; ++r) {
+    __m512bh qv[kMaxPairs];
+    for (int64_t c = 0; c < pairs; ++c) {
+      qv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + r * pairs * 32 + c * 32));
+    }
+    for (int64_t j = lo[r] & ~int32_t{7}; j < hi[r]; j += 8) {
+      __m512 a[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) a[i] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < pairs; ++c) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(k[j + i] + c * 32));
+          a[i] = _mm512_dpbf16_ps(a[i], qv[c], kv);
+        }
+      }
+      f32x16 partial[8];
+      std::memcpy(partial, a, sizeof(partial));
+      f32x8 sums;
+      reduce_add8(sums, partial);
+      sums *= scale;
+      std::memcpy(scores + r * kKeyTile + j, &sums, sizeof(sums));
+    }
+  }
+}
+
+BF16_DOT_TARGET void score_tile_bf16(int64_t pairs, int64_t rows, const uint16_t* q,
+                                     const uint16_t* const* k, const int32_t* lo,
+                                     const int32_t* hi, float scale, float* scores) {
+  switch (pairs) {
+    case 2: return score_tile_bf16_impl<2>(pairs, rows, q, k, lo, hi, scale, scores);
+    case 4: return score_tile_bf16_impl<4>(pairs, rows, q, k, lo, hi, scale, scores);
+    default: return score_tile_bf16_impl<0>(pairs, rows, q, k, lo, hi, scale, scores);
+  }
+}
+
+bool cpu_has_bf16_dot() {
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+#else
+bool cpu_has_bf16_dot() { return false; }
+#endif
+
+// The call's geometry, shared by every work item.
+struct Geometry {
+  const char* query;
+  const char* key_cache;
+  const char* value_cache;
+  DType dtype;
+  int64_t elem;  // bytes per element
+  int64_t num_heads, num_kv_heads, group, head_dim, block_size;
+  int64_t chunks;  // head_dim in 16-float chunks, rounded up; float rows are padded to this
+  const int32_t* block_tables;
+  int64_t max_blocks;
+  const float* sinks;  // nullptr: none
+  float scale;
+  int64_t window;  // 0: none
+  bool bf16_dot;   // bfloat16 scores by AVX512-BF16 dot products
+
+  int64_t padded() const { return chunks * kLanes; }
+};
+
+// Queries [first, first + count) of one sequence (token index `token` of the first, at key
+// position `pos`) with KV heads [g0, g0 + heads) against keys [k0, k1). Its rows are ordered
+// (KV head, query, head of the group), so each KV head's rows are one run. `partial` >= 0 places
+// the item's unnormalised result in the split scratch; -1 means the item covers the whole key
+// range and writes `out` directly.
+struct Item {
+  int64_t b, g0, heads, token, pos, count, k0, k1;
+  int64_t partial;
+  int64_t cost() const { return heads * count * (k1 - k0); }
+};
+
+// A tile whose key range was split over several items, merged after they all ran.
+struct SplitTile {
+  Item tile;
+  int64_t splits;
+};
+
+// Per-thread scratch, grown on demand and kept for the next call.
+struct Scratch {
+  std::vector<float> q, acc, keys, values, scores;
+  std::vector<uint16_t> q_bf16;
+  std::vector<math::OnlineSoftmax> state;
+  std::vector<int32_t> lo, hi;
+  std::vector<const float*> k_rows, v_rows;
+  std::vector<const uint16_t*> k_rows_bf16;
+};
+
+Scratch& thread_scratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+// Normalises an item's rows of `acc` (padded stride) by their softmax state, after the sink
+// logits (when present) join the denominators, and stores them to `out`.
+void finish_rows(const Geometry& geo, const Item& item, math::OnlineSoftmax* state, float* acc,
+                 const TensorView& out) {
+  const int64_t d = geo.head_dim, stride = geo.padded(), group = geo.group;
+  const int64_t rows = item.heads * item.count * group;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t g = item.g0 + r / (item.count * group), i = r / group % item.count;
+    const int64_t head = g * group + r % group;
+    float acc_scale = 1.0f, unused;
+    if (geo.sinks != nullptr) {
+      state[r].merge(math::OnlineSoftmax{geo.sinks[head], 1.0f}, acc_scale, unused);
+    }
+    const float inv = state[r].sum > 0.0f ? acc_scale / state[r].sum : 0.0f;
+    float* row = acc + r * stride;
+    scale(inv, row, d);
+    store_floats(row, out.dtype,
+                 out.ptr<char>() + ((item.token + i) * geo.num_heads + head) * d * geo.elem, d);
+  }
+}
+
+void run_item(const Geometry& geo, const Item& item, const TensorView& out, float* partials) {
+  const int64_t d = geo.head_dim, stride = geo.padded(), group = geo.group;
+  const int64_t heads = item.heads, head_rows = item.count * group, rows = heads * head_rows;
+  // float32 rows with no padding are read in place; bfloat16 keys are read in place by the
+  // AVX512-BF16 scores; every other row is converted to a padded float row in the scratch.
+  const bool f32_in_place = geo.dtype == DType::Float32 && d == stride;
+  const bool bf16_dot = geo.bf16_dot;
+  const bool keys_in_place = f32_in_place || bf16_dot;
+  Scratch& sc = thread_scratch();
+  sc.acc.assign(rows * stride, 0.0f);
+  sc.state.assign(rows, math::OnlineSoftmax{});
+  sc.scores.resize(head_rows * kKeyTile);
+  sc.lo.resize(head_rows);
+  sc.hi.resize(head_rows);
+  sc.k_rows.resize(heads * kKeyTile);
+  sc.v_rows.resize(heads * kKeyTile);
+  sc.k_rows_bf16.resize(heads * kKeyTile);
+  // Converted rows are [head][key][stride]: one head's tile is contiguous (a stride of `heads`
+  // rows between keys would alias in the L1 sets). Padding, when there is some, stays zero.
+  auto prepare = [&](std::vector<float>& buffer, std::vector<const float*>& row_ptrs) {
+    if (d == stride) {
+      buffer.resize(heads * kKeyTile * stride);
+    } else {
+      buffer.assign(heads * kKeyTile * stride, 0.0f);
+    }
+    for (int64_t j = 0; j < heads * kKeyTile; ++j) row_ptrs[j] = buffer.data() + j * stride;
+  };
+  if (!keys_in_place) prepare(sc.keys, sc.k_rows);
+  if (!f32_in_place) prepare(sc.values, sc.v_rows);
+
+  // Row r is head r % group of query r / group % count, of KV head g0 + r / head_rows.
+  auto query_row = [&](int64_t r) {
+    const int64_t g = item.g0 + r / head_rows, i = r / group % item.count;
+    return geo.query + ((item.token + i) * geo.num_heads + g * group + r % group) * d * geo.elem;
+  };
+  if (bf16_dot) {
+    sc.q_bf16.resize(rows * d);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(sc.q_bf16.data() + r * d, query_row(r), d * 2);
+  } else {
+    sc.q.assign(rows * stride, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      load_floats(query_row(r), geo.dtype, sc.q.data() + r * stride, d);
+      scale(geo.scale, sc.q.data() + r * stride, d);
+    }
+  }
+
+  // A key's rows for the item's heads are one contiguous run in the cache.
+  const int32_t* table = geo.block_tables + item.b * geo.max_blocks;
+  const int64_t token_elems = geo.num_kv_heads * d;
+  auto element_of = [&](int64_t block, int64_t offset) {
+    return (table[block] * geo.block_size + offset) * token_elems + item.g0 * d;
+  };
+  for (int64_t kb = item.k0; kb < item.k1; kb += kKeyTile) {
+    const int64_t n = std::min(kKeyTile, item.k1 - kb);
+    int64_t block = kb / geo.block_size, offset = kb % geo.block_size;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t element = element_of(block, offset);
+      const char* k = geo.key_cache + element * geo.elem;
+      const char* v = geo.value_cache + element * geo.elem;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t slot = h * kKeyTile + j, head_bytes = h * d * geo.elem;
+        if (bf16_dot) {
+          sc.k_rows_bf16[slot] = reinterpret_cast<const uint16_t*>(k + head_bytes);
+        } else if (f32_in_place) {
+          sc.k_rows[slot] = reinterpret_cast<const float*>(k + head_bytes);
+        } else {
+          load_floats(k + head_bytes, geo.dtype, sc.keys.data() + slot * stride, d);
+        }
+        if (f32_in_place) {
+          sc.v_rows[slot] = reinterpret_cast<const float*>(v + head_bytes);
+        } else {
+          load_floats(v + head_bytes, geo.dtype, sc.values.data() + slot * stride, d);
+        }
+      }
+      if (++offset == geo.block_size) {
+        offset = 0;
+        ++block;
+      }
+    }
+    if (keys_in_place) {  // the scores read (and then mask) groups of 8 keys up to kKeyTile
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t j = h * kKeyTile + n; j < (h + 1) * kKeyTile; ++j) {
+          if (bf16_dot) {
+            sc.k_rows_bf16[j] = sc.k_rows_bf16[h * kKeyTile];
+          } else {
+            sc.k_rows[j] = sc.k_rows[h * kKeyTile];
+          }
+        }
+      }
+    }
+    // Query i sees keys [pos - window + 1, pos]; the tile holds [kb, kb + n). Every KV head's
+    // rows see the same ranges.
+    for (int64_t i = 0; i < item.count; ++i) {
+      const int64_t pos = item.pos + i;
+      const int64_t lo = std::max<int64_t>(0, geo.window > 0 ? pos - geo.window + 1 - kb : 0);
+      const int64_t hi = std::max(lo, std::min<int64_t>(n, pos + 1 - kb));
+      for (int64_t h = 0; h < group; ++h) {
+        sc.lo[i * group + h] = static_cast<int32_t>(lo);
+        sc.hi[i * group + h] = static_cast<int32_t>(hi);
+      }
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t r = h * head_rows;
+#if GNOMON_ATTENTION_BF16_DOT
+      if (bf16_dot) {
+        score_tile_bf16(d / 32, head_rows, sc.q_bf16.data() + r * d,
+                        sc.k_rows_bf16.data() + h * kKeyTile, sc.lo.data(), sc.hi.data(),
+                        geo.scale, sc.scores.data());
+      } else
+#endif
+      {
+        score_tile(geo.chunks, head_rows, sc.q.data() + r * stride,
+                   sc.k_rows.data() + h * kKeyTile, sc.lo.data(), sc.hi.data(),
+                   sc.scores.data());
+      }
+      update_tile(geo.chunks, head_rows, sc.v_rows.data() + h * kKeyTile, sc.lo.data(),
+                  sc.hi.data(), sc.scores.data(), sc.state.data() + r, sc.acc.data() + r * stride);
+    }
+  }
+
+  if (item.partial >= 0) {
+    // Layout per row: max, sum, then the head_dim unnormalised outputs.
+    float* p = partials + item.partial;
+    for (int64_t r = 0; r < rows; ++r, p += d + 2) {
+      p[0] = sc.state[r].max;
+      p[1] = sc.state[r].sum;
+      std::memcpy(p + 2, sc.acc.data() + r * stride, d * sizeof(float));
+    }
+    return;
+  }
+  finish_rows(geo, item, sc.state.data(), sc.acc.data(), out);
+}
+
+void merge_splits(const Geometry& geo, const SplitTile& split, const TensorView& out,
+                  const float* partials) {
+  const int64_t d = geo.head_dim, stride = geo.padded();
+  const int64_t rows = split.tile.heads * split.tile.count * geo.group;
+  Scratch& sc = thread_scratch();
+  sc.acc.assign(rows * stride, 0.0f);
+  sc.state.assign(rows, math::OnlineSoftmax{});
+  for (int64_t s = 0; s < split.splits; ++s) {
+    const float* p = partials + split.tile.partial + s * rows * (d + 2);
+    for (int64_t r = 0; r < rows; ++r, p += d + 2) {
+      float acc_scale, part_scale;
+      sc.state[r].merge(math::OnlineSoftmax{p[0], p[1]}, acc_scale, part_scale);
+      float* acc = sc.acc.data() + r * stride;
+      scale(acc_scale, acc, d);
+      axpy(part_scale, p + 2, acc, d);
+    }
+  }
+  finish_rows(geo, split.tile, sc.state.data(), sc.acc.data(), out);
+}
+
+}  // namespace
+
+void paged_attention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                     const TensorView& value_cache, const TensorView& block_tables,
+                     const TensorView& seq_lens, const TensorView& query_start_loc, double scale,
+                     int64_t sliding_window, const TensorView* sinks) {
+  if (out.numel() == 0) return;  // no query tokens, or no heads (then group would be 0)
+  Geometry geo;
+  geo.query = query.ptr<const char>();
+  geo.key_cache = key_cache.ptr<const char>();
+  geo.value_cache = value_cache.ptr<const char>();
+  geo.dtype = query.dtype;
+  geo.elem = dtype_size(query.dtype);
+  geo.num_heads = query.size(1);
+  geo.num_kv_heads = key_cache.size(2);
+  geo.group = geo.num_heads / geo.num_kv_heads;
+  geo.head_dim = query.size(2);
+  geo.chunks = (geo.head_dim + kLanes - 1) / kLanes;
+  geo.block_size = key_cache.size(1);
+  geo.block_tables = block_tables.ptr<const int32_t>();
+  geo.max_blocks = block_tables.size(1);
+  geo.sinks = sinks != nullptr ? sinks->ptr<const float>() : nullptr;
+  geo.scale = static_cast<float>(scale);
+  geo.window = sliding_window;
+  geo.bf16_dot = geo.dtype == DType::BFloat16 && geo.head_dim % 32 == 0 && cpu_has_bf16_dot();
+
+  const int64_t batch = seq_lens.size(0);
+  const int32_t* lens = seq_lens.ptr<const int32_t>();
+  const int32_t* starts = query_start_loc.ptr<const int32_t>();
+
+  // Tiles of up to kRowsPerTile rows: a prefill tile is several queries of one KV head; a decode
+  // tile is one query (or a few) over as many KV heads as fit, so that it reads each key's rows
+  // of those heads as one contiguous run.
+  const int64_t queries_per_tile = std::max<int64_t>(1, kRowsPerTile / geo.group);
+  std::vector<Item> tiles;
+  int64_t total_cost = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t q_len = starts[b + 1] - starts[b];
+    for (int64_t first = 0; first < q_len; first += queries_per_tile) {
+      const int64_t count = std::min(queries_per_tile, q_len - first);
+      const int64_t heads = std::clamp<int64_t>(kRowsPerTile / (count * geo.group), 1,
+                                                geo.num_kv_heads);
+      const int64_t pos = lens[b] - q_len + first;
+      const int64_t k0 = geo.window > 0 ? std::max<int64_t>(0, pos - geo.window + 1) : 0;
+      const int64_t k1 = pos + count;
+      for (int64_t g0 = 0; g0 < geo.num_kv_heads; g0 += heads) {
+        tiles.push_back(Item{b, g0, std::min(heads, geo.num_kv_heads - g0), starts[b] + first,
+                             pos, count, k0, k1, -1});
+        total_cost += tiles.back().cost();
+      }
+    }
+  }
+  if (tiles.empty()) return;
+
+  // Split long key ranges until there are about four items per thread, none shorter than
+  // kMinSplitKeys keys.
+  const int64_t threads = num_threads();
+  const int64_t target_cost = std::max<int64_t>(1, total_cost / (4 * threads));
+  std::vector<Item> items;
+  std::vector<SplitTile> splits;
+  int64_t partial_floats = 0;
+  for (const Item& tile : tiles) {
+    const int64_t keys = tile.k1 - tile.k0, width = tile.heads * tile.count;
+    const int64_t chunk = std::max<int64_t>(kMinSplitKeys, (target_cost + width - 1) / width);
+    const int64_t parts = (keys + chunk - 1) / chunk;
+    if (parts <= 1) {
+      items.push_back(tile);
+      continue;
+    }
+    Item merged = tile;
+    merged.partial = partial_floats;
+    splits.push_back(SplitTile{merged, parts});
+    // (parts - 1) * step < keys, so no part is empty.
+    const int64_t step = (keys + parts - 1) / parts;
+    for (int64_t s = 0; s < parts; ++s) {
+      Item part = tile;
+      part.k0 = tile.k0 + s * step;
+      part.k1 = std::min(tile.k1, part.k0 + step);
+      part.partial = partial_floats;
+      partial_floats += width * geo.group * (geo.head_dim + 2);
+      items.push_back(part);
+    }
+  }
+  // The costliest first, so the dynamic hand-out ends evenly.
+  std::vector<int64_t> order(items.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return items[a].cost() > items[b].cost(); });
+
+  std::vector<float> partials(partial_floats);
+  parallel_for(static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) run_item(geo, items[order[i]], out, partials.data());
+  });
+  parallel_for(static_cast<int64_t>(splits.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) merge_splits(geo, splits[i], out, partials.data());
+  });
+}
+
 }  // namespace gnomon::cpu
