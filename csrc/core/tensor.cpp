@@ -44,6 +44,7 @@ int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
+  if (numel() == 0) return true;  // as torch says: no element to be out of place
   int64_t expected = 1;
   for (int64_t d = dim() - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != expected) return false;
