@@ -1,8 +1,441 @@
-// PLACEHOLDER: replaced by the mxfp4 family's kernels.
-#include "core/errors.h"
+// MXFP4 (OCP MX v1.0): quantize, dequantize, and a GEMM that dequantises in registers.
+//
+// Layout (DESIGN.md): a row of K elements is K/32 blocks; block b has 16 bytes of E2M1 codes
+// (element 2i in the low nibble of byte i) and one E8M0 scale byte. The element and scale codes
+// come from core/scalar_math.h, which the GPU kernels share.
+//
+// The GEMM streams each weight row once per tile of activation rows and never builds the
+// full-precision weight. Its inner loop works on "groups" of L/4 blocks (4L bytes, 8L elements)
+// loaded as L 32-bit words: lane j holds word j, and shifting it right by 4*kh (kh = 0..7) brings
+// element 8j + kh of the group into the low nibble. A 16-entry table lookup (a permute) turns the
+// nibbles into floats, one multiply applies each lane's block scale, and FMAs against the
+// activations accumulate. The activations are copied once into float32 in the matching order
+// (a_perm[g*8L + kh*L + j] = a[g*8L + 8j + kh]), so no element ever needs reordering.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/scalar_math.h"
+#include "core/simd.h"
 #include "cpu/kernels.h"
+#include "cpu/vec.h"
+
+// The 64-byte vector types are passed between always-inline helpers only; the ABI note GCC gives
+// for them in the non-AVX-512 clones does not apply.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+#if defined(__GNUC__)
+#define GNOMON_INLINE inline __attribute__((always_inline))
+#else
+#define GNOMON_INLINE inline
+#endif
+
 namespace gnomon::cpu {
-void mxfp4_quantize(const TensorView&, const TensorView&, const TensorView&, ScaleRule) { raise<ValueError>("not built yet"); }
-void mxfp4_dequantize(const TensorView&, const TensorView&, const TensorView&) { raise<ValueError>("not built yet"); }
-void mxfp4_gemm(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView*) { raise<ValueError>("not built yet"); }
+namespace {
+
+using math::kMxfp4BlockSize;
+
+constexpr int64_t kBlockBytes = kMxfp4BlockSize / 2;
+
+// ---- portable vectors (GCC/Clang vector extensions; each clone lowers them to its ISA) ----------
+
+template <int Lanes>
+struct Vec {
+  static constexpr int L = Lanes;
+  typedef float F __attribute__((vector_size(4 * Lanes)));
+  typedef uint32_t U __attribute__((vector_size(4 * Lanes)));
+  typedef int32_t I __attribute__((vector_size(4 * Lanes)));
+};
+using Narrow = Vec<8>;   // AVX2, NEON (as pairs), baseline
+using Wide = Vec<16>;    // AVX-512
+
+template <typename V>
+GNOMON_INLINE V load_vec(const void* p) {
+  V v;
+  memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <typename V>
+GNOMON_INLINE void store_vec(void* p, const V& v) {
+  memcpy(p, &v, sizeof(v));
+}
+
+template <typename To, typename From>
+GNOMON_INLINE To bit_cast_vec(const From& from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  memcpy(&to, &from, sizeof(to));
+  return to;
+}
+
+// table[index mod L] per lane: one permute on AVX2/AVX-512/NEON.
+template <typename V>
+GNOMON_INLINE typename V::F lookup(const typename V::F& table, const typename V::U& index) {
+#if defined(__GNUC__) && !defined(__clang__)
+  return __builtin_shuffle(table, bit_cast_vec<typename V::I>(index));
+#else
+  typename V::F out;
+  for (int i = 0; i < V::L; ++i) out[i] = table[index[i] % V::L];
+  return out;
+#endif
+}
+
+// The first L values of the E2M1 code table, lane-repeated: 16 codes for wide vectors, the 8
+// magnitudes (the sign is bit 3) for narrow ones.
+template <typename V>
+GNOMON_INLINE typename V::F e2m1_table() {
+  typename V::F table;
+  for (int i = 0; i < V::L; ++i) table[i] = math::e2m1_to_float(static_cast<uint8_t>(i % 16));
+  return table;
+}
+
+// E2M1 codes in the low nibble of (word >> shift) to floats. Wide vectors look up all 16 codes;
+// narrow ones look up the magnitude and move bit 3 of the code to the float's sign.
+template <typename V>
+GNOMON_INLINE typename V::F decode_nibbles(const typename V::F& table, const typename V::U& words,
+                                           int shift) {
+  using U = typename V::U;
+  using F = typename V::F;
+  const U codes = words >> shift;
+  if constexpr (V::L >= 16) {
+    return lookup<V>(table, codes);  // indices are taken mod 16: the upper bits need no mask
+  } else {
+    const U magnitude = bit_cast_vec<U>(lookup<V>(table, codes & 7u));
+    return bit_cast_vec<F>(magnitude | ((codes & 8u) << 28));
+  }
+}
+
+// Lane j of a group gets the scale of its block j/4 (`scale_word` holds the group's scale bytes,
+// block 0 in the low byte). Mirrors math::e8m0_to_float: 2^(byte - 127), 0x00 -> 2^-127 (a
+// subnormal), 0xFF -> NaN.
+template <typename V>
+GNOMON_INLINE typename V::F group_scales(uint32_t scale_word) {
+  using U = typename V::U;
+  U shift;
+  for (int j = 0; j < V::L; ++j) shift[j] = 8 * (j / 4);
+  const U byte = ((U{} + scale_word) >> shift) & 0xffu;
+  U bits = byte << 23;
+  bits = byte == 0u ? U{} + 0x00400000u : bits;
+  bits = byte == static_cast<uint32_t>(math::kE8M0NaN) ? U{} + 0x7fc00000u : bits;
+  return bit_cast_vec<typename V::F>(bits);
+}
+
+// ---- quantize ----------------------------------------------------------------------------------
+
+GNOMON_SIMD_CLONES void quantize_blocks(const float* x, uint8_t* packed, uint8_t* scales,
+                                        int64_t blocks, math::ScaleRule rule) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* v = x + b * kMxfp4BlockSize;
+    uint8_t* bytes = packed + b * kBlockBytes;
+    // The largest magnitude as bits: integer order equals float order for |x|, and anything at
+    // or above the infinity pattern is an Inf or a NaN.
+    uint32_t amax_bits = 0;
+    for (int i = 0; i < kMxfp4BlockSize; ++i) {
+      amax_bits = std::max(amax_bits, math::float_to_bits(v[i]) & 0x7fffffffu);
+    }
+    if (amax_bits >= 0x7f800000u) {  // NaN or Inf: the NaN scale, so the block reads back NaN
+      scales[b] = math::kE8M0NaN;
+      memset(bytes, 0, kBlockBytes);
+      continue;
+    }
+    // An all-zero block gets scale 0x00; its elements stay (signed) zeros.
+    const uint8_t scale = amax_bits == 0 ? 0 : math::mxfp4_scale_byte(math::bits_to_float(amax_bits), rule);
+    scales[b] = scale;
+    // 1 / 2^(scale - 127) = 2^(127 - scale), a normal float for every byte the rules produce
+    // (<= 253), so the product below is exactly the division by the scale.
+    const float inverse = math::bits_to_float(static_cast<uint32_t>(254 - scale) << 23);
+    for (int i = 0; i < kBlockBytes; ++i) {
+      bytes[i] = static_cast<uint8_t>(math::float_to_e2m1(v[2 * i] * inverse) |
+                                      (math::float_to_e2m1(v[2 * i + 1] * inverse) << 4));
+    }
+  }
+}
+
+// ---- dequantize --------------------------------------------------------------------------------
+
+GNOMON_SIMD_CLONES void dequantize_blocks(const uint8_t* packed, const uint8_t* scales,
+                                          float* out, int64_t blocks) {
+  using V = Narrow;
+  typedef uint8_t Bytes __attribute__((vector_size(V::L)));
+  const V::F table = e2m1_table<V>();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float scale = math::e8m0_to_float(scales[b]);
+    for (int half = 0; half < kBlockBytes / V::L; ++half) {
+      const V::U words =
+          __builtin_convertvector(load_vec<Bytes>(packed + b * kBlockBytes + half * V::L), V::U);
+      const V::F low = decode_nibbles<V>(table, words, 0) * scale;
+      const V::F high = decode_nibbles<V>(table, words, 4) * scale;
+      // Interleave: element 2i is the low nibble of byte i, 2i+1 the high one.
+      const V::F first = __builtin_shufflevector(low, high, 0, 8, 1, 9, 2, 10, 3, 11);
+      const V::F second = __builtin_shufflevector(low, high, 4, 12, 5, 13, 6, 14, 7, 15);
+      float* dst = out + b * kMxfp4BlockSize + half * 2 * V::L;
+      store_vec(dst, first);
+      store_vec(dst + V::L, second);
+    }
+  }
+}
+
+// ---- GEMM --------------------------------------------------------------------------------------
+
+struct Gemm {
+  const uint8_t* w;         // [N, K/2]
+  const uint8_t* w_scales;  // [N, K/32]
+  const float* a;           // [M, k_padded], permuted per group, zero-padded
+  const float* bias;        // [N] or null
+  void* out;                // [M, N]
+  DType out_dtype;
+  int64_t m, n, k, k_padded;
+};
+
+// Rows [n0, n0 + NT) of W against rows [m0, m0 + MT) of A, into res[m * res_stride + col + r].
+// Each (m, n) pair keeps kAcc vector accumulators: together at least 8 independent FMA chains,
+// enough to cover the FMA latency.
+template <typename V, int MT, int NT>
+GNOMON_INLINE void gemm_tile(const Gemm& g, const typename V::F& table, int64_t m0, int64_t n0,
+                             float* res, int64_t res_stride, int64_t col) {
+  using F = typename V::F;
+  using U = typename V::U;
+  constexpr int L = V::L;
+  constexpr int kGroupBytes = 4 * L, kGroupElems = 8 * L, kGroupBlocks = L / 4;
+  constexpr int kAcc = MT * NT >= 8 ? 1 : MT * NT >= 4 ? 2 : MT * NT >= 2 ? 4 : 8;
+  const int64_t row_bytes = g.k / 2, row_blocks = g.k / kMxfp4BlockSize;
+  const int64_t full_groups = g.k / kGroupElems;
+  const int64_t groups = g.k_padded / kGroupElems;
+  const int64_t tail_blocks = row_blocks - full_groups * kGroupBlocks;
+
+  // The last, partial group of each row, zero-padded (code 0 and scale 2^-127 give 0, and the
+  // padded activations are 0 too).
+  alignas(64) uint8_t tail[NT][kGroupBytes];
+  uint8_t tail_scales[NT][4];
+  if (tail_blocks > 0) {
+    for (int r = 0; r < NT; ++r) {
+      memset(tail[r], 0, sizeof(tail[r]));
+      memset(tail_scales[r], 0, sizeof(tail_scales[r]));
+      memcpy(tail[r], g.w + (n0 + r) * row_bytes + full_groups * kGroupBytes,
+             tail_blocks * kBlockBytes);
+      memcpy(tail_scales[r], g.w_scales + (n0 + r) * row_blocks + full_groups * kGroupBlocks,
+             tail_blocks);
+    }
+  }
+
+  F acc[MT][NT][kAcc];
+  for (auto& per_m : acc) {
+    for (auto& per_n : per_m) {
+      for (F& x : per_n) x = F{};
+    }
+  }
+  const float* a_rows = g.a + m0 * g.k_padded;
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    U words[NT];
+    F scale[NT];
+    for (int r = 0; r < NT; ++r) {
+      const bool full = grp < full_groups;
+      const uint8_t* bytes = full ? g.w + (n0 + r) * row_bytes + grp * kGroupBytes : tail[r];
+      const uint8_t* scale_bytes =
+          full ? g.w_scales + (n0 + r) * row_blocks + grp * kGroupBlocks : tail_scales[r];
+      words[r] = load_vec<U>(bytes);
+      uint32_t scale_word = 0;
+      memcpy(&scale_word, scale_bytes, kGroupBlocks);  // little-endian: block 0 in the low byte
+      scale[r] = group_scales<V>(scale_word);
+    }
+    const float* a_group = a_rows + grp * kGroupElems;
+#pragma GCC unroll 8
+    for (int kh = 0; kh < 8; ++kh) {
+      F weights[NT];
+      for (int r = 0; r < NT; ++r) weights[r] = decode_nibbles<V>(table, words[r], 4 * kh) * scale[r];
+      for (int m = 0; m < MT; ++m) {
+        const F x = load_vec<F>(a_group + m * g.k_padded + kh * L);
+        for (int r = 0; r < NT; ++r) acc[m][r][kh % kAcc] += weights[r] * x;
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    for (int r = 0; r < NT; ++r) {
+      F total = acc[m][r][0];
+      for (int i = 1; i < kAcc; ++i) total += acc[m][r][i];
+      float sum = 0.0f;
+      for (int i = 0; i < L; ++i) sum += total[i];
+      res[m * res_stride + col + r] = sum;
+    }
+  }
+}
+
+// Output rows [m0, m0 + MT) of columns [n0, n1), NT weight rows at a time (the rest one by one).
+template <typename V, int MT, int NT>
+GNOMON_INLINE void gemm_strip(const Gemm& g, const typename V::F& table, int64_t m0, int64_t n0,
+                              int64_t n1, float* res) {
+  // res holds columns n0..n1 of these MT rows.
+  const int64_t stride = n1 - n0;
+  int64_t n = n0;
+  for (; n + NT <= n1; n += NT) gemm_tile<V, MT, NT>(g, table, m0, n, res, stride, n - n0);
+  for (; n < n1; ++n) gemm_tile<V, MT, 1>(g, table, m0, n, res, stride, n - n0);
+}
+
+// The weight rows of one piece of work are cut into slices of about this many bytes, which stay
+// in cache while every tile of activation rows streams past them.
+constexpr int64_t kSliceBytes = 256 * 1024;
+
+template <typename V, int MaxMT, int NT>
+GNOMON_INLINE void gemm_rows(const Gemm& g, int64_t n_begin, int64_t n_end) {
+  const typename V::F table = e2m1_table<V>();
+  const int64_t slice = std::max<int64_t>(NT, kSliceBytes / std::max<int64_t>(g.k / 2, 1) / NT * NT);
+  std::vector<float> res(static_cast<size_t>(MaxMT * std::min(slice, n_end - n_begin)));
+  std::vector<float> row;
+  for (int64_t s0 = n_begin; s0 < n_end; s0 += slice) {
+    const int64_t s1 = std::min(n_end, s0 + slice), width = s1 - s0;
+    for (int64_t m0 = 0; m0 < g.m; m0 += MaxMT) {
+      const int mt = static_cast<int>(std::min<int64_t>(MaxMT, g.m - m0));
+      switch (mt) {
+#define GNOMON_MXFP4_CASE(MT) \
+  case MT:                    \
+    if constexpr (MT <= MaxMT) gemm_strip<V, MT, NT>(g, table, m0, s0, s1, res.data()); \
+    break;
+        GNOMON_MXFP4_CASE(1)
+        GNOMON_MXFP4_CASE(2)
+        GNOMON_MXFP4_CASE(3)
+        GNOMON_MXFP4_CASE(4)
+        GNOMON_MXFP4_CASE(5)
+        GNOMON_MXFP4_CASE(6)
+        GNOMON_MXFP4_CASE(7)
+        GNOMON_MXFP4_CASE(8)
+#undef GNOMON_MXFP4_CASE
+        default: break;
+      }
+      for (int m = 0; m < mt; ++m) {
+        float* values = res.data() + m * width;
+        if (g.bias != nullptr) {
+          for (int64_t i = 0; i < width; ++i) values[i] += g.bias[s0 + i];
+        }
+        char* dst = static_cast<char*>(g.out) + ((m0 + m) * g.n + s0) * dtype_size(g.out_dtype);
+        store_floats(values, g.out_dtype, dst, width);
+      }
+    }
+  }
+}
+
+// AVX-512: 16 lanes, tiles of up to 4 activation rows x 4 weight rows (16 accumulators).
+GNOMON_SIMD_CLONES void gemm_rows_wide(const Gemm& g, int64_t n_begin, int64_t n_end) {
+  gemm_rows<Wide, 4, 4>(g, n_begin, n_end);
+}
+
+// Everything else: 8 lanes, up to 8 activation rows x 1 weight row.
+GNOMON_SIMD_CLONES void gemm_rows_narrow(const Gemm& g, int64_t n_begin, int64_t n_end) {
+  gemm_rows<Narrow, 8, 1>(g, n_begin, n_end);
+}
+
+// Whether the AVX-512 clone runs here (then 16-lane vectors are native).
+bool wide_vectors() {
+#if GNOMON_HAS_SIMD_CLONES
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  return wide;
+#else
+  return false;
+#endif
+}
+
+// Row `src` (K floats) into the permuted group order for `lanes`-wide vectors, zero-padded.
+void permute_row(const float* src, int64_t k, int64_t k_padded, int lanes, float* dst) {
+  const int64_t group = 8 * lanes;
+  for (int64_t g0 = 0; g0 < k_padded; g0 += group) {
+    for (int kh = 0; kh < 8; ++kh) {
+      for (int j = 0; j < lanes; ++j) {
+        const int64_t e = g0 + 8 * j + kh;
+        dst[g0 + kh * lanes + j] = e < k ? src[e] : 0.0f;
+      }
+    }
+  }
+}
+
+// Rows of a quantize/dequantize call are handled in pieces of this many blocks.
+constexpr int64_t kPieceBlocks = 256;
+
+const char* byte_ptr(const TensorView& t, int64_t elements) {
+  return static_cast<const char*>(t.data) + elements * dtype_size(t.dtype);
+}
+
+}  // namespace
+
+void mxfp4_quantize(const TensorView& packed, const TensorView& scales, const TensorView& x,
+                    ScaleRule scale_rule) {
+  const int64_t blocks = x.numel() / kMxfp4BlockSize;
+  parallel_for(blocks, kPieceBlocks, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(x.dtype == DType::Float32 ? 0 : kPieceBlocks * kMxfp4BlockSize);
+    for (int64_t b0 = begin; b0 < end; b0 += kPieceBlocks) {
+      const int64_t count = std::min(kPieceBlocks, end - b0);
+      const float* values;
+      if (x.dtype == DType::Float32) {
+        values = x.ptr<const float>() + b0 * kMxfp4BlockSize;
+      } else {
+        load_floats(byte_ptr(x, b0 * kMxfp4BlockSize), x.dtype, buffer.data(),
+                    count * kMxfp4BlockSize);
+        values = buffer.data();
+      }
+      quantize_blocks(values, packed.ptr<uint8_t>() + b0 * kBlockBytes,
+                      scales.ptr<uint8_t>() + b0, count, scale_rule);
+    }
+  });
+}
+
+void mxfp4_dequantize(const TensorView& out, const TensorView& packed, const TensorView& scales) {
+  const int64_t blocks = out.numel() / kMxfp4BlockSize;
+  parallel_for(blocks, kPieceBlocks, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(out.dtype == DType::Float32 ? 0 : kPieceBlocks * kMxfp4BlockSize);
+    for (int64_t b0 = begin; b0 < end; b0 += kPieceBlocks) {
+      const int64_t count = std::min(kPieceBlocks, end - b0);
+      const uint8_t* bytes = packed.ptr<const uint8_t>() + b0 * kBlockBytes;
+      const uint8_t* block_scales = scales.ptr<const uint8_t>() + b0;
+      if (out.dtype == DType::Float32) {
+        dequantize_blocks(bytes, block_scales, out.ptr<float>() + b0 * kMxfp4BlockSize, count);
+      } else {
+        dequantize_blocks(bytes, block_scales, buffer.data(), count);
+        store_floats(buffer.data(), out.dtype,
+                     const_cast<char*>(byte_ptr(out, b0 * kMxfp4BlockSize)),
+                     count * kMxfp4BlockSize);
+      }
+    }
+  });
+}
+
+void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
+                const TensorView& w_scales, const TensorView* bias) {
+  const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
+  if (m == 0 || n == 0) return;
+  const bool wide = wide_vectors();
+  const int lanes = wide ? Wide::L : Narrow::L;
+  const int64_t group = 8 * lanes;
+  const int64_t k_padded = (k + group - 1) / group * group;
+
+  // The activations, once, in float32 and in the order the inner loop reads them.
+  std::vector<float> a_perm(static_cast<size_t>(m * k_padded));
+  parallel_for(m, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t i = begin; i < end; ++i) {
+      load_floats(byte_ptr(a, i * k), a.dtype, row.data(), k);
+      permute_row(row.data(), k, k_padded, lanes, a_perm.data() + i * k_padded);
+    }
+  });
+  std::vector<float> bias_values;
+  if (bias != nullptr) {
+    bias_values.resize(static_cast<size_t>(n));
+    load_floats(bias->data, bias->dtype, bias_values.data(), n);
+  }
+
+  const Gemm g{w.ptr<const uint8_t>(), w_scales.ptr<const uint8_t>(), a_perm.data(),
+               bias != nullptr ? bias_values.data() : nullptr, out.data, out.dtype, m, n, k,
+               k_padded};
+  // Parallel over weight rows; each piece holds at least 16 rows (a multiple of the 4-row tile).
+  parallel_for(n, 16, [&](int64_t begin, int64_t end) {
+    if (wide) {
+      gemm_rows_wide(g, begin, end);
+    } else {
+      gemm_rows_narrow(g, begin, end);
+    }
+  });
+}
+
 }  // namespace gnomon::cpu
