@@ -12,14 +12,21 @@
 // activations accumulate. The activations are copied once into float32 in the matching order
 // (a_perm[g*8L + kh*L + j] = a[g*8L + 8j + kh]), so no element ever needs reordering.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "core/errors.h"
 #include "core/parallel.h"
 #include "core/scalar_math.h"
 #include "core/simd.h"
 #include "cpu/kernels.h"
 #include "cpu/vec.h"
+
+#if GNOMON_HAS_SIMD_CLONES
+#include <immintrin.h>
+#endif
 
 // The 64-byte vector types are passed between always-inline helpers only; the ABI note GCC gives
 // for them in the non-AVX-512 clones does not apply.
@@ -184,115 +191,154 @@ GNOMON_SIMD_CLONES void dequantize_blocks(const uint8_t* packed, const uint8_t* 
 struct Gemm {
   const uint8_t* w;         // [N, K/2]
   const uint8_t* w_scales;  // [N, K/32]
-  const float* a;           // [M, k_padded], permuted per group, zero-padded
+  const void* a;            // [M, k_padded] float32 (bf16 for the bf16 kernel), permuted, 0-padded
   const float* bias;        // [N] or null
   void* out;                // [M, N]
   DType out_dtype;
   int64_t m, n, k, k_padded;
 };
 
-// Rows [n0, n0 + NT) of W against rows [m0, m0 + MT) of A, into res[m * res_stride + col + r].
-// Each (m, n) pair keeps kAcc vector accumulators: together at least 8 independent FMA chains,
-// enough to cover the FMA latency.
-template <typename V, int MT, int NT>
-GNOMON_INLINE void gemm_tile(const Gemm& g, const typename V::F& table, int64_t m0, int64_t n0,
-                             float* res, int64_t res_stride, int64_t col) {
-  using F = typename V::F;
-  using U = typename V::U;
-  constexpr int L = V::L;
-  constexpr int kGroupBytes = 4 * L, kGroupElems = 8 * L, kGroupBlocks = L / 4;
-  constexpr int kAcc = MT * NT >= 8 ? 1 : MT * NT >= 4 ? 2 : MT * NT >= 2 ? 4 : 8;
-  const int64_t row_bytes = g.k / 2, row_blocks = g.k / kMxfp4BlockSize;
-  const int64_t full_groups = g.k / kGroupElems;
-  const int64_t groups = g.k_padded / kGroupElems;
-  const int64_t tail_blocks = row_blocks - full_groups * kGroupBlocks;
-
-  // The last, partial group of each row, zero-padded (code 0 and scale 2^-127 give 0, and the
-  // padded activations are 0 too).
-  alignas(64) uint8_t tail[NT][kGroupBytes];
+// The weight rows [n0, n0 + NT) of a tile, one group (GroupBytes bytes, GroupBytes / 16 blocks)
+// at a time. The last, partial group of each row is copied into a zero-padded buffer: code 0 at
+// scale 2^-127 is 0, and the padded activations are 0 as well.
+template <int NT, int GroupBytes>
+struct TileRows {
+  static constexpr int kGroupBlocks = GroupBytes / kBlockBytes;
+  const Gemm& g;
+  const int64_t n0, row_bytes, row_blocks, full_groups;
+  alignas(64) uint8_t tail[NT][GroupBytes];
   uint8_t tail_scales[NT][4];
-  if (tail_blocks > 0) {
+
+  GNOMON_INLINE TileRows(const Gemm& gemm, int64_t first_row)
+      : g(gemm), n0(first_row), row_bytes(gemm.k / 2), row_blocks(gemm.k / kMxfp4BlockSize),
+        full_groups(gemm.k / (2 * GroupBytes)) {
+    const int64_t tail_blocks = row_blocks - full_groups * kGroupBlocks;
+    if (tail_blocks == 0) return;
     for (int r = 0; r < NT; ++r) {
       memset(tail[r], 0, sizeof(tail[r]));
       memset(tail_scales[r], 0, sizeof(tail_scales[r]));
-      memcpy(tail[r], g.w + (n0 + r) * row_bytes + full_groups * kGroupBytes,
+      memcpy(tail[r], g.w + (n0 + r) * row_bytes + full_groups * GroupBytes,
              tail_blocks * kBlockBytes);
       memcpy(tail_scales[r], g.w_scales + (n0 + r) * row_blocks + full_groups * kGroupBlocks,
              tail_blocks);
     }
   }
 
-  F acc[MT][NT][kAcc];
-  for (auto& per_m : acc) {
-    for (auto& per_n : per_m) {
-      for (F& x : per_n) x = F{};
-    }
+  GNOMON_INLINE const uint8_t* bytes(int r, int64_t group) const {
+    return group < full_groups ? g.w + (n0 + r) * row_bytes + group * GroupBytes : tail[r];
   }
-  const float* a_rows = g.a + m0 * g.k_padded;
-  for (int64_t grp = 0; grp < groups; ++grp) {
-    U words[NT];
-    F scale[NT];
-    for (int r = 0; r < NT; ++r) {
-      const bool full = grp < full_groups;
-      const uint8_t* bytes = full ? g.w + (n0 + r) * row_bytes + grp * kGroupBytes : tail[r];
-      const uint8_t* scale_bytes =
-          full ? g.w_scales + (n0 + r) * row_blocks + grp * kGroupBlocks : tail_scales[r];
-      words[r] = load_vec<U>(bytes);
-      uint32_t scale_word = 0;
-      memcpy(&scale_word, scale_bytes, kGroupBlocks);  // little-endian: block 0 in the low byte
-      scale[r] = group_scales<V>(scale_word);
+
+  // The group's scale bytes, block 0 in the low byte.
+  GNOMON_INLINE uint32_t scale_word(int r, int64_t group) const {
+    const uint8_t* src = group < full_groups
+                             ? g.w_scales + (n0 + r) * row_blocks + group * kGroupBlocks
+                             : tail_scales[r];
+    uint32_t word = 0;
+    for (int i = 0; i < kGroupBlocks; ++i) word |= static_cast<uint32_t>(src[i]) << (8 * i);
+    return word;
+  }
+};
+
+// Float tiles: MT activation rows x NT weight rows, L-lane float32 FMAs. Each (m, n) pair keeps
+// kAcc vector accumulators: together at least 8 independent FMA chains, enough to cover the FMA
+// latency. The activations are float32 in the group order described at the top of the file.
+template <typename V, int MaxMT, int TileNT>
+struct FloatTiles {
+  static constexpr int kMaxMT = MaxMT, kNT = TileNT, kLanes = V::L;
+  using F = typename V::F;
+  using U = typename V::U;
+  const F table = e2m1_table<V>();
+
+  template <int MT, int NT>
+  GNOMON_INLINE void tile(const Gemm& g, int64_t m0, int64_t n0, float* res, int64_t res_stride,
+                          int64_t col) const {
+    constexpr int L = V::L;
+    constexpr int kAcc = MT * NT >= 8 ? 1 : MT * NT >= 4 ? 2 : MT * NT >= 2 ? 4 : 8;
+    const TileRows<NT, 4 * L> rows(g, n0);
+    F acc[MT][NT][kAcc];
+    for (auto& per_m : acc) {
+      for (auto& per_n : per_m) {
+        for (F& x : per_n) x = F{};
+      }
     }
-    const float* a_group = a_rows + grp * kGroupElems;
+    const float* a_rows = static_cast<const float*>(g.a) + m0 * g.k_padded;
+    for (int64_t grp = 0; grp < g.k_padded / (8 * L); ++grp) {
+      U words[NT];
+      F scale[NT];
+      for (int r = 0; r < NT; ++r) {
+        words[r] = load_vec<U>(rows.bytes(r, grp));
+        scale[r] = group_scales<V>(rows.scale_word(r, grp));
+      }
+      const float* a_group = a_rows + grp * 8 * L;
 #pragma GCC unroll 8
-    for (int kh = 0; kh < 8; ++kh) {
-      F weights[NT];
-      for (int r = 0; r < NT; ++r) weights[r] = decode_nibbles<V>(table, words[r], 4 * kh) * scale[r];
-      for (int m = 0; m < MT; ++m) {
-        const F x = load_vec<F>(a_group + m * g.k_padded + kh * L);
-        for (int r = 0; r < NT; ++r) acc[m][r][kh % kAcc] += weights[r] * x;
+      for (int kh = 0; kh < 8; ++kh) {
+        F weights[NT];
+        for (int r = 0; r < NT; ++r) {
+          weights[r] = decode_nibbles<V>(table, words[r], 4 * kh) * scale[r];
+        }
+        for (int m = 0; m < MT; ++m) {
+          const F x = load_vec<F>(a_group + m * g.k_padded + kh * L);
+          for (int r = 0; r < NT; ++r) acc[m][r][kh % kAcc] += weights[r] * x;
+        }
+      }
+    }
+    for (int m = 0; m < MT; ++m) {
+      for (int r = 0; r < NT; ++r) {
+        F total = acc[m][r][0];
+        for (int i = 1; i < kAcc; ++i) total += acc[m][r][i];
+        float sum = 0.0f;
+        for (int i = 0; i < L; ++i) sum += total[i];
+        res[m * res_stride + col + r] = sum;
       }
     }
   }
-  for (int m = 0; m < MT; ++m) {
-    for (int r = 0; r < NT; ++r) {
-      F total = acc[m][r][0];
-      for (int i = 1; i < kAcc; ++i) total += acc[m][r][i];
-      float sum = 0.0f;
-      for (int i = 0; i < L; ++i) sum += total[i];
-      res[m * res_stride + col + r] = sum;
+
+  // Row `src` (K floats) into the group order, zero-padded to k_padded:
+  // dst[g*8L + kh*L + j] = src[g*8L + 8j + kh].
+  static void permute_row(const float* src, int64_t k, int64_t k_padded, float* dst) {
+    for (int64_t g0 = 0; g0 < k_padded; g0 += 8 * V::L) {
+      for (int kh = 0; kh < 8; ++kh) {
+        for (int j = 0; j < V::L; ++j) {
+          const int64_t e = g0 + 8 * j + kh;
+          dst[g0 + kh * V::L + j] = e < k ? src[e] : 0.0f;
+        }
+      }
     }
   }
-}
+};
 
-// Output rows [m0, m0 + MT) of columns [n0, n1), NT weight rows at a time (the rest one by one).
-template <typename V, int MT, int NT>
-GNOMON_INLINE void gemm_strip(const Gemm& g, const typename V::F& table, int64_t m0, int64_t n0,
+using WideTiles = FloatTiles<Wide, 4, 4>;      // AVX-512: 16 accumulators
+using NarrowTiles = FloatTiles<Narrow, 8, 1>;  // 8 lanes: 8 accumulators in 16 registers
+
+// Output rows [m0, m0 + MT) of columns [n0, n1) into res (stride n1 - n0), NT weight rows at a
+// time, the rest one by one.
+template <typename Tiles, int MT>
+GNOMON_INLINE void gemm_strip(const Gemm& g, const Tiles& tiles, int64_t m0, int64_t n0,
                               int64_t n1, float* res) {
-  // res holds columns n0..n1 of these MT rows.
-  const int64_t stride = n1 - n0;
+  constexpr int NT = Tiles::kNT;
   int64_t n = n0;
-  for (; n + NT <= n1; n += NT) gemm_tile<V, MT, NT>(g, table, m0, n, res, stride, n - n0);
-  for (; n < n1; ++n) gemm_tile<V, MT, 1>(g, table, m0, n, res, stride, n - n0);
+  for (; n + NT <= n1; n += NT) tiles.template tile<MT, NT>(g, m0, n, res, n1 - n0, n - n0);
+  for (; n < n1; ++n) tiles.template tile<MT, 1>(g, m0, n, res, n1 - n0, n - n0);
 }
 
 // The weight rows of one piece of work are cut into slices of about this many bytes, which stay
 // in cache while every tile of activation rows streams past them.
 constexpr int64_t kSliceBytes = 256 * 1024;
 
-template <typename V, int MaxMT, int NT>
-GNOMON_INLINE void gemm_rows(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  const typename V::F table = e2m1_table<V>();
-  const int64_t slice = std::max<int64_t>(NT, kSliceBytes / std::max<int64_t>(g.k / 2, 1) / NT * NT);
+template <typename Tiles>
+GNOMON_INLINE void gemm_rows(const Gemm& g, const Tiles& tiles, int64_t n_begin, int64_t n_end) {
+  constexpr int MaxMT = Tiles::kMaxMT, NT = Tiles::kNT;
+  const int64_t slice =
+      std::max<int64_t>(NT, kSliceBytes / std::max<int64_t>(g.k / 2, 1) / NT * NT);
   std::vector<float> res(static_cast<size_t>(MaxMT * std::min(slice, n_end - n_begin)));
-  std::vector<float> row;
   for (int64_t s0 = n_begin; s0 < n_end; s0 += slice) {
     const int64_t s1 = std::min(n_end, s0 + slice), width = s1 - s0;
     for (int64_t m0 = 0; m0 < g.m; m0 += MaxMT) {
       const int mt = static_cast<int>(std::min<int64_t>(MaxMT, g.m - m0));
       switch (mt) {
-#define GNOMON_MXFP4_CASE(MT) \
-  case MT:                    \
-    if constexpr (MT <= MaxMT) gemm_strip<V, MT, NT>(g, table, m0, s0, s1, res.data()); \
+#define GNOMON_MXFP4_CASE(MT)                                                   \
+  case MT:                                                                      \
+    if constexpr (MT <= MaxMT) gemm_strip<Tiles, MT>(g, tiles, m0, s0, s1, res.data()); \
     break;
         GNOMON_MXFP4_CASE(1)
         GNOMON_MXFP4_CASE(2)
@@ -317,38 +363,127 @@ GNOMON_INLINE void gemm_rows(const Gemm& g, int64_t n_begin, int64_t n_end) {
   }
 }
 
-// AVX-512: 16 lanes, tiles of up to 4 activation rows x 4 weight rows (16 accumulators).
 GNOMON_SIMD_CLONES void gemm_rows_wide(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  gemm_rows<Wide, 4, 4>(g, n_begin, n_end);
+  gemm_rows(g, WideTiles{}, n_begin, n_end);
 }
 
-// Everything else: 8 lanes, up to 8 activation rows x 1 weight row.
 GNOMON_SIMD_CLONES void gemm_rows_narrow(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  gemm_rows<Narrow, 8, 1>(g, n_begin, n_end);
+  gemm_rows(g, NarrowTiles{}, n_begin, n_end);
 }
 
 // Whether the AVX-512 clone runs here (then 16-lane vectors are native).
-bool wide_vectors() {
+bool cpu_has_avx512() {
 #if GNOMON_HAS_SIMD_CLONES
-  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
-  return wide;
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  return has;
 #else
   return false;
 #endif
 }
 
-// Row `src` (K floats) into the permuted group order for `lanes`-wide vectors, zero-padded.
-void permute_row(const float* src, int64_t k, int64_t k_padded, int lanes, float* dst) {
-  const int64_t group = 8 * lanes;
-  for (int64_t g0 = 0; g0 < k_padded; g0 += group) {
-    for (int kh = 0; kh < 8; ++kh) {
-      for (int j = 0; j < lanes; ++j) {
-        const int64_t e = g0 + 8 * j + kh;
-        dst[g0 + kh * lanes + j] = e < k ? src[e] : 0.0f;
+// ---- GEMM with bfloat16 activations on AVX512-BF16 ---------------------------------------------
+//
+// E2M1 values are exact in bf16, so with bf16 activations vdpbf16ps computes the products exactly
+// and accumulates them in float32, 32 per instruction instead of 16. A group is again 64 bytes
+// (4 blocks), now read as 32 16-bit lanes: lane l holds the codes of elements 4l..4l+3, and
+// shifting by 4q brings element 4l + q into the low nibble, which vpermw maps to its bf16 value
+// (through a 32-entry table, entries 16-31 repeating 0-15 for the stray fifth index bit).
+// vdpbf16ps sums lanes 2i and 2i+1 (elements 8i + q and 8i + 4 + q) into float lane i, which
+// belongs to block i/4; the block scales then multiply the group's sum in float32. The
+// instruction treats bf16 subnormal activations (below 2^-126) as zero.
+#if GNOMON_HAS_SIMD_CLONES
+#define GNOMON_MXFP4_BF16_KERNEL 1
+#else
+#define GNOMON_MXFP4_BF16_KERNEL 0
+#endif
+
+#if GNOMON_MXFP4_BF16_KERNEL
+#define GNOMON_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+struct Bf16Tiles {
+  static constexpr int kMaxMT = 4, kNT = 4, kLanes = 32;
+  uint16_t table[32];
+
+  Bf16Tiles() {
+    for (int i = 0; i < 32; ++i) table[i] = math::float_to_bf16(math::e2m1_to_float(i % 16));
+  }
+
+  template <int MT, int NT>
+  GNOMON_TARGET_BF16 void tile(const Gemm& g, int64_t m0, int64_t n0, float* res,
+                               int64_t res_stride, int64_t col) const {
+    const TileRows<NT, 64> rows(g, n0);
+    const __m512i lut = _mm512_loadu_si512(table);
+    __m512 acc[MT][NT];
+    for (auto& per_m : acc) {
+      for (__m512& x : per_m) x = _mm512_setzero_ps();
+    }
+    const uint16_t* a_rows = static_cast<const uint16_t*>(g.a) + m0 * g.k_padded;
+    for (int64_t grp = 0; grp < g.k_padded / 128; ++grp) {
+      __m512bh weights[NT][4];
+      __m512 scale[NT];
+      for (int r = 0; r < NT; ++r) {
+        const __m512i words = _mm512_loadu_si512(rows.bytes(r, grp));
+        weights[r][0] = (__m512bh)_mm512_permutexvar_epi16(words, lut);
+        weights[r][1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), lut);
+        weights[r][2] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 8), lut);
+        weights[r][3] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 12), lut);
+        scale[r] = bit_cast_vec<__m512>(group_scales<Wide>(rows.scale_word(r, grp)));
+      }
+      for (int m = 0; m < MT; ++m) {
+        const uint16_t* a_group = a_rows + m * g.k_padded + grp * 128;
+        __m512bh x[4];
+        for (int q = 0; q < 4; ++q) x[q] = (__m512bh)_mm512_loadu_si512(a_group + 32 * q);
+        for (int r = 0; r < NT; ++r) {
+          __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), weights[r][0], x[0]);
+          for (int q = 1; q < 4; ++q) sum = _mm512_dpbf16_ps(sum, weights[r][q], x[q]);
+          acc[m][r] = _mm512_fmadd_ps(sum, scale[r], acc[m][r]);
+        }
+      }
+    }
+    for (int m = 0; m < MT; ++m) {
+      for (int r = 0; r < NT; ++r) res[m * res_stride + col + r] = _mm512_reduce_add_ps(acc[m][r]);
+    }
+  }
+
+  // Row `src` (K bf16) into the group order, zero-padded to k_padded:
+  // dst[g*128 + q*32 + l] = src[g*128 + 4l + q].
+  static void permute_row(const uint16_t* src, int64_t k, int64_t k_padded, uint16_t* dst) {
+    for (int64_t g0 = 0; g0 < k_padded; g0 += 128) {
+      for (int q = 0; q < 4; ++q) {
+        for (int l = 0; l < 32; ++l) {
+          const int64_t e = g0 + 4 * l + q;
+          dst[g0 + 32 * q + l] = e < k ? src[e] : 0;
+        }
       }
     }
   }
+};
+
+bool cpu_has_avx512_bf16() {
+  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+#else
+bool cpu_has_avx512_bf16() { return false; }
+#endif
+
+enum class GemmKernel { Narrow, Wide, Bf16 };
+
+// The fastest kernel this CPU runs for these activations. GNOMON_MXFP4_GEMM_KERNEL=narrow|wide
+// restricts the choice (for tests and benchmarks of the other kernels); anything else is refused.
+GemmKernel pick_gemm_kernel(DType a_dtype) {
+  GemmKernel best = cpu_has_avx512() ? GemmKernel::Wide : GemmKernel::Narrow;
+  if (best == GemmKernel::Wide && a_dtype == DType::BFloat16 && cpu_has_avx512_bf16()) {
+    best = GemmKernel::Bf16;
+  }
+  const char* limit = std::getenv("GNOMON_MXFP4_GEMM_KERNEL");
+  if (limit == nullptr || *limit == '\0') return best;
+  const std::string name(limit);
+  if (name == "narrow") return GemmKernel::Narrow;
+  if (name == "wide") return best == GemmKernel::Narrow ? best : GemmKernel::Wide;
+  raise<ValueError>("GNOMON_MXFP4_GEMM_KERNEL: expected 'narrow', 'wide' or unset, got '", name,
+                    "'");
 }
 
 // Rows of a quantize/dequantize call are handled in pieces of this many blocks.
@@ -405,18 +540,31 @@ void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
                 const TensorView& w_scales, const TensorView* bias) {
   const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
   if (m == 0 || n == 0) return;
-  const bool wide = wide_vectors();
-  const int lanes = wide ? Wide::L : Narrow::L;
-  const int64_t group = 8 * lanes;
+  const GemmKernel kernel = pick_gemm_kernel(a.dtype);
+  const int64_t group = kernel == GemmKernel::Narrow ? 8 * NarrowTiles::kLanes : 128;
   const int64_t k_padded = (k + group - 1) / group * group;
 
-  // The activations, once, in float32 and in the order the inner loop reads them.
-  std::vector<float> a_perm(static_cast<size_t>(m * k_padded));
+  // The activations, once, in the order the inner loop reads them: float32, or bf16 as given.
+  const bool bf16 = kernel == GemmKernel::Bf16;
+  std::vector<float> a_float(bf16 ? 0 : static_cast<size_t>(m * k_padded));
+  std::vector<uint16_t> a_bf16(bf16 ? static_cast<size_t>(m * k_padded) : 0);
   parallel_for(m, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(static_cast<size_t>(k));
+    std::vector<float> row(bf16 ? 0 : static_cast<size_t>(k));
     for (int64_t i = begin; i < end; ++i) {
+#if GNOMON_MXFP4_BF16_KERNEL
+      if (bf16) {
+        Bf16Tiles::permute_row(a.ptr<const uint16_t>() + i * k, k, k_padded,
+                               a_bf16.data() + i * k_padded);
+        continue;
+      }
+#endif
       load_floats(byte_ptr(a, i * k), a.dtype, row.data(), k);
-      permute_row(row.data(), k, k_padded, lanes, a_perm.data() + i * k_padded);
+      float* dst = a_float.data() + i * k_padded;
+      if (kernel == GemmKernel::Narrow) {
+        NarrowTiles::permute_row(row.data(), k, k_padded, dst);
+      } else {
+        WideTiles::permute_row(row.data(), k, k_padded, dst);
+      }
     }
   });
   std::vector<float> bias_values;
@@ -425,15 +573,26 @@ void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
     load_floats(bias->data, bias->dtype, bias_values.data(), n);
   }
 
-  const Gemm g{w.ptr<const uint8_t>(), w_scales.ptr<const uint8_t>(), a_perm.data(),
-               bias != nullptr ? bias_values.data() : nullptr, out.data, out.dtype, m, n, k,
+  const Gemm g{w.ptr<const uint8_t>(),
+               w_scales.ptr<const uint8_t>(),
+               bf16 ? static_cast<const void*>(a_bf16.data()) : a_float.data(),
+               bias != nullptr ? bias_values.data() : nullptr,
+               out.data,
+               out.dtype,
+               m,
+               n,
+               k,
                k_padded};
-  // Parallel over weight rows; each piece holds at least 16 rows (a multiple of the 4-row tile).
+  // Parallel over weight rows; each piece holds at least 16 rows.
   parallel_for(n, 16, [&](int64_t begin, int64_t end) {
-    if (wide) {
-      gemm_rows_wide(g, begin, end);
-    } else {
-      gemm_rows_narrow(g, begin, end);
+    switch (kernel) {
+      case GemmKernel::Narrow: gemm_rows_narrow(g, begin, end); break;
+      case GemmKernel::Wide: gemm_rows_wide(g, begin, end); break;
+      case GemmKernel::Bf16:
+#if GNOMON_MXFP4_BF16_KERNEL
+        gemm_rows(g, Bf16Tiles{}, begin, end);
+#endif
+        break;
     }
   });
 }

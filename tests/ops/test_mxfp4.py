@@ -279,10 +279,27 @@ def check_gemm(a, w, w_scales, bias=None, out_dtype=None):
     return out
 
 
+# The GEMM has three kernels: 16-lane float32 tiles (AVX-512), 8-lane float32 tiles (everything
+# else) and, for bf16 activations, bf16 dot products (AVX512-BF16). GNOMON_MXFP4_GEMM_KERNEL
+# restricts the choice, so every kernel this CPU can run is tested here.
+@pytest.fixture(params=["auto", "narrow", "wide"])
+def gemm_kernel(request, monkeypatch):
+    if request.param != "auto":
+        monkeypatch.setenv("GNOMON_MXFP4_GEMM_KERNEL", request.param)
+    return request.param
+
+
+def test_gemm_kernel_override_is_checked(monkeypatch):
+    w, w_scales = random_weight(4, 64, seed=0)
+    monkeypatch.setenv("GNOMON_MXFP4_GEMM_KERNEL", "fastest")
+    with pytest.raises(ValueError, match="GNOMON_MXFP4_GEMM_KERNEL: expected 'narrow', 'wide'"):
+        ops.mxfp4_gemm(torch.randn(1, 64), w, w_scales)
+
+
 # K covers every tail the kernels have: K % 128 in {0, 32, 64, 96}, K % 64 in {0, 32}.
 @pytest.mark.parametrize("k", [32, 64, 96, 128, 160, 224, 288, 2880])
 @pytest.mark.parametrize("m", [1, 3, 4, 8, 9])
-def test_gemm_matches_reference_float32(m, k):
+def test_gemm_matches_reference_float32(gemm_kernel, m, k):
     n = 37  # not a multiple of the 4-row tile
     w, w_scales = random_weight(n, k, seed=m * 1000 + k)
     a = torch.randn(m, k, generator=torch.Generator().manual_seed(k))
@@ -290,7 +307,7 @@ def test_gemm_matches_reference_float32(m, k):
 
 
 @pytest.mark.parametrize("m", [1, 2, 5, 8, 21])
-def test_gemm_bfloat16_and_float16(m):
+def test_gemm_bfloat16_and_float16(gemm_kernel, m):
     k, n = 320, 70
     w, w_scales = random_weight(n, k, seed=m)
     a = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -298,14 +315,14 @@ def test_gemm_bfloat16_and_float16(m):
     check_gemm(a.half(), w, w_scales)
 
 
-def test_gemm_large_shape_spans_threads():
+def test_gemm_large_shape_spans_threads(gemm_kernel):
     w, w_scales = random_weight(2880, 2880, seed=5)
     a = torch.randn(4, 2880, generator=torch.Generator().manual_seed(5)).bfloat16()
     check_gemm(a, w, w_scales)
 
 
 @pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_gemm_bias(bias_dtype):
+def test_gemm_bias(gemm_kernel, bias_dtype):
     w, w_scales = random_weight(19, 96, seed=11)
     a = torch.randn(3, 96)
     bias = (torch.randn(19) * 10).to(bias_dtype)
@@ -322,7 +339,7 @@ def test_gemm_out_dtype(a_dtype, out_dtype):
     check_gemm(torch.randn(6, 192).to(a_dtype), w, w_scales, out_dtype=out_dtype)
 
 
-def test_gemm_extreme_and_nan_scales():
+def test_gemm_extreme_and_nan_scales(gemm_kernel):
     w, w_scales = random_weight(8, 128, seed=17)
     w_scales[0] = 0x00          # 2^-127: products far below float32's normal range
     w_scales[1] = 0xE0          # 2^97
@@ -330,10 +347,13 @@ def test_gemm_extreme_and_nan_scales():
     a = torch.randn(5, 128)
     out = ops.mxfp4_gemm(a, w, w_scales)
     assert torch.isnan(out[:, 2]).all()
+    assert torch.isnan(ops.mxfp4_gemm(a.bfloat16(), w, w_scales)[:, 2]).all()
     keep = [0, 1, 3, 4, 5, 6, 7]
     expected = gemm_reference(a, w, w_scales)[:, keep]
     tol = gemm_tolerance(a, w[keep], w_scales[keep], torch.float32)
     assert ((out[:, keep].double() - expected).abs() <= tol + 2.0 ** -140).all()
+    check_gemm(a.bfloat16(), w[keep], w_scales[keep])
+    check_gemm(a.bfloat16(), w[keep], w_scales[keep], out_dtype=torch.float32)
 
 
 def test_gemm_of_quantized_weight():
