@@ -47,11 +47,23 @@ def report(benchmark, suite, nbytes, memory_bandwidth, **extra):
             memory_bandwidth_gb_per_s=memory_bandwidth / 1e9, **extra)
 
 
+@pytest.fixture(params=["1", "all"], ids=["threads1", "threadsall"])
+def threads(request):
+    """Both implementations run on 1 thread, then on torch's default count (gnomon's kernels
+    follow torch.get_num_threads()). On a machine shared with other work the single-thread
+    figures are the steadier ones."""
+    before = torch.get_num_threads()
+    if request.param == "1":
+        torch.set_num_threads(1)
+    yield torch.get_num_threads()
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("m", [1, 4, 8])
 @pytest.mark.parametrize("n, k", GEMM_SHAPES, ids=[f"N{n}-K{k}" for n, k in GEMM_SHAPES])
 @pytest.mark.parametrize("implementation", ["gnomon", "torch-bf16"])
-def test_mxfp4_gemm(benchmark, memory_bandwidth, implementation, n, k, m):
-    suite = f"mxfp4_gemm M={m} N={n} K={k}"
+def test_mxfp4_gemm(benchmark, memory_bandwidth, threads, implementation, n, k, m):
+    suite = f"mxfp4_gemm M={m} N={n} K={k} threads={threads}"
     benchmark.group = suite
     a = torch.randn(m, k).bfloat16()
     g = torch.Generator().manual_seed(0)
@@ -76,7 +88,7 @@ def test_mxfp4_gemm(benchmark, memory_bandwidth, implementation, n, k, m):
             return a @ next_weight().T
 
     benchmark.pedantic(run, rounds=100, warmup_rounds=5)
-    report(benchmark, suite, nbytes, memory_bandwidth, m=m, n=n, k=k)
+    report(benchmark, suite, nbytes, memory_bandwidth, m=m, n=n, k=k, threads=threads)
 
 
 # ---- quantize / dequantize ------------------------------------------------------------------------

@@ -228,6 +228,22 @@ struct TileRows {
     return group < full_groups ? g.w + (n0 + r) * row_bytes + group * GroupBytes : tail[r];
   }
 
+  // Asks for the same group of the next tile's rows (and, at group 0, their scales), so that
+  // memory streams in while this tile computes: rows are short (K/2 bytes), too short for the
+  // hardware prefetchers to ramp up on each one.
+  GNOMON_INLINE void prefetch_next(int64_t group) const {
+    const int64_t next = n0 + NT;
+    for (int r = 0; r < NT && next + r < g.n; ++r) {
+      __builtin_prefetch(g.w + (next + r) * row_bytes + group * GroupBytes);
+    }
+    if (group == 0 && next < g.n) {
+      const int64_t scale_bytes = std::min<int64_t>(NT, g.n - next) * row_blocks;
+      for (int64_t i = 0; i < scale_bytes; i += 64) {
+        __builtin_prefetch(g.w_scales + next * row_blocks + i);
+      }
+    }
+  }
+
   // The group's scale bytes, block 0 in the low byte.
   GNOMON_INLINE uint32_t scale_word(int r, int64_t group) const {
     const uint8_t* src = group < full_groups
@@ -265,6 +281,7 @@ struct FloatTiles {
     for (int64_t grp = 0; grp < g.k_padded / (8 * L); ++grp) {
       U words[NT];
       F scale[NT];
+      rows.prefetch_next(grp);
       for (int r = 0; r < NT; ++r) {
         words[r] = load_vec<U>(rows.bytes(r, grp));
         scale[r] = group_scales<V>(rows.scale_word(r, grp));
@@ -422,6 +439,7 @@ struct Bf16Tiles {
     for (int64_t grp = 0; grp < g.k_padded / 128; ++grp) {
       __m512bh weights[NT][4];
       __m512 scale[NT];
+      rows.prefetch_next(grp);
       for (int r = 0; r < NT; ++r) {
         const __m512i words = _mm512_loadu_si512(rows.bytes(r, grp));
         weights[r][0] = (__m512bh)_mm512_permutexvar_epi16(words, lut);
