@@ -7,10 +7,13 @@
 // The GEMM streams each weight row once per tile of activation rows and never builds the
 // full-precision weight. Its inner loop works on "groups" of L/4 blocks (4L bytes, 8L elements)
 // loaded as L 32-bit words: lane j holds word j, and shifting it right by 4*kh (kh = 0..7) brings
-// element 8j + kh of the group into the low nibble. A 16-entry table lookup (a permute) turns the
-// nibbles into floats, one multiply applies each lane's block scale, and FMAs against the
-// activations accumulate. The activations are copied once into float32 in the matching order
-// (a_perm[g*8L + kh*L + j] = a[g*8L + 8j + kh]), so no element ever needs reordering.
+// element 8j + kh of the group into the low nibble. A table lookup (a permute) turns the nibbles
+// into floats, one multiply applies each lane's block scale, and FMAs against the activations
+// accumulate. The activations are copied once into float32 in the matching order
+// (a_perm[g*8L + kh*L + j] = a[g*8L + 8j + kh]), so no element ever needs reordering. There are
+// three kernels: 16-lane tiles of 4 activation rows x 4 weight rows (AVX-512), 8-lane tiles of up
+// to 8 x 1 (everything else), and for bf16 activations on AVX512-BF16 a variant that decodes to
+// bf16 and multiplies with vdpbf16ps (see its section). Work is split over weight rows.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +35,15 @@
 // for them in the non-AVX-512 clones does not apply.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define GNOMON_HAS_SHUFFLEVECTOR 1
+#endif
+#endif
+#ifndef GNOMON_HAS_SHUFFLEVECTOR
+#define GNOMON_HAS_SHUFFLEVECTOR 0
 #endif
 
 #if defined(__GNUC__)
@@ -100,8 +112,9 @@ GNOMON_INLINE typename V::F e2m1_table() {
   return table;
 }
 
-// E2M1 codes in the low nibble of (word >> shift) to floats. Wide vectors look up all 16 codes;
-// narrow ones look up the magnitude and move bit 3 of the code to the float's sign.
+// E2M1 codes in the low nibble of (word >> shift) to floats; the lookup takes indices mod L, so
+// the upper bits need no mask. Wide vectors look up all 16 codes; narrow ones look up the
+// magnitude (bits 0-2) and move bit 3 of the code to the float's sign.
 template <typename V>
 GNOMON_INLINE typename V::F decode_nibbles(const typename V::F& table, const typename V::U& words,
                                            int shift) {
@@ -109,9 +122,9 @@ GNOMON_INLINE typename V::F decode_nibbles(const typename V::F& table, const typ
   using F = typename V::F;
   const U codes = words >> shift;
   if constexpr (V::L >= 16) {
-    return lookup<V>(table, codes);  // indices are taken mod 16: the upper bits need no mask
+    return lookup<V>(table, codes);
   } else {
-    const U magnitude = bit_cast_vec<U>(lookup<V>(table, codes & 7u));
+    const U magnitude = bit_cast_vec<U>(lookup<V>(table, codes));
     return bit_cast_vec<F>(magnitude | ((codes & 8u) << 28));
   }
 }
@@ -150,7 +163,8 @@ GNOMON_SIMD_CLONES void quantize_blocks(const float* x, uint8_t* packed, uint8_t
       continue;
     }
     // An all-zero block gets scale 0x00; its elements stay (signed) zeros.
-    const uint8_t scale = amax_bits == 0 ? 0 : math::mxfp4_scale_byte(math::bits_to_float(amax_bits), rule);
+    const uint8_t scale =
+        amax_bits == 0 ? 0 : math::mxfp4_scale_byte(math::bits_to_float(amax_bits), rule);
     scales[b] = scale;
     // 1 / 2^(scale - 127) = 2^(127 - scale), a normal float for every byte the rules produce
     // (<= 253), so the product below is exactly the division by the scale.
@@ -177,11 +191,16 @@ GNOMON_SIMD_CLONES void dequantize_blocks(const uint8_t* packed, const uint8_t* 
       const V::F low = decode_nibbles<V>(table, words, 0) * scale;
       const V::F high = decode_nibbles<V>(table, words, 4) * scale;
       // Interleave: element 2i is the low nibble of byte i, 2i+1 the high one.
-      const V::F first = __builtin_shufflevector(low, high, 0, 8, 1, 9, 2, 10, 3, 11);
-      const V::F second = __builtin_shufflevector(low, high, 4, 12, 5, 13, 6, 14, 7, 15);
       float* dst = out + b * kMxfp4BlockSize + half * 2 * V::L;
-      store_vec(dst, first);
-      store_vec(dst + V::L, second);
+#if GNOMON_HAS_SHUFFLEVECTOR
+      store_vec(dst, __builtin_shufflevector(low, high, 0, 8, 1, 9, 2, 10, 3, 11));
+      store_vec(dst + V::L, __builtin_shufflevector(low, high, 4, 12, 5, 13, 6, 14, 7, 15));
+#else
+      for (int i = 0; i < V::L; ++i) {
+        dst[2 * i] = low[i];
+        dst[2 * i + 1] = high[i];
+      }
+#endif
     }
   }
 }
@@ -380,24 +399,29 @@ GNOMON_INLINE void gemm_rows(const Gemm& g, const Tiles& tiles, int64_t n_begin,
   }
 }
 
-GNOMON_SIMD_CLONES void gemm_rows_wide(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  gemm_rows(g, WideTiles{}, n_begin, n_end);
-}
-
 GNOMON_SIMD_CLONES void gemm_rows_narrow(const Gemm& g, int64_t n_begin, int64_t n_end) {
   gemm_rows(g, NarrowTiles{}, n_begin, n_end);
 }
 
-// Whether the AVX-512 clone runs here (then 16-lane vectors are native).
-bool cpu_has_avx512() {
+// 16-lane tiles run only where AVX-512 is (cpu_has_avx512), so they are built for x86-64-v4 alone
+// rather than cloned for targets that would never run them.
 #if GNOMON_HAS_SIMD_CLONES
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
-  return has;
-#else
-  return false;
-#endif
+#define GNOMON_MXFP4_WIDE_KERNEL 1
+__attribute__((target("arch=x86-64-v4"))) void gemm_rows_wide(const Gemm& g, int64_t n_begin,
+                                                               int64_t n_end) {
+  gemm_rows(g, WideTiles{}, n_begin, n_end);
 }
+
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512cd");
+  return has;
+}
+#else
+#define GNOMON_MXFP4_WIDE_KERNEL 0
+bool cpu_has_avx512() { return false; }
+#endif
 
 // ---- GEMM with bfloat16 activations on AVX512-BF16 ---------------------------------------------
 //
@@ -460,7 +484,12 @@ struct Bf16Tiles {
       }
     }
     for (int m = 0; m < MT; ++m) {
-      for (int r = 0; r < NT; ++r) res[m * res_stride + col + r] = _mm512_reduce_add_ps(acc[m][r]);
+      for (int r = 0; r < NT; ++r) {
+        const Wide::F total = bit_cast_vec<Wide::F>(acc[m][r]);
+        float sum = 0.0f;
+        for (int i = 0; i < Wide::L; ++i) sum += total[i];
+        res[m * res_stride + col + r] = sum;
+      }
     }
   }
 
@@ -605,7 +634,11 @@ void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
   parallel_for(n, 16, [&](int64_t begin, int64_t end) {
     switch (kernel) {
       case GemmKernel::Narrow: gemm_rows_narrow(g, begin, end); break;
-      case GemmKernel::Wide: gemm_rows_wide(g, begin, end); break;
+      case GemmKernel::Wide:
+#if GNOMON_MXFP4_WIDE_KERNEL
+        gemm_rows_wide(g, begin, end);
+#endif
+        break;
       case GemmKernel::Bf16:
 #if GNOMON_MXFP4_BF16_KERNEL
         gemm_rows(g, Bf16Tiles{}, begin, end);
