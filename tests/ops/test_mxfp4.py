@@ -133,6 +133,7 @@ def test_ties_round_to_even_and_saturate():
     (12.0, 1, 1),
     (12.5, 1, 2),
     (2.0 ** 100, 98, 98),
+    (3.4028234663852886e38, 125, 126),  # float32's largest: the top of both rules' range
     (2.0 ** -140, -127, -127),  # subnormal input: the exponent clamps at E8M0's minimum
 ])
 def test_scale_rules(amax, floor_exponent, ceil_exponent):
