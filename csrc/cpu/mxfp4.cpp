@@ -443,7 +443,7 @@ bool cpu_has_avx512() { return false; }
 #define GNOMON_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 struct Bf16Tiles {
-  static constexpr int kMaxMT = 4, kNT = 4, kLanes = 32;
+  static constexpr int kMaxMT = 4, kNT = 4;
   uint16_t table[32];
 
   Bf16Tiles() {
@@ -575,9 +575,8 @@ void mxfp4_dequantize(const TensorView& out, const TensorView& packed, const Ten
         dequantize_blocks(bytes, block_scales, out.ptr<float>() + b0 * kMxfp4BlockSize, count);
       } else {
         dequantize_blocks(bytes, block_scales, buffer.data(), count);
-        store_floats(buffer.data(), out.dtype,
-                     const_cast<char*>(byte_ptr(out, b0 * kMxfp4BlockSize)),
-                     count * kMxfp4BlockSize);
+        char* dst = static_cast<char*>(out.data) + b0 * kMxfp4BlockSize * dtype_size(out.dtype);
+        store_floats(buffer.data(), out.dtype, dst, count * kMxfp4BlockSize);
       }
     }
   });
