@@ -131,7 +131,9 @@ def mxfp4_gemm(a: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor, *,
     [N, K/32], `bias` [N]. Returns [M, N] in `out_dtype` (default: `a`'s dtype).
 
     W is dequantised block by block in registers, never as a whole; products accumulate in
-    float32.
+    float32. With bfloat16 `a` on a CPU with AVX512-BF16 the products come from bf16 dot
+    products (exact, since E2M1 values are exact in bf16), which count bf16 subnormals in `a`
+    (below 2^-126) as zero.
     """
     check_tensor(a, "a", dtypes=FLOATING, dim=2)
     _check_k(a.shape[1], "a")
