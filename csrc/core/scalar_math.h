@@ -83,20 +83,14 @@ GNOMON_HD float e2m1_to_float(uint8_t code) {
 }
 
 // Nearest-even rounding onto the E2M1 grid, saturating at +-6. Ties go to the even code:
-// 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
+// 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4. The code counts the rounding
+// thresholds at or above |x| (<= where the tie goes down, < where it goes up), branch-free so that
+// loops over it vectorise; everything above 5, NaN included, lands on code 7 (6): saturation.
 GNOMON_HD uint8_t float_to_e2m1(float x) {
-  const uint8_t sign = std::signbit(x) ? 8 : 0;
   const float a = std::fabs(x);
-  uint8_t code;
-  if (a <= 0.25f) code = 0;
-  else if (a < 0.75f) code = 1;
-  else if (a <= 1.25f) code = 2;
-  else if (a < 1.75f) code = 3;
-  else if (a <= 2.5f) code = 4;
-  else if (a < 3.5f) code = 5;
-  else if (a <= 5.0f) code = 6;
-  else code = 7;  // includes everything above 6: saturation
-  return sign | code;
+  const int below = (a <= 0.25f) + (a < 0.75f) + (a <= 1.25f) + (a < 1.75f) + (a <= 2.5f) +
+                    (a < 3.5f) + (a <= 5.0f);
+  return static_cast<uint8_t>((std::signbit(x) ? 8 : 0) | (7 - below));
 }
 
 // 2^(byte - 127); 0xFF is NaN, 0x00 is 2^-127 (a float subnormal, exact).

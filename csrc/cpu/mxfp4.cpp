@@ -1,8 +1,650 @@
-// PLACEHOLDER: replaced by the mxfp4 family's kernels.
+// MXFP4 (OCP MX v1.0): quantize, dequantize, and a GEMM that dequantises in registers.
+//
+// Layout (DESIGN.md): a row of K elements is K/32 blocks; block b has 16 bytes of E2M1 codes
+// (element 2i in the low nibble of byte i) and one E8M0 scale byte. The element and scale codes
+// come from core/scalar_math.h, which the GPU kernels share.
+//
+// The GEMM streams each weight row once per tile of activation rows and never builds the
+// full-precision weight. Its inner loop works on "groups" of L/4 blocks (4L bytes, 8L elements)
+// loaded as L 32-bit words: lane j holds word j, and shifting it right by 4*kh (kh = 0..7) brings
+// element 8j + kh of the group into the low nibble. A table lookup (a permute) turns the nibbles
+// into floats, one multiply applies each lane's block scale, and FMAs against the activations
+// accumulate. The activations are copied once into float32 in the matching order
+// (a_perm[g*8L + kh*L + j] = a[g*8L + 8j + kh]), so no element ever needs reordering. There are
+// three kernels: 16-lane tiles of 4 activation rows x 4 weight rows (AVX-512), 8-lane tiles of up
+// to 8 x 1 (everything else), and for bf16 activations on AVX512-BF16 a variant that decodes to
+// bf16 and multiplies with vdpbf16ps (see its section). Work is split over weight rows.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "core/errors.h"
+#include "core/parallel.h"
+#include "core/scalar_math.h"
+#include "core/simd.h"
 #include "cpu/kernels.h"
+#include "cpu/vec.h"
+
+#if GNOMON_HAS_SIMD_CLONES
+#include <immintrin.h>
+#endif
+
+// The 64-byte vector types are passed between always-inline helpers only; the ABI note GCC gives
+// for them in the non-AVX-512 clones does not apply.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define GNOMON_HAS_SHUFFLEVECTOR 1
+#endif
+#endif
+#ifndef GNOMON_HAS_SHUFFLEVECTOR
+#define GNOMON_HAS_SHUFFLEVECTOR 0
+#endif
+
+#if defined(__GNUC__)
+#define GNOMON_INLINE inline __attribute__((always_inline))
+#else
+#define GNOMON_INLINE inline
+#endif
+
 namespace gnomon::cpu {
-void mxfp4_quantize(const TensorView&, const TensorView&, const TensorView&, ScaleRule) { raise<ValueError>("not built yet"); }
-void mxfp4_dequantize(const TensorView&, const TensorView&, const TensorView&) { raise<ValueError>("not built yet"); }
-void mxfp4_gemm(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView*) { raise<ValueError>("not built yet"); }
+namespace {
+
+using math::kMxfp4BlockSize;
+
+constexpr int64_t kBlockBytes = kMxfp4BlockSize / 2;
+
+// ---- portable vectors (GCC/Clang vector extensions; each clone lowers them to its ISA) ----------
+
+template <int Lanes>
+struct Vec {
+  static constexpr int L = Lanes;
+  typedef float F __attribute__((vector_size(4 * Lanes)));
+  typedef uint32_t U __attribute__((vector_size(4 * Lanes)));
+  typedef int32_t I __attribute__((vector_size(4 * Lanes)));
+};
+using Narrow = Vec<8>;   // AVX2, NEON (as pairs), baseline
+using Wide = Vec<16>;    // AVX-512
+
+template <typename V>
+GNOMON_INLINE V load_vec(const void* p) {
+  V v;
+  memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <typename V>
+GNOMON_INLINE void store_vec(void* p, const V& v) {
+  memcpy(p, &v, sizeof(v));
+}
+
+template <typename To, typename From>
+GNOMON_INLINE To bit_cast_vec(const From& from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  memcpy(&to, &from, sizeof(to));
+  return to;
+}
+
+// table[index mod L] per lane: one permute on AVX2/AVX-512/NEON.
+template <typename V>
+GNOMON_INLINE typename V::F lookup(const typename V::F& table, const typename V::U& index) {
+#if defined(__GNUC__) && !defined(__clang__)
+  return __builtin_shuffle(table, bit_cast_vec<typename V::I>(index));
+#else
+  typename V::F out;
+  for (int i = 0; i < V::L; ++i) out[i] = table[index[i] % V::L];
+  return out;
+#endif
+}
+
+// The first L values of the E2M1 code table, lane-repeated: 16 codes for wide vectors, the 8
+// magnitudes (the sign is bit 3) for narrow ones.
+template <typename V>
+GNOMON_INLINE typename V::F e2m1_table() {
+  typename V::F table;
+  for (int i = 0; i < V::L; ++i) table[i] = math::e2m1_to_float(static_cast<uint8_t>(i % 16));
+  return table;
+}
+
+// E2M1 codes in the low nibble of (word >> shift) to floats; the lookup takes indices mod L, so
+// the upper bits need no mask. Wide vectors look up all 16 codes; narrow ones look up the
+// magnitude (bits 0-2) and move bit 3 of the code to the float's sign.
+template <typename V>
+GNOMON_INLINE typename V::F decode_nibbles(const typename V::F& table, const typename V::U& words,
+                                           int shift) {
+  using U = typename V::U;
+  using F = typename V::F;
+  const U codes = words >> shift;
+  if constexpr (V::L >= 16) {
+    return lookup<V>(table, codes);
+  } else {
+    const U magnitude = bit_cast_vec<U>(lookup<V>(table, codes));
+    return bit_cast_vec<F>(magnitude | ((codes & 8u) << 28));
+  }
+}
+
+// Lane j of a group gets the scale of its block j/4 (`scale_word` holds the group's scale bytes,
+// block 0 in the low byte). Mirrors math::e8m0_to_float: 2^(byte - 127), 0x00 -> 2^-127 (a
+// subnormal), 0xFF -> NaN.
+template <typename V>
+GNOMON_INLINE typename V::F group_scales(uint32_t scale_word) {
+  using U = typename V::U;
+  U shift;
+  for (int j = 0; j < V::L; ++j) shift[j] = 8 * (j / 4);
+  const U byte = ((U{} + scale_word) >> shift) & 0xffu;
+  U bits = byte << 23;
+  bits = byte == 0u ? U{} + 0x00400000u : bits;
+  bits = byte == static_cast<uint32_t>(math::kE8M0NaN) ? U{} + 0x7fc00000u : bits;
+  return bit_cast_vec<typename V::F>(bits);
+}
+
+// ---- quantize ----------------------------------------------------------------------------------
+
+GNOMON_SIMD_CLONES void quantize_blocks(const float* x, uint8_t* packed, uint8_t* scales,
+                                        int64_t blocks, math::ScaleRule rule) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* v = x + b * kMxfp4BlockSize;
+    uint8_t* bytes = packed + b * kBlockBytes;
+    // The largest magnitude as bits: integer order equals float order for |x|, and anything at
+    // or above the infinity pattern is an Inf or a NaN.
+    uint32_t amax_bits = 0;
+    for (int i = 0; i < kMxfp4BlockSize; ++i) {
+      amax_bits = std::max(amax_bits, math::float_to_bits(v[i]) & 0x7fffffffu);
+    }
+    if (amax_bits >= 0x7f800000u) {  // NaN or Inf: the NaN scale, so the block reads back NaN
+      scales[b] = math::kE8M0NaN;
+      memset(bytes, 0, kBlockBytes);
+      continue;
+    }
+    // An all-zero block gets scale 0x00; its elements stay (signed) zeros.
+    const uint8_t scale =
+        amax_bits == 0 ? 0 : math::mxfp4_scale_byte(math::bits_to_float(amax_bits), rule);
+    scales[b] = scale;
+    // 1 / 2^(scale - 127) = 2^(127 - scale), a normal float for every byte the rules produce
+    // (<= 253), so the product below is exactly the division by the scale.
+    const float inverse = math::bits_to_float(static_cast<uint32_t>(254 - scale) << 23);
+    for (int i = 0; i < kBlockBytes; ++i) {
+      bytes[i] = static_cast<uint8_t>(math::float_to_e2m1(v[2 * i] * inverse) |
+                                      (math::float_to_e2m1(v[2 * i + 1] * inverse) << 4));
+    }
+  }
+}
+
+// ---- dequantize --------------------------------------------------------------------------------
+
+GNOMON_SIMD_CLONES void dequantize_blocks(const uint8_t* packed, const uint8_t* scales,
+                                          float* out, int64_t blocks) {
+  using V = Narrow;
+  typedef uint8_t Bytes __attribute__((vector_size(V::L)));
+  const V::F table = e2m1_table<V>();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float scale = math::e8m0_to_float(scales[b]);
+    for (int half = 0; half < kBlockBytes / V::L; ++half) {
+      const V::U words =
+          __builtin_convertvector(load_vec<Bytes>(packed + b * kBlockBytes + half * V::L), V::U);
+      const V::F low = decode_nibbles<V>(table, words, 0) * scale;
+      const V::F high = decode_nibbles<V>(table, words, 4) * scale;
+      // Interleave: element 2i is the low nibble of byte i, 2i+1 the high one.
+      float* dst = out + b * kMxfp4BlockSize + half * 2 * V::L;
+#if GNOMON_HAS_SHUFFLEVECTOR
+      store_vec(dst, __builtin_shufflevector(low, high, 0, 8, 1, 9, 2, 10, 3, 11));
+      store_vec(dst + V::L, __builtin_shufflevector(low, high, 4, 12, 5, 13, 6, 14, 7, 15));
+#else
+      for (int i = 0; i < V::L; ++i) {
+        dst[2 * i] = low[i];
+        dst[2 * i + 1] = high[i];
+      }
+#endif
+    }
+  }
+}
+
+// ---- GEMM --------------------------------------------------------------------------------------
+
+struct Gemm {
+  const uint8_t* w;         // [N, K/2]
+  const uint8_t* w_scales;  // [N, K/32]
+  const void* a;            // [M, k_padded] float32 (bf16 for the bf16 kernel), permuted, 0-padded
+  const float* bias;        // [N] or null
+  void* out;                // [M, N]
+  DType out_dtype;
+  int64_t m, n, k, k_padded;
+};
+
+// The weight rows [n0, n0 + NT) of a tile, one group (GroupBytes bytes, GroupBytes / 16 blocks)
+// at a time. The last, partial group of each row is copied into a zero-padded buffer: code 0 at
+// scale 2^-127 is 0, and the padded activations are 0 as well.
+template <int NT, int GroupBytes>
+struct TileRows {
+  static constexpr int kGroupBlocks = GroupBytes / kBlockBytes;
+  const Gemm& g;
+  const int64_t n0, row_bytes, row_blocks, full_groups;
+  alignas(64) uint8_t tail[NT][GroupBytes];
+  uint8_t tail_scales[NT][4];
+
+  GNOMON_INLINE TileRows(const Gemm& gemm, int64_t first_row)
+      : g(gemm), n0(first_row), row_bytes(gemm.k / 2), row_blocks(gemm.k / kMxfp4BlockSize),
+        full_groups(gemm.k / (2 * GroupBytes)) {
+    const int64_t tail_blocks = row_blocks - full_groups * kGroupBlocks;
+    if (tail_blocks == 0) return;
+    for (int r = 0; r < NT; ++r) {
+      memset(tail[r], 0, sizeof(tail[r]));
+      memset(tail_scales[r], 0, sizeof(tail_scales[r]));
+      memcpy(tail[r], g.w + (n0 + r) * row_bytes + full_groups * GroupBytes,
+             tail_blocks * kBlockBytes);
+      memcpy(tail_scales[r], g.w_scales + (n0 + r) * row_blocks + full_groups * kGroupBlocks,
+             tail_blocks);
+    }
+  }
+
+  GNOMON_INLINE const uint8_t* bytes(int r, int64_t group) const {
+    return group < full_groups ? g.w + (n0 + r) * row_bytes + group * GroupBytes : tail[r];
+  }
+
+  // Asks for the same group of the next tile's rows (and, at group 0, their scales), so that
+  // memory streams in while this tile computes: rows are short (K/2 bytes), too short for the
+  // hardware prefetchers to ramp up on each one.
+  GNOMON_INLINE void prefetch_next(int64_t group) const {
+    const int64_t next = n0 + NT;
+    for (int r = 0; r < NT && next + r < g.n; ++r) {
+      __builtin_prefetch(g.w + (next + r) * row_bytes + group * GroupBytes);
+    }
+    if (group == 0 && next < g.n) {
+      const int64_t scale_bytes = std::min<int64_t>(NT, g.n - next) * row_blocks;
+      for (int64_t i = 0; i < scale_bytes; i += 64) {
+        __builtin_prefetch(g.w_scales + next * row_blocks + i);
+      }
+    }
+  }
+
+  // The group's scale bytes, block 0 in the low byte.
+  GNOMON_INLINE uint32_t scale_word(int r, int64_t group) const {
+    const uint8_t* src = group < full_groups
+                             ? g.w_scales + (n0 + r) * row_blocks + group * kGroupBlocks
+                             : tail_scales[r];
+    uint32_t word = 0;
+    for (int i = 0; i < kGroupBlocks; ++i) word |= static_cast<uint32_t>(src[i]) << (8 * i);
+    return word;
+  }
+};
+
+// Float tiles: MT activation rows x NT weight rows, L-lane float32 FMAs. Each (m, n) pair keeps
+// kAcc vector accumulators: together at least 8 independent FMA chains, enough to cover the FMA
+// latency. The activations are float32 in the group order described at the top of the file.
+template <typename V, int MaxMT, int TileNT>
+struct FloatTiles {
+  static constexpr int kMaxMT = MaxMT, kNT = TileNT, kLanes = V::L;
+  using F = typename V::F;
+  using U = typename V::U;
+  const F table = e2m1_table<V>();
+
+  template <int MT, int NT>
+  GNOMON_INLINE void tile(const Gemm& g, int64_t m0, int64_t n0, float* res, int64_t res_stride,
+                          int64_t col) const {
+    constexpr int L = V::L;
+    constexpr int kAcc = MT * NT >= 8 ? 1 : MT * NT >= 4 ? 2 : MT * NT >= 2 ? 4 : 8;
+    const TileRows<NT, 4 * L> rows(g, n0);
+    F acc[MT][NT][kAcc];
+    for (auto& per_m : acc) {
+      for (auto& per_n : per_m) {
+        for (F& x : per_n) x = F{};
+      }
+    }
+    const float* a_rows = static_cast<const float*>(g.a) + m0 * g.k_padded;
+    for (int64_t grp = 0; grp < g.k_padded / (8 * L); ++grp) {
+      U words[NT];
+      F scale[NT];
+      rows.prefetch_next(grp);
+      for (int r = 0; r < NT; ++r) {
+        words[r] = load_vec<U>(rows.bytes(r, grp));
+        scale[r] = group_scales<V>(rows.scale_word(r, grp));
+      }
+      const float* a_group = a_rows + grp * 8 * L;
+#pragma GCC unroll 8
+      for (int kh = 0; kh < 8; ++kh) {
+        F weights[NT];
+        for (int r = 0; r < NT; ++r) {
+          weights[r] = decode_nibbles<V>(table, words[r], 4 * kh) * scale[r];
+        }
+        for (int m = 0; m < MT; ++m) {
+          const F x = load_vec<F>(a_group + m * g.k_padded + kh * L);
+          for (int r = 0; r < NT; ++r) acc[m][r][kh % kAcc] += weights[r] * x;
+        }
+      }
+    }
+    for (int m = 0; m < MT; ++m) {
+      for (int r = 0; r < NT; ++r) {
+        F total = acc[m][r][0];
+        for (int i = 1; i < kAcc; ++i) total += acc[m][r][i];
+        float sum = 0.0f;
+        for (int i = 0; i < L; ++i) sum += total[i];
+        res[m * res_stride + col + r] = sum;
+      }
+    }
+  }
+
+  // Row `src` (K floats) into the group order, zero-padded to k_padded:
+  // dst[g*8L + kh*L + j] = src[g*8L + 8j + kh].
+  static void permute_row(const float* src, int64_t k, int64_t k_padded, float* dst) {
+    for (int64_t g0 = 0; g0 < k_padded; g0 += 8 * V::L) {
+      for (int kh = 0; kh < 8; ++kh) {
+        for (int j = 0; j < V::L; ++j) {
+          const int64_t e = g0 + 8 * j + kh;
+          dst[g0 + kh * V::L + j] = e < k ? src[e] : 0.0f;
+        }
+      }
+    }
+  }
+};
+
+using WideTiles = FloatTiles<Wide, 4, 4>;      // AVX-512: 16 accumulators
+using NarrowTiles = FloatTiles<Narrow, 8, 1>;  // 8 lanes: 8 accumulators in 16 registers
+
+// Output rows [m0, m0 + MT) of columns [n0, n1) into res (stride n1 - n0), NT weight rows at a
+// time, the rest one by one.
+template <typename Tiles, int MT>
+GNOMON_INLINE void gemm_strip(const Gemm& g, const Tiles& tiles, int64_t m0, int64_t n0,
+                              int64_t n1, float* res) {
+  constexpr int NT = Tiles::kNT;
+  int64_t n = n0;
+  for (; n + NT <= n1; n += NT) tiles.template tile<MT, NT>(g, m0, n, res, n1 - n0, n - n0);
+  for (; n < n1; ++n) tiles.template tile<MT, 1>(g, m0, n, res, n1 - n0, n - n0);
+}
+
+// The weight rows of one piece of work are cut into slices of about this many bytes, which stay
+// in cache while every tile of activation rows streams past them.
+constexpr int64_t kSliceBytes = 256 * 1024;
+
+template <typename Tiles>
+GNOMON_INLINE void gemm_rows(const Gemm& g, const Tiles& tiles, int64_t n_begin, int64_t n_end) {
+  constexpr int MaxMT = Tiles::kMaxMT, NT = Tiles::kNT;
+  const int64_t slice =
+      std::max<int64_t>(NT, kSliceBytes / std::max<int64_t>(g.k / 2, 1) / NT * NT);
+  std::vector<float> res(static_cast<size_t>(MaxMT * std::min(slice, n_end - n_begin)));
+  for (int64_t s0 = n_begin; s0 < n_end; s0 += slice) {
+    const int64_t s1 = std::min(n_end, s0 + slice), width = s1 - s0;
+    for (int64_t m0 = 0; m0 < g.m; m0 += MaxMT) {
+      const int mt = static_cast<int>(std::min<int64_t>(MaxMT, g.m - m0));
+      switch (mt) {
+#define GNOMON_MXFP4_CASE(MT)                                                   \
+  case MT:                                                                      \
+    if constexpr (MT <= MaxMT) gemm_strip<Tiles, MT>(g, tiles, m0, s0, s1, res.data()); \
+    break;
+        GNOMON_MXFP4_CASE(1)
+        GNOMON_MXFP4_CASE(2)
+        GNOMON_MXFP4_CASE(3)
+        GNOMON_MXFP4_CASE(4)
+        GNOMON_MXFP4_CASE(5)
+        GNOMON_MXFP4_CASE(6)
+        GNOMON_MXFP4_CASE(7)
+        GNOMON_MXFP4_CASE(8)
+#undef GNOMON_MXFP4_CASE
+        default: break;
+      }
+      for (int m = 0; m < mt; ++m) {
+        float* values = res.data() + m * width;
+        if (g.bias != nullptr) {
+          for (int64_t i = 0; i < width; ++i) values[i] += g.bias[s0 + i];
+        }
+        char* dst = static_cast<char*>(g.out) + ((m0 + m) * g.n + s0) * dtype_size(g.out_dtype);
+        store_floats(values, g.out_dtype, dst, width);
+      }
+    }
+  }
+}
+
+GNOMON_SIMD_CLONES void gemm_rows_narrow(const Gemm& g, int64_t n_begin, int64_t n_end) {
+  gemm_rows(g, NarrowTiles{}, n_begin, n_end);
+}
+
+// 16-lane tiles run only where AVX-512 is (cpu_has_avx512), so they are built for x86-64-v4 alone
+// rather than cloned for targets that would never run them.
+#if GNOMON_HAS_SIMD_CLONES
+#define GNOMON_MXFP4_WIDE_KERNEL 1
+__attribute__((target("arch=x86-64-v4"))) void gemm_rows_wide(const Gemm& g, int64_t n_begin,
+                                                               int64_t n_end) {
+  gemm_rows(g, WideTiles{}, n_begin, n_end);
+}
+
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512cd");
+  return has;
+}
+#else
+#define GNOMON_MXFP4_WIDE_KERNEL 0
+bool cpu_has_avx512() { return false; }
+#endif
+
+// ---- GEMM with bfloat16 activations on AVX512-BF16 ---------------------------------------------
+//
+// E2M1 values are exact in bf16, so with bf16 activations vdpbf16ps computes the products exactly
+// and accumulates them in float32, 32 per instruction instead of 16. A group is again 64 bytes
+// (4 blocks), now read as 32 16-bit lanes: lane l holds the codes of elements 4l..4l+3, and
+// shifting by 4q brings element 4l + q into the low nibble, which vpermw maps to its bf16 value
+// (through a 32-entry table, entries 16-31 repeating 0-15 for the stray fifth index bit).
+// vdpbf16ps sums lanes 2i and 2i+1 (elements 8i + q and 8i + 4 + q) into float lane i, which
+// belongs to block i/4; the block scales then multiply the group's sum in float32. The
+// instruction treats bf16 subnormal activations (below 2^-126) as zero.
+#if GNOMON_HAS_SIMD_CLONES
+#define GNOMON_MXFP4_BF16_KERNEL 1
+#else
+#define GNOMON_MXFP4_BF16_KERNEL 0
+#endif
+
+#if GNOMON_MXFP4_BF16_KERNEL
+#define GNOMON_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+struct Bf16Tiles {
+  static constexpr int kMaxMT = 4, kNT = 4;
+  uint16_t table[32];
+
+  Bf16Tiles() {
+    for (int i = 0; i < 32; ++i) table[i] = math::float_to_bf16(math::e2m1_to_float(i % 16));
+  }
+
+  template <int MT, int NT>
+  GNOMON_TARGET_BF16 void tile(const Gemm& g, int64_t m0, int64_t n0, float* res,
+                               int64_t res_stride, int64_t col) const {
+    const TileRows<NT, 64> rows(g, n0);
+    const __m512i lut = _mm512_loadu_si512(table);
+    __m512 acc[MT][NT];
+    for (auto& per_m : acc) {
+      for (__m512& x : per_m) x = _mm512_setzero_ps();
+    }
+    const uint16_t* a_rows = static_cast<const uint16_t*>(g.a) + m0 * g.k_padded;
+    for (int64_t grp = 0; grp < g.k_padded / 128; ++grp) {
+      __m512bh weights[NT][4];
+      __m512 scale[NT];
+      rows.prefetch_next(grp);
+      for (int r = 0; r < NT; ++r) {
+        const __m512i words = _mm512_loadu_si512(rows.bytes(r, grp));
+        weights[r][0] = (__m512bh)_mm512_permutexvar_epi16(words, lut);
+        weights[r][1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), lut);
+        weights[r][2] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 8), lut);
+        weights[r][3] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 12), lut);
+        scale[r] = bit_cast_vec<__m512>(group_scales<Wide>(rows.scale_word(r, grp)));
+      }
+      for (int m = 0; m < MT; ++m) {
+        const uint16_t* a_group = a_rows + m * g.k_padded + grp * 128;
+        __m512bh x[4];
+        for (int q = 0; q < 4; ++q) x[q] = (__m512bh)_mm512_loadu_si512(a_group + 32 * q);
+        for (int r = 0; r < NT; ++r) {
+          __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), weights[r][0], x[0]);
+          for (int q = 1; q < 4; ++q) sum = _mm512_dpbf16_ps(sum, weights[r][q], x[q]);
+          acc[m][r] = _mm512_fmadd_ps(sum, scale[r], acc[m][r]);
+        }
+      }
+    }
+    for (int m = 0; m < MT; ++m) {
+      for (int r = 0; r < NT; ++r) {
+        const Wide::F total = bit_cast_vec<Wide::F>(acc[m][r]);
+        float sum = 0.0f;
+        for (int i = 0; i < Wide::L; ++i) sum += total[i];
+        res[m * res_stride + col + r] = sum;
+      }
+    }
+  }
+
+  // Row `src` (K bf16) into the group order, zero-padded to k_padded:
+  // dst[g*128 + q*32 + l] = src[g*128 + 4l + q].
+  static void permute_row(const uint16_t* src, int64_t k, int64_t k_padded, uint16_t* dst) {
+    for (int64_t g0 = 0; g0 < k_padded; g0 += 128) {
+      for (int q = 0; q < 4; ++q) {
+        for (int l = 0; l < 32; ++l) {
+          const int64_t e = g0 + 4 * l + q;
+          dst[g0 + 32 * q + l] = e < k ? src[e] : 0;
+        }
+      }
+    }
+  }
+};
+
+bool cpu_has_avx512_bf16() {
+  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+#else
+bool cpu_has_avx512_bf16() { return false; }
+#endif
+
+enum class GemmKernel { Narrow, Wide, Bf16 };
+
+// The fastest kernel this CPU runs for these activations. GNOMON_MXFP4_GEMM_KERNEL=narrow|wide
+// restricts the choice (for tests and benchmarks of the other kernels); anything else is refused.
+GemmKernel pick_gemm_kernel(DType a_dtype) {
+  GemmKernel best = cpu_has_avx512() ? GemmKernel::Wide : GemmKernel::Narrow;
+  if (best == GemmKernel::Wide && a_dtype == DType::BFloat16 && cpu_has_avx512_bf16()) {
+    best = GemmKernel::Bf16;
+  }
+  const char* limit = std::getenv("GNOMON_MXFP4_GEMM_KERNEL");
+  if (limit == nullptr || *limit == '\0') return best;
+  const std::string name(limit);
+  if (name == "narrow") return GemmKernel::Narrow;
+  if (name == "wide") return best == GemmKernel::Narrow ? best : GemmKernel::Wide;
+  raise<ValueError>("GNOMON_MXFP4_GEMM_KERNEL: expected 'narrow', 'wide' or unset, got '", name,
+                    "'");
+}
+
+// Rows of a quantize/dequantize call are handled in pieces of this many blocks.
+constexpr int64_t kPieceBlocks = 256;
+
+const char* byte_ptr(const TensorView& t, int64_t elements) {
+  return static_cast<const char*>(t.data) + elements * dtype_size(t.dtype);
+}
+
+}  // namespace
+
+void mxfp4_quantize(const TensorView& packed, const TensorView& scales, const TensorView& x,
+                    ScaleRule scale_rule) {
+  const int64_t blocks = x.numel() / kMxfp4BlockSize;
+  parallel_for(blocks, kPieceBlocks, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(x.dtype == DType::Float32 ? 0 : kPieceBlocks * kMxfp4BlockSize);
+    for (int64_t b0 = begin; b0 < end; b0 += kPieceBlocks) {
+      const int64_t count = std::min(kPieceBlocks, end - b0);
+      const float* values;
+      if (x.dtype == DType::Float32) {
+        values = x.ptr<const float>() + b0 * kMxfp4BlockSize;
+      } else {
+        load_floats(byte_ptr(x, b0 * kMxfp4BlockSize), x.dtype, buffer.data(),
+                    count * kMxfp4BlockSize);
+        values = buffer.data();
+      }
+      quantize_blocks(values, packed.ptr<uint8_t>() + b0 * kBlockBytes,
+                      scales.ptr<uint8_t>() + b0, count, scale_rule);
+    }
+  });
+}
+
+void mxfp4_dequantize(const TensorView& out, const TensorView& packed, const TensorView& scales) {
+  const int64_t blocks = out.numel() / kMxfp4BlockSize;
+  parallel_for(blocks, kPieceBlocks, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(out.dtype == DType::Float32 ? 0 : kPieceBlocks * kMxfp4BlockSize);
+    for (int64_t b0 = begin; b0 < end; b0 += kPieceBlocks) {
+      const int64_t count = std::min(kPieceBlocks, end - b0);
+      const uint8_t* bytes = packed.ptr<const uint8_t>() + b0 * kBlockBytes;
+      const uint8_t* block_scales = scales.ptr<const uint8_t>() + b0;
+      if (out.dtype == DType::Float32) {
+        dequantize_blocks(bytes, block_scales, out.ptr<float>() + b0 * kMxfp4BlockSize, count);
+      } else {
+        dequantize_blocks(bytes, block_scales, buffer.data(), count);
+        char* dst = static_cast<char*>(out.data) + b0 * kMxfp4BlockSize * dtype_size(out.dtype);
+        store_floats(buffer.data(), out.dtype, dst, count * kMxfp4BlockSize);
+      }
+    }
+  });
+}
+
+void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
+                const TensorView& w_scales, const TensorView* bias) {
+  const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
+  if (m == 0 || n == 0) return;
+  const GemmKernel kernel = pick_gemm_kernel(a.dtype);
+  const int64_t group = kernel == GemmKernel::Narrow ? 8 * NarrowTiles::kLanes : 128;
+  const int64_t k_padded = (k + group - 1) / group * group;
+
+  // The activations, once, in the order the inner loop reads them: float32, or bf16 as given.
+  const bool bf16 = kernel == GemmKernel::Bf16;
+  std::vector<float> a_float(bf16 ? 0 : static_cast<size_t>(m * k_padded));
+  std::vector<uint16_t> a_bf16(bf16 ? static_cast<size_t>(m * k_padded) : 0);
+  parallel_for(m, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(bf16 ? 0 : static_cast<size_t>(k));
+    for (int64_t i = begin; i < end; ++i) {
+#if GNOMON_MXFP4_BF16_KERNEL
+      if (bf16) {
+        Bf16Tiles::permute_row(a.ptr<const uint16_t>() + i * k, k, k_padded,
+                               a_bf16.data() + i * k_padded);
+        continue;
+      }
+#endif
+      load_floats(byte_ptr(a, i * k), a.dtype, row.data(), k);
+      float* dst = a_float.data() + i * k_padded;
+      if (kernel == GemmKernel::Narrow) {
+        NarrowTiles::permute_row(row.data(), k, k_padded, dst);
+      } else {
+        WideTiles::permute_row(row.data(), k, k_padded, dst);
+      }
+    }
+  });
+  std::vector<float> bias_values;
+  if (bias != nullptr) {
+    bias_values.resize(static_cast<size_t>(n));
+    load_floats(bias->data, bias->dtype, bias_values.data(), n);
+  }
+
+  const Gemm g{w.ptr<const uint8_t>(),
+               w_scales.ptr<const uint8_t>(),
+               bf16 ? static_cast<const void*>(a_bf16.data()) : a_float.data(),
+               bias != nullptr ? bias_values.data() : nullptr,
+               out.data,
+               out.dtype,
+               m,
+               n,
+               k,
+               k_padded};
+  // Parallel over weight rows; each piece holds at least 16 rows.
+  parallel_for(n, 16, [&](int64_t begin, int64_t end) {
+    switch (kernel) {
+      case GemmKernel::Narrow: gemm_rows_narrow(g, begin, end); break;
+      case GemmKernel::Wide:
+#if GNOMON_MXFP4_WIDE_KERNEL
+        gemm_rows_wide(g, begin, end);
+#endif
+        break;
+      case GemmKernel::Bf16:
+#if GNOMON_MXFP4_BF16_KERNEL
+        gemm_rows(g, Bf16Tiles{}, begin, end);
+#endif
+        break;
+    }
+  });
+}
+
 }  // namespace gnomon::cpu
