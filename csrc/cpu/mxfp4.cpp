@@ -450,6 +450,16 @@ struct Bf16Tiles {
     for (int i = 0; i < 32; ++i) table[i] = math::float_to_bf16(math::e2m1_to_float(i % 16));
   }
 
+  // A group's 64 bytes to bf16 weights: weights[q] lane l = element 4l + q.
+  GNOMON_TARGET_BF16 GNOMON_INLINE static void decode(__m512i lut, const uint8_t* bytes,
+                                                     __m512bh* weights) {
+    const __m512i words = _mm512_loadu_si512(bytes);
+    weights[0] = (__m512bh)_mm512_permutexvar_epi16(words, lut);
+    weights[1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), lut);
+    weights[2] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 8), lut);
+    weights[3] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 12), lut);
+  }
+
   template <int MT, int NT>
   GNOMON_TARGET_BF16 void tile(const Gemm& g, int64_t m0, int64_t n0, float* res,
                                int64_t res_stride, int64_t col) const {
@@ -461,25 +471,27 @@ struct Bf16Tiles {
     }
     const uint16_t* a_rows = static_cast<const uint16_t*>(g.a) + m0 * g.k_padded;
     for (int64_t grp = 0; grp < g.k_padded / 128; ++grp) {
-      __m512bh weights[NT][4];
-      __m512 scale[NT];
       rows.prefetch_next(grp);
+      const uint16_t* a_group = a_rows + grp * 128;
+      // One weight row at a time: its group decoded to bf16, applied to every activation row,
+      // and done with before the next row is decoded. Fully unrolled, so that the 16
+      // accumulators and the activations stay in registers (with the loops over r left rolled,
+      // GCC kept the accumulators in memory).
+#pragma GCC unroll 4
       for (int r = 0; r < NT; ++r) {
-        const __m512i words = _mm512_loadu_si512(rows.bytes(r, grp));
-        weights[r][0] = (__m512bh)_mm512_permutexvar_epi16(words, lut);
-        weights[r][1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), lut);
-        weights[r][2] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 8), lut);
-        weights[r][3] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 12), lut);
-        scale[r] = bit_cast_vec<__m512>(group_scales<Wide>(rows.scale_word(r, grp)));
-      }
-      for (int m = 0; m < MT; ++m) {
-        const uint16_t* a_group = a_rows + m * g.k_padded + grp * 128;
-        __m512bh x[4];
-        for (int q = 0; q < 4; ++q) x[q] = (__m512bh)_mm512_loadu_si512(a_group + 32 * q);
-        for (int r = 0; r < NT; ++r) {
-          __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), weights[r][0], x[0]);
-          for (int q = 1; q < 4; ++q) sum = _mm512_dpbf16_ps(sum, weights[r][q], x[q]);
-          acc[m][r] = _mm512_fmadd_ps(sum, scale[r], acc[m][r]);
+        __m512bh weights[4];
+        decode(lut, rows.bytes(r, grp), weights);
+        const __m512 scale = bit_cast_vec<__m512>(group_scales<Wide>(rows.scale_word(r, grp)));
+#pragma GCC unroll 4
+        for (int m = 0; m < MT; ++m) {
+          const uint16_t* x = a_group + m * g.k_padded;
+          __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), weights[0],
+                                        (__m512bh)_mm512_loadu_si512(x));
+#pragma GCC unroll 4
+          for (int q = 1; q < 4; ++q) {
+            sum = _mm512_dpbf16_ps(sum, weights[q], (__m512bh)_mm512_loadu_si512(x + 32 * q));
+          }
+          acc[m][r] = _mm512_fmadd_ps(sum, scale, acc[m][r]);
         }
       }
     }
