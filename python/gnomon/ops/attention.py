@@ -12,10 +12,11 @@ from typing import Optional
 import torch
 
 from gnomon import _C
-from gnomon.ops._tensor import FLOATING, check_same_device, check_tensor, follow_torch_threads, view
+from gnomon.ops._tensor import (FLOATING, call, check_same_device, check_tensor, custom_op,
+                                follow_torch_threads, view)
 
 
-@torch.library.custom_op("gnomon::reshape_and_cache", mutates_args=("key_cache", "value_cache"))
+@custom_op("reshape_and_cache", mutates_args=("key_cache", "value_cache"))
 def _reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                        value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     follow_torch_threads()
@@ -53,10 +54,10 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     check_tensor(slot_mapping, "slot_mapping", dtypes=(torch.int64,), shape=(key.shape[0],))
     check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
                       slot_mapping=slot_mapping)
-    torch.ops.gnomon.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    call(_reshape_and_cache, key, value, key_cache, value_cache, slot_mapping)
 
 
-@torch.library.custom_op("gnomon::paged_attention", mutates_args=())
+@custom_op("paged_attention", mutates_args=())
 def _paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor,
                      query_start_loc: torch.Tensor, scale: float, sliding_window: int,
@@ -124,5 +125,5 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                          f"{sliding_window!r}")
     else:
         window = sliding_window
-    return torch.ops.gnomon.paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
+    return call(_paged_attention, query, key_cache, value_cache, block_tables, seq_lens,
                                             query_start_loc, float(scale), window, sinks)

@@ -14,8 +14,8 @@ from typing import Optional, Tuple
 import torch
 
 from gnomon import _C
-from gnomon.ops._tensor import (FLOATING, check_choice, check_same_device, check_tensor,
-                                follow_torch_threads, view)
+from gnomon.ops._tensor import (FLOATING, call, check_choice, check_same_device, check_tensor,
+                                custom_op, follow_torch_threads, view)
 
 BLOCK_SIZE = 32
 SCALE_RULES = ("floor", "ceil")
@@ -26,7 +26,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.view(math.prod(t.shape[:-1]), t.shape[-1])
 
 
-@torch.library.custom_op("gnomon::mxfp4_quantize", mutates_args=())
+@custom_op("mxfp4_quantize", mutates_args=())
 def _mxfp4_quantize(x: torch.Tensor, scale_rule: str) -> Tuple[torch.Tensor, torch.Tensor]:
     follow_torch_threads()
     k = x.shape[-1]
@@ -65,10 +65,10 @@ def mxfp4_quantize(x: torch.Tensor, *,
         raise ValueError("x: expected at least 1 dim [..., K], got a scalar")
     _check_k(x.shape[-1], "x")
     check_choice(scale_rule, "scale_rule", SCALE_RULES)
-    return torch.ops.gnomon.mxfp4_quantize(x, scale_rule)
+    return call(_mxfp4_quantize, x, scale_rule)
 
 
-@torch.library.custom_op("gnomon::mxfp4_dequantize", mutates_args=())
+@custom_op("mxfp4_dequantize", mutates_args=())
 def _mxfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor,
                       dtype: torch.dtype) -> torch.Tensor:
     follow_torch_threads()
@@ -103,10 +103,10 @@ def mxfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor, *,
     if dtype not in FLOATING:
         raise TypeError(f"dtype: expected torch.float32, torch.bfloat16 or torch.float16, "
                         f"got {dtype!r}")
-    return torch.ops.gnomon.mxfp4_dequantize(packed, scales, dtype)
+    return call(_mxfp4_dequantize, packed, scales, dtype)
 
 
-@torch.library.custom_op("gnomon::mxfp4_gemm", mutates_args=())
+@custom_op("mxfp4_gemm", mutates_args=())
 def _mxfp4_gemm(a: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor,
                 bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
     follow_torch_threads()
@@ -152,4 +152,4 @@ def mxfp4_gemm(a: torch.Tensor, w: torch.Tensor, w_scales: torch.Tensor, *,
     elif out_dtype not in FLOATING:
         raise TypeError(f"out_dtype: expected None, torch.float32, torch.bfloat16 or "
                         f"torch.float16, got {out_dtype!r}")
-    return torch.ops.gnomon.mxfp4_gemm(a, w, w_scales, bias, out_dtype)
+    return call(_mxfp4_gemm, a, w, w_scales, bias, out_dtype)

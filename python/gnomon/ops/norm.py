@@ -8,10 +8,11 @@ from typing import Optional
 import torch
 
 from gnomon import _C
-from gnomon.ops._tensor import FLOATING, check_same_device, check_tensor, follow_torch_threads, view
+from gnomon.ops._tensor import (FLOATING, call, check_same_device, check_tensor, custom_op,
+                                follow_torch_threads, view)
 
 
-@torch.library.custom_op("gnomon::rms_norm", mutates_args=("residual",))
+@custom_op("rms_norm", mutates_args=("residual",))
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
               residual: Optional[torch.Tensor]) -> torch.Tensor:
     follow_torch_threads()
@@ -43,10 +44,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     check_same_device(x=x, weight=weight, residual=residual)
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
         raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
-    return torch.ops.gnomon.rms_norm(x, weight, float(eps), residual)
+    return call(_rms_norm, x, weight, float(eps), residual)
 
 
-@torch.library.custom_op("gnomon::rotary_embedding", mutates_args=("query", "key"))
+@custom_op("rotary_embedding", mutates_args=("query", "key"))
 def _rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                       cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
     follow_torch_threads()
@@ -75,4 +76,4 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
         raise ValueError(f"cos_sin_cache: rotary dim (its second size) must be even, >= 2 and at "
                          f"most the head dim {query.shape[2]}, got {rotary_dim}")
     check_same_device(query=query, key=key, positions=positions, cos_sin_cache=cos_sin_cache)
-    torch.ops.gnomon.rotary_embedding(positions, query, key, cos_sin_cache, bool(is_neox))
+    call(_rotary_embedding, positions, query, key, cos_sin_cache, bool(is_neox))
