@@ -26,6 +26,10 @@
 #include "cpu/kernels.h"
 #include "cpu/vec.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
 namespace gnomon::cpu {
 namespace {
 
@@ -67,13 +71,68 @@ void route_row(const float* logits, int64_t num_experts, int k, RoutingMode mode
 
 // ---- register tiles: dot products of up to 4 weight rows with up to 4 token rows ------------
 //
-// Written with GCC/Clang vector extensions over 8 floats, which every target lowers to its own
-// instructions (AVX-512VL, AVX2, SSE, NEON); GNOMON_SIMD_CLONES picks the clone at load time.
-// bf16 and MXFP4 rows decode into even and odd elements separately (a 32-bit word holds two bf16
-// values, a byte two E2M1 codes), so the activations they meet are stored "split": every
-// 16-element group holds its 8 even elements, then its 8 odd ones.
+// A tile run(rows, scales, xs, K, out, ld, e8m0) sets out[r * ld + t] = dot(row r, x_t) for NR
+// weight rows and NT float32 token rows, keeping NR x NT accumulators in registers, and
+// prefetches each row stream kPrefetchBytes ahead (the rows a thread reads next lie behind it).
+//
+// bf16 and MXFP4 rows decode into their even and odd elements separately (a 32-bit word holds
+// two bf16 values, a byte two E2M1 codes), so the activations they meet are stored "split":
+// every group of G elements (G = twice the vector width) holds its even elements, then its odd
+// ones. Dense f32/f16 rows meet activations as they are.
+//
+// Two implementations: AVX-512F intrinsics, used when the CPU has it (checked at run time), and
+// GCC/Clang vector extensions over 8 floats, which every target lowers to its own instructions
+// (AVX2, SSE, NEON), with GNOMON_SIMD_CLONES picking the x86 clone at load time.
 
 #define GNOMON_ALWAYS_INLINE inline __attribute__((always_inline))
+
+constexpr int64_t kPrefetchBytes = 16384;
+
+struct E8M0Table {
+  float value[256];
+  E8M0Table() {
+    for (int i = 0; i < 256; ++i) value[i] = math::e8m0_to_float(static_cast<uint8_t>(i));
+  }
+};
+const E8M0Table kE8M0;
+
+GNOMON_ALWAYS_INLINE const char* bytes_of(const void* row) { return static_cast<const char*>(row); }
+
+// The dots function of one tile family: out[r * nt + t] for nr <= 4 rows and nt tokens, in
+// 4 x 4 tiles. A macro rather than a template so that it can carry a target attribute.
+#define GNOMON_DEFINE_DOTS(name, attributes, Tile)                                              \
+  attributes void name(const void* const* rows, const uint8_t* const* scales, int nr,           \
+                       const float* const* xs, int nt, int64_t K, float* out) {                 \
+    const float* e8m0 = kE8M0.value;                                                            \
+    for (int t0 = 0; t0 < nt; t0 += 4) {                                                        \
+      const int n = std::min(4, nt - t0);                                                       \
+      const float* const* x = xs + t0;                                                          \
+      if (nr == 4) {                                                                            \
+        switch (n) {                                                                            \
+          case 1: Tile<4, 1>::run(rows, scales, x, K, out + t0, nt, e8m0); break;               \
+          case 2: Tile<4, 2>::run(rows, scales, x, K, out + t0, nt, e8m0); break;               \
+          case 3: Tile<4, 3>::run(rows, scales, x, K, out + t0, nt, e8m0); break;               \
+          default: Tile<4, 4>::run(rows, scales, x, K, out + t0, nt, e8m0); break;              \
+        }                                                                                       \
+        continue;                                                                               \
+      }                                                                                         \
+      for (int r = 0; r < nr; ++r) {                                                            \
+        float* o = out + r * nt + t0;                                                           \
+        switch (n) {                                                                            \
+          case 1: Tile<1, 1>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;              \
+          case 2: Tile<1, 2>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;              \
+          case 3: Tile<1, 3>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;              \
+          default: Tile<1, 4>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;             \
+        }                                                                                       \
+      }                                                                                         \
+    }                                                                                           \
+  }
+
+#define GNOMON_TILE_ARGS                                                                   \
+  const void *const *rows, const uint8_t *const *scales, const float *const *xs, int64_t K, \
+      float *out, int64_t ld, const float *e8m0
+
+// ---- portable tiles (vector extensions, 8 floats) ----
 
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
@@ -105,12 +164,10 @@ GNOMON_ALWAYS_INLINE void lookup16(const f32x8& lo, const f32x8& hi, const i32x8
 #endif
 }
 
-// Dense tiles: out[r * ld + t] = sum_k row_r[k] * x_t[k] for NR rows and NT tokens.
 template <int NR, int NT>
 struct F32Tile {
-  static GNOMON_ALWAYS_INLINE void run(const void* const* rows, const uint8_t* const*,
-                                       const float* const* xs, int64_t K, float* out,
-                                       int64_t ld) {
+  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
     f32x8 acc[NR][NT];
     for (int r = 0; r < NR; ++r)
       for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
@@ -119,6 +176,7 @@ struct F32Tile {
       f32x8 x[NT];
       for (int t = 0; t < NT; ++t) load8(xs[t] + k, x[t]);
       for (int r = 0; r < NR; ++r) {
+        if (k % 16 == 0) __builtin_prefetch(bytes_of(rows[r]) + 4 * k + kPrefetchBytes);
         f32x8 w;
         load8(static_cast<const float*>(rows[r]) + k, w);
         for (int t = 0; t < NT; ++t) acc[r][t] += w * x[t];
@@ -136,9 +194,8 @@ struct F32Tile {
 
 template <int NR, int NT>
 struct F16Tile {
-  static GNOMON_ALWAYS_INLINE void run(const void* const* rows, const uint8_t* const*,
-                                       const float* const* xs, int64_t K, float* out,
-                                       int64_t ld) {
+  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
     f32x8 acc[NR][NT];
     for (int r = 0; r < NR; ++r)
       for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
@@ -148,6 +205,7 @@ struct F16Tile {
       for (int t = 0; t < NT; ++t) load8(xs[t] + k, x[t]);
       for (int r = 0; r < NR; ++r) {
         const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
+        if (k % 32 == 0) __builtin_prefetch(bytes_of(p) + kPrefetchBytes);
         f32x8 w;
         for (int j = 0; j < 8; ++j) w[j] = math::fp16_to_float(p[j]);
         for (int t = 0; t < NT; ++t) acc[r][t] += w * x[t];
@@ -165,13 +223,12 @@ struct F16Tile {
   }
 };
 
-// bf16 rows against split activations: the bf16 pair in each 32-bit word gives an even element
-// (low half, shifted up) and an odd one (high half, masked).
+// bf16 rows against split activations (G = 16): the pair in each 32-bit word gives an even
+// element (low half, shifted up) and an odd one (high half, masked).
 template <int NR, int NT>
 struct BF16Tile {
-  static GNOMON_ALWAYS_INLINE void run(const void* const* rows, const uint8_t* const*,
-                                       const float* const* xs, int64_t K, float* out,
-                                       int64_t ld) {
+  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
     f32x8 acc[NR][NT];
     for (int r = 0; r < NR; ++r)
       for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
@@ -183,8 +240,10 @@ struct BF16Tile {
         load8(xs[t] + k + 8, odd[t]);
       }
       for (int r = 0; r < NR; ++r) {
+        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
+        if (k % 32 == 0) __builtin_prefetch(bytes_of(p) + kPrefetchBytes);
         u32x8 pairs;
-        memcpy(&pairs, static_cast<const uint16_t*>(rows[r]) + k, sizeof(pairs));
+        memcpy(&pairs, p, sizeof(pairs));
         const f32x8 w_even = (f32x8)(pairs << 16);  // vector casts reinterpret the bits
         const f32x8 w_odd = (f32x8)(pairs & 0xffff0000u);
         for (int t = 0; t < NT; ++t) {
@@ -205,14 +264,12 @@ struct BF16Tile {
   }
 };
 
-// MXFP4 rows (K/2 packed bytes, K/32 E8M0 scales; K % 32 == 0) against split activations: the
-// low nibbles of 8 bytes are the group's even elements, the high nibbles its odd ones. Each
-// block's scale multiplies the 16-entry code table, and a permute looks the codes up in it.
+// MXFP4 rows (K/2 packed bytes, K/32 E8M0 scales; K % 32 == 0) against split activations
+// (G = 16): the low nibbles of 8 bytes are a group's even elements, the high nibbles its odd
+// ones. Each block's scale multiplies the 16-entry code table, and a permute looks codes up.
 template <int NR, int NT>
 struct Mxfp4Tile {
-  static GNOMON_ALWAYS_INLINE void run(const void* const* rows, const uint8_t* const* scales,
-                                       const float* const* xs, int64_t K, float* out,
-                                       int64_t ld, const float* e8m0) {
+  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
     const f32x8 codes_lo = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     const f32x8 codes_hi = -codes_lo;
     const u32x8 shift_lo = {0, 8, 16, 24, 0, 8, 16, 24};
@@ -226,8 +283,10 @@ struct Mxfp4Tile {
       for (int t = 0; t < NT; ++t)
         for (int q = 0; q < 4; ++q) load8(xs[t] + 32 * b + 8 * q, x[t][q]);
       for (int r = 0; r < NR; ++r) {
+        const uint8_t* p = static_cast<const uint8_t*>(rows[r]) + 16 * b;
+        if (b % 4 == 0) __builtin_prefetch(p + kPrefetchBytes);
         u32x4 words;
-        memcpy(&words, static_cast<const uint8_t*>(rows[r]) + 16 * b, sizeof(words));
+        memcpy(&words, p, sizeof(words));
         const float scale = e8m0[scales[r][b]];
         const f32x8 table_lo = codes_lo * scale, table_hi = codes_hi * scale;
         u32x8 spread[2];
@@ -249,85 +308,205 @@ struct Mxfp4Tile {
   }
 };
 
-// out[r * nt + t] = dot(row r, x_t) for nr <= 4 weight rows and nt tokens, in 4 x 4 tiles.
-template <template <int, int> class Tile, class... Extra>
-GNOMON_ALWAYS_INLINE void tiled_dots(const void* const* rows, const uint8_t* const* scales,
-                                     int nr, const float* const* xs, int nt, int64_t K,
-                                     float* out, Extra... extra) {
-  for (int t0 = 0; t0 < nt; t0 += 4) {
-    const int n = std::min(4, nt - t0);
-    const float* const* x = xs + t0;
-    if (nr == 4) {
-      switch (n) {
-        case 1: Tile<4, 1>::run(rows, scales, x, K, out + t0, nt, extra...); break;
-        case 2: Tile<4, 2>::run(rows, scales, x, K, out + t0, nt, extra...); break;
-        case 3: Tile<4, 3>::run(rows, scales, x, K, out + t0, nt, extra...); break;
-        default: Tile<4, 4>::run(rows, scales, x, K, out + t0, nt, extra...); break;
+GNOMON_DEFINE_DOTS(dots_f32, GNOMON_SIMD_CLONES, F32Tile)
+GNOMON_DEFINE_DOTS(dots_f16, GNOMON_SIMD_CLONES, F16Tile)
+GNOMON_DEFINE_DOTS(dots_bf16, GNOMON_SIMD_CLONES, BF16Tile)
+GNOMON_DEFINE_DOTS(dots_mxfp4, GNOMON_SIMD_CLONES, Mxfp4Tile)
+
+// ---- AVX-512F tiles (16 floats) ----
+
+// Building with -DGNOMON_MOE_AVX512=0 leaves only the portable tiles (to test them on x86).
+#if !defined(GNOMON_MOE_AVX512) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GNOMON_MOE_AVX512 1
+#endif
+#if GNOMON_MOE_AVX512
+#define GNOMON_AVX512 __attribute__((target("avx512f")))
+#define GNOMON_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
+
+template <int NR, int NT>
+struct F32Tile512 {
+  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
+    __m512 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      __m512 x[NT];
+      for (int t = 0; t < NT; ++t) x[t] = _mm512_loadu_ps(xs[t] + k);
+      for (int r = 0; r < NR; ++r) {
+        const float* p = static_cast<const float*>(rows[r]) + k;
+        _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512 w = _mm512_loadu_ps(p);
+        for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(w, x[t], acc[r][t]);
       }
-      continue;
     }
-    for (int r = 0; r < nr; ++r) {
-      float* o = out + r * nt + t0;
-      switch (n) {
-        case 1: Tile<1, 1>::run(rows + r, scales + r, x, K, o, nt, extra...); break;
-        case 2: Tile<1, 2>::run(rows + r, scales + r, x, K, o, nt, extra...); break;
-        case 3: Tile<1, 3>::run(rows + r, scales + r, x, K, o, nt, extra...); break;
-        default: Tile<1, 4>::run(rows + r, scales + r, x, K, o, nt, extra...); break;
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) {
+        float sum = _mm512_reduce_add_ps(acc[r][t]);
+        for (int64_t j = k; j < K; ++j) sum += static_cast<const float*>(rows[r])[j] * xs[t][j];
+        out[r * ld + t] = sum;
       }
     }
   }
+};
+
+template <int NR, int NT>
+struct F16Tile512 {
+  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
+    __m512 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      __m512 x[NT];
+      for (int t = 0; t < NT; ++t) x[t] = _mm512_loadu_ps(xs[t] + k);
+      for (int r = 0; r < NR; ++r) {
+        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
+        if (k % 32 == 0) _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(w, x[t], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) {
+        float sum = _mm512_reduce_add_ps(acc[r][t]);
+        for (int64_t j = k; j < K; ++j) {
+          sum += math::fp16_to_float(static_cast<const uint16_t*>(rows[r])[j]) * xs[t][j];
+        }
+        out[r * ld + t] = sum;
+      }
+    }
+  }
+};
+
+// bf16 rows against split activations (G = 32).
+template <int NR, int NT>
+struct BF16Tile512 {
+  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
+    const __m512i high_halves = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
+    __m512 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+      __m512 even[NT], odd[NT];
+      for (int t = 0; t < NT; ++t) {
+        even[t] = _mm512_loadu_ps(xs[t] + k);
+        odd[t] = _mm512_loadu_ps(xs[t] + k + 16);
+      }
+      for (int r = 0; r < NR; ++r) {
+        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
+        _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512i pairs = _mm512_loadu_si512(p);
+        const __m512 w_even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+        const __m512 w_odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_halves));
+        for (int t = 0; t < NT; ++t) {
+          acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
+          acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) {
+        float sum = _mm512_reduce_add_ps(acc[r][t]);
+        for (int64_t j = k; j < K; ++j) {  // the tail is stored unsplit
+          sum += math::bf16_to_float(static_cast<const uint16_t*>(rows[r])[j]) * xs[t][j];
+        }
+        out[r * ld + t] = sum;
+      }
+    }
+  }
+};
+
+// MXFP4 rows against split activations (G = 32): 16 bytes hold a block's 32 codes; their low
+// nibbles are the even elements, the high nibbles the odd ones. vpermps looks each code up in
+// the 16-entry table scaled by the block's E8M0 scale (it reads only the index's low 4 bits).
+template <int NR, int NT>
+struct Mxfp4Tile512 {
+  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
+    const __m512 codes = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f,
+                                        -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    __m512 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    const int64_t blocks = K / 32;
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m512 even[NT], odd[NT];
+      for (int t = 0; t < NT; ++t) {
+        even[t] = _mm512_loadu_ps(xs[t] + 32 * b);
+        odd[t] = _mm512_loadu_ps(xs[t] + 32 * b + 16);
+      }
+      for (int r = 0; r < NR; ++r) {
+        const uint8_t* p = static_cast<const uint8_t*>(rows[r]) + 16 * b;
+        if (b % 4 == 0) _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512i packed =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        const __m512 table = _mm512_mul_ps(codes, _mm512_set1_ps(e8m0[scales[r][b]]));
+        const __m512 w_even = _mm512_permutexvar_ps(packed, table);
+        const __m512 w_odd = _mm512_permutexvar_ps(_mm512_srli_epi32(packed, 4), table);
+        for (int t = 0; t < NT; ++t) {
+          acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
+          acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) out[r * ld + t] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+GNOMON_DEFINE_DOTS(dots_f32_avx512, GNOMON_AVX512, F32Tile512)
+GNOMON_DEFINE_DOTS(dots_f16_avx512, GNOMON_AVX512, F16Tile512)
+GNOMON_DEFINE_DOTS(dots_bf16_avx512, GNOMON_AVX512, BF16Tile512)
+GNOMON_DEFINE_DOTS(dots_mxfp4_avx512, GNOMON_AVX512, Mxfp4Tile512)
+
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
 }
+#endif
 
 using DotsFn = void (*)(const void* const*, const uint8_t* const*, int, const float* const*, int,
                         int64_t, float*);
 
-GNOMON_SIMD_CLONES void dots_f32(const void* const* rows, const uint8_t* const* scales, int nr,
-                                 const float* const* xs, int nt, int64_t K, float* out) {
-  tiled_dots<F32Tile>(rows, scales, nr, xs, nt, K, out);
-}
-
-GNOMON_SIMD_CLONES void dots_bf16(const void* const* rows, const uint8_t* const* scales, int nr,
-                                  const float* const* xs, int nt, int64_t K, float* out) {
-  tiled_dots<BF16Tile>(rows, scales, nr, xs, nt, K, out);
-}
-
-GNOMON_SIMD_CLONES void dots_f16(const void* const* rows, const uint8_t* const* scales, int nr,
-                                 const float* const* xs, int nt, int64_t K, float* out) {
-  tiled_dots<F16Tile>(rows, scales, nr, xs, nt, K, out);
-}
-
-struct E8M0Table {
-  float value[256];
-  E8M0Table() {
-    for (int i = 0; i < 256; ++i) value[i] = math::e8m0_to_float(static_cast<uint8_t>(i));
-  }
+// The dots for one weight dtype, and the split group size G its activations need (0: unsplit).
+struct Dots {
+  DotsFn fn;
+  int64_t group;
 };
-const E8M0Table kE8M0;
 
-GNOMON_SIMD_CLONES void dots_mxfp4(const void* const* rows, const uint8_t* const* scales, int nr,
-                                   const float* const* xs, int nt, int64_t K, float* out) {
-  tiled_dots<Mxfp4Tile>(rows, scales, nr, xs, nt, K, out, kE8M0.value);
-}
-
-DotsFn dots_for(DType weight_dtype) {
+Dots dots_for(DType weight_dtype) {
+#if GNOMON_MOE_AVX512
+  if (cpu_has_avx512()) {
+    switch (weight_dtype) {
+      case DType::UInt8: return {dots_mxfp4_avx512, 32};
+      case DType::BFloat16: return {dots_bf16_avx512, 32};
+      case DType::Float16: return {dots_f16_avx512, 0};
+      default: return {dots_f32_avx512, 0};
+    }
+  }
+#endif
   switch (weight_dtype) {
-    case DType::UInt8: return dots_mxfp4;
-    case DType::BFloat16: return dots_bf16;
-    case DType::Float16: return dots_f16;
-    default: return dots_f32;
+    case DType::UInt8: return {dots_mxfp4, 16};
+    case DType::BFloat16: return {dots_bf16, 16};
+    case DType::Float16: return {dots_f16, 0};
+    default: return {dots_f32, 0};
   }
 }
 
-// Where element j of a K-element activation row lives for weights of `dtype`: split (each whole
-// 16-element group as its even elements, then its odd ones) for bf16 and MXFP4, else as is.
+// Where element j of a K-element activation row lives: split in whole groups of G (each group's
+// even elements, then its odd ones), the tail after the last whole group as is.
 struct Layout {
-  bool split;
-  int64_t split_end;  // K rounded down to 16: the tail after it stays unsplit
-  Layout(DType dtype, int64_t K)
-      : split(dtype == DType::BFloat16 || dtype == DType::UInt8), split_end(K & ~int64_t{15}) {}
+  int64_t group, split_end;
+  Layout(int64_t group_size, int64_t K)
+      : group(group_size), split_end(group_size > 0 ? K / group_size * group_size : 0) {}
+  bool split() const { return group > 0; }
   int64_t operator()(int64_t j) const {
-    if (!split || j >= split_end) return j;
-    return (j & ~int64_t{15}) | ((j & 1) << 3) | ((j & 15) >> 1);
+    if (j >= split_end) return j;
+    return j / group * group + (j & 1) * (group / 2) + (j % group) / 2;
   }
 };
 
@@ -401,8 +580,9 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
   const int64_t tokens = hidden.size(0), H = hidden.size(1), top_k = topk_ids.size(1);
   const int64_t E = w13.size(0), I = w13.size(1) / 2;
   if (tokens == 0 || H == 0) return;
-  const Layout x_layout(w13.dtype, H), a_layout(w13.dtype, I);
-  const DotsFn dots = dots_for(w13.dtype);
+  const Dots kernel = dots_for(w13.dtype);
+  const DotsFn dots = kernel.fn;
+  const Layout x_layout(kernel.group, H), a_layout(kernel.group, I);
   const Projection up = make_projection(w13, w13_scales, w13_bias);
   const Projection down = make_projection(w2, w2_scales, w2_bias);
   const DType dtype = hidden.dtype;
@@ -448,10 +628,10 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
 
     // Hidden rows in float32, laid out for the weights' tiles.
     parallel_for(n, std::max<int64_t>(1, 16384 / H), [&](int64_t begin, int64_t end) {
-      std::vector<float> row(x_layout.split ? H : 0);
+      std::vector<float> row(x_layout.split() ? H : 0);
       for (int64_t t = begin; t < end; ++t) {
         const char* src = static_cast<const char*>(hidden.data) + (c0 + t) * H * elem;
-        if (!x_layout.split) {
+        if (!x_layout.split()) {
           load_floats(src, dtype, x.get() + t * H, H);
           continue;
         }
