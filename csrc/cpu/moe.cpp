@@ -27,7 +27,16 @@
 #include "cpu/vec.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// GCC 12's AVX-512 headers build their "undefined" vectors as `__m512 __Y = __Y;`, which
+// -Wmaybe-uninitialized reports (at -O2 with sanitizers) wherever the intrinsics are inlined.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 namespace gnomon::cpu {
