@@ -2,17 +2,16 @@
 //
 // fused_moe groups the (token, k) assignments by expert, so every active expert's weights stream
 // through the cache once per call however many tokens chose it:
-//   1. gate/up: for each active expert, blocks of intermediate rows are work items; each item
-//      streams its gate and up rows once, takes dot products with all the expert's tokens, adds
-//      the bias and applies the activation into a float32 buffer A [slot, I];
-//   2. down: blocks of output columns h are work items; each item walks every active expert's
-//      w2 rows in its block, so it alone owns out[:, block] and accumulates the routing-weighted
-//      expert outputs for all tokens without atomics, then stores them in hidden's dtype.
+//   1. gate/up: work items are (active expert, block of intermediate columns); each streams its
+//      gate and up rows once, takes dot products with all of the expert's tokens in register
+//      tiles, adds the bias and applies the activation into a float32 buffer A [slot, I];
+//   2. down: work items are blocks of output columns; each walks every active expert's w2 rows
+//      in its block, so it alone owns out[:, block]: it accumulates the routing-weighted expert
+//      outputs (bias included) of all tokens in float32 without atomics, then stores them.
 // Both phases split the weight rows (the N dim) across threads, so decode with a handful of
-// tokens still uses every thread. MXFP4 weights are decoded in registers, 32 elements at a time,
-// through a 16-entry lookup scaled by the block's E8M0 scale; no full-precision weight exists.
-// For MXFP4 the activations (hidden, and A) are stored with each 32-element block split into its
-// even and odd elements, matching the low and high nibbles of the packed bytes.
+// tokens still uses every thread. MXFP4 weights are decoded in registers (a 16-entry code table
+// scaled by the block's E8M0 scale, indexed by a permute); no full-precision weight is built.
+// Tokens go through in chunks that bound the float32 buffers (kChunkBytes).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -618,8 +617,10 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     std::fill(offsets.begin(), offsets.end(), 0);
     for (int64_t i = c0 * top_k; i < (c0 + n) * top_k; ++i) ++offsets[ids[i] + 1];
     active.clear();
+    int64_t most = 0;  // the most slots one expert has
     for (int64_t e = 0; e < E; ++e) {
       if (offsets[e + 1] > 0) active.push_back(e);
+      most = std::max(most, offsets[e + 1]);
       offsets[e + 1] += offsets[e];
     }
     {
@@ -653,7 +654,7 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     const int64_t up_blocks = (I + kUpBlock - 1) / kUpBlock;
     parallel_for(static_cast<int64_t>(active.size()) * up_blocks, 1,
                  [&](int64_t begin, int64_t end) {
-      std::vector<float> dot(4 * n * top_k);
+      std::vector<float> dot(4 * most);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t e = active[item / up_blocks];
         const int64_t j0 = (item % up_blocks) * kUpBlock, j1 = std::min(I, j0 + kUpBlock);
@@ -692,7 +693,7 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     // Down projection: items are blocks of output columns; each owns out[chunk, block].
     const int64_t down_blocks = (H + kDownBlock - 1) / kDownBlock;
     parallel_for(down_blocks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> dot(4 * n * top_k), acc(n * kDownBlock);
+      std::vector<float> dot(4 * most), acc(n * kDownBlock);
       for (int64_t block = begin; block < end; ++block) {
         const int64_t h0 = block * kDownBlock, width = std::min(kDownBlock, H - h0);
         std::fill(acc.begin(), acc.end(), 0.0f);

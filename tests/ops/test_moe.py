@@ -195,8 +195,9 @@ def test_fused_moe_mxfp4_matches_reference(dtype, style, T, E, k, H, I):
     assert_close_to_reference(out, expected, dtype)
 
 
-def test_fused_moe_float16():
-    out, expected = run_block(GPT_OSS, dense_experts, 6, 4, 2, 72, 40, torch.float16)
+@pytest.mark.parametrize("experts, H, I", [(dense_experts, 72, 40), (mxfp4_experts, 64, 96)])
+def test_fused_moe_float16(experts, H, I):
+    out, expected = run_block(GPT_OSS, experts, 6, 4, 2, H, I, torch.float16)
     assert_close_to_reference(out, expected, torch.float16)
 
 
