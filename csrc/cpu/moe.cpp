@@ -13,6 +13,7 @@
 // scaled by the block's E8M0 scale, indexed by a permute); no full-precision weight is built.
 // Tokens go through in chunks that bound the float32 buffers (kChunkBytes).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -22,6 +23,7 @@
 #include "core/parallel.h"
 #include "core/scalar_math.h"
 #include "core/simd.h"
+#include "core/threads.h"
 #include "cpu/kernels.h"
 #include "cpu/vec.h"
 
@@ -556,6 +558,34 @@ Projection make_projection(const TensorView& w, const TensorView* scales, const 
   return p;
 }
 
+// Hands out work items to the threads of one parallel_for, one at a time: each thread (ticket)
+// walks its own contiguous share of the items in order, then helps with what is left of the
+// others'. parallel_for alone hands out chunks of about n / (4 threads), so one thread that the
+// OS preempts can hold up a decode call; here it holds up at most one small item, and the
+// weight streams stay contiguous per thread.
+class ItemQueue {
+ public:
+  explicit ItemQueue(int64_t n)
+      : n_(n), shares_(std::max<int64_t>(1, std::min<int64_t>(n, num_threads()))),
+        next_(shares_) {
+    for (int64_t p = 0; p < shares_; ++p) next_[p].store(begin(p), std::memory_order_relaxed);
+  }
+  int64_t tickets() const { return n_ == 0 ? 0 : shares_; }
+  bool take(int64_t ticket, int64_t& item) {
+    for (int64_t i = 0; i < shares_; ++i) {
+      const int64_t p = (ticket + i) % shares_;
+      item = next_[p].fetch_add(1, std::memory_order_relaxed);
+      if (item < begin(p + 1)) return true;
+    }
+    return false;
+  }
+
+ private:
+  int64_t begin(int64_t share) const { return n_ * share / shares_; }
+  const int64_t n_, shares_;
+  std::vector<std::atomic<int64_t>> next_;
+};
+
 constexpr int64_t kUpBlock = 32;     // intermediate columns per gate/up work item
 constexpr int64_t kDownBlock = 16;   // output columns per down work item
 constexpr int64_t kChunkBytes = 64 << 20;  // float32 buffers per token chunk
@@ -652,10 +682,10 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
 
     // Gate/up and activation: items are (active expert, block of kUpBlock intermediate columns).
     const int64_t up_blocks = (I + kUpBlock - 1) / kUpBlock;
-    parallel_for(static_cast<int64_t>(active.size()) * up_blocks, 1,
-                 [&](int64_t begin, int64_t end) {
+    ItemQueue up_items(static_cast<int64_t>(active.size()) * up_blocks);
+    parallel_for(up_items.tickets(), 1, [&](int64_t ticket, int64_t) {
       std::vector<float> dot(4 * most);
-      for (int64_t item = begin; item < end; ++item) {
+      for (int64_t item; up_items.take(ticket, item);) {
         const int64_t e = active[item / up_blocks];
         const int64_t j0 = (item % up_blocks) * kUpBlock, j1 = std::min(I, j0 + kUpBlock);
         const int64_t first = offsets[e];
@@ -691,10 +721,10 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     });
 
     // Down projection: items are blocks of output columns; each owns out[chunk, block].
-    const int64_t down_blocks = (H + kDownBlock - 1) / kDownBlock;
-    parallel_for(down_blocks, 1, [&](int64_t begin, int64_t end) {
+    ItemQueue down_items((H + kDownBlock - 1) / kDownBlock);
+    parallel_for(down_items.tickets(), 1, [&](int64_t ticket, int64_t) {
       std::vector<float> dot(4 * most), acc(n * kDownBlock);
-      for (int64_t block = begin; block < end; ++block) {
+      for (int64_t block; down_items.take(ticket, block);) {
         const int64_t h0 = block * kDownBlock, width = std::min(kDownBlock, H - h0);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (const int64_t e : active) {
