@@ -1,7 +1,761 @@
-// PLACEHOLDER: replaced by the moe family's kernels.
-#include "core/errors.h"
+// topk_routing and fused_moe.
+//
+// fused_moe groups the (token, k) assignments by expert, so every active expert's weights stream
+// through the cache once per call however many tokens chose it:
+//   1. gate/up: work items are (active expert, block of intermediate columns); each streams its
+//      gate and up rows once, takes dot products with all of the expert's tokens in register
+//      tiles, adds the bias and applies the activation into a float32 buffer A [slot, I];
+//   2. down: work items are blocks of output columns; each walks every active expert's w2 rows
+//      in its block, so it alone owns out[:, block]: it accumulates the routing-weighted expert
+//      outputs (bias included) of all tokens in float32 without atomics, then stores them.
+// Both phases split the weight rows (the N dim) across threads, so decode with a handful of
+// tokens still uses every thread. MXFP4 weights are decoded in registers (a 16-entry code table
+// scaled by the block's E8M0 scale, indexed by a permute); no full-precision weight is built.
+// Tokens go through in chunks that bound the float32 buffers (kChunkBytes).
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/scalar_math.h"
+#include "core/simd.h"
+#include "core/threads.h"
 #include "cpu/kernels.h"
+#include "cpu/vec.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// GCC 12's AVX-512 headers build their "undefined" vectors as `__m512 __Y = __Y;`, which
+// -Wmaybe-uninitialized reports (at -O2 with sanitizers) wherever the intrinsics are inlined.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
 namespace gnomon::cpu {
-void topk_routing(const TensorView&, const TensorView&, const TensorView&, int64_t, RoutingMode, bool) { raise<ValueError>("not built yet"); }
-void fused_moe(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&, Activation, GateUpLayout, const TensorView*, const TensorView*, const TensorView*, const TensorView*) { raise<ValueError>("not built yet"); }
+namespace {
+
+// ---- routing ------------------------------------------------------------------------------------
+
+void route_row(const float* logits, int64_t num_experts, int k, RoutingMode mode,
+               bool renormalize, float* probs, float* weights, int32_t* ids) {
+  int count = 0;
+  if (mode == RoutingMode::SoftmaxTopk) {
+    float max = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < num_experts; ++i) max = logits[i] > max ? logits[i] : max;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < num_experts; ++i) {
+      probs[i] = std::exp(logits[i] - max);
+      sum += probs[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < num_experts; ++i) {
+      math::topk_insert(probs[i] * inv, static_cast<int32_t>(i), weights, ids, count, k);
+    }
+    if (renormalize) {
+      float top_sum = 0.0f;
+      for (int j = 0; j < k; ++j) top_sum += weights[j];
+      for (int j = 0; j < k; ++j) weights[j] /= top_sum;
+    }
+  } else {
+    for (int64_t i = 0; i < num_experts; ++i) {
+      math::topk_insert(logits[i], static_cast<int32_t>(i), weights, ids, count, k);
+    }
+    const float max = weights[0];  // the list is in descending order
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      weights[j] = std::exp(weights[j] - max);
+      sum += weights[j];
+    }
+    for (int j = 0; j < k; ++j) weights[j] /= sum;
+  }
+}
+
+// ---- register tiles: dot products of up to 4 weight rows with up to 4 token rows ------------
+//
+// A tile run(rows, scales, xs, K, out, ld, e8m0) sets out[r * ld + t] = dot(row r, x_t) for NR
+// weight rows and NT float32 token rows, keeping NR x NT accumulators in registers, and
+// prefetches each row stream kPrefetchBytes ahead (the rows a thread reads next lie behind it).
+//
+// bf16 and MXFP4 rows decode into their even and odd elements separately (a 32-bit word holds
+// two bf16 values, a byte two E2M1 codes), so the activations they meet are stored "split":
+// every group of G elements (G = twice the vector width) holds its even elements, then its odd
+// ones. Dense f32/f16 rows meet activations as they are.
+//
+// Two implementations: AVX-512F intrinsics, used when the CPU has it (checked at run time), and
+// GCC/Clang vector extensions over 8 floats, which every target lowers to its own instructions
+// (AVX2, SSE, NEON), with GNOMON_SIMD_CLONES picking the x86 clone at load time.
+
+#define GNOMON_ALWAYS_INLINE inline __attribute__((always_inline))
+
+constexpr int64_t kPrefetchBytes = 16384;
+
+struct E8M0Table {
+  float value[256];
+  E8M0Table() {
+    for (int i = 0; i < 256; ++i) value[i] = math::e8m0_to_float(static_cast<uint8_t>(i));
+  }
+};
+const E8M0Table kE8M0;
+
+GNOMON_ALWAYS_INLINE const char* bytes_of(const void* row) { return static_cast<const char*>(row); }
+
+// The dots function of one tile family: out[r * nt + t] for nr <= 4 rows and nt tokens, in
+// 4 x 4 tiles. A macro rather than a template so that it can carry a target attribute.
+#define GNOMON_DEFINE_DOTS(name, attributes, Tile)                                              \
+  attributes void name(const void* const* rows, const uint8_t* const* scales, int nr,           \
+                       const float* const* xs, int nt, int64_t K, float* out) {                 \
+    const float* e8m0 = kE8M0.value;                                                            \
+    for (int t0 = 0; t0 < nt; t0 += 4) {                                                        \
+      const int n = std::min(4, nt - t0);                                                       \
+      const float* const* x = xs + t0;                                                          \
+      if (nr == 4) {                                                                            \
+        switch (n) {                                                                            \
+          case 1: Tile<4, 1>::run(rows, scales, x, K, out + t0, nt, e8m0); break;               \
+          case 2: Tile<4, 2>::run(rows, scales, x, K, out + t0, nt, e8m0); break;               \
+          case 3: Tile<4, 3>::run(rows, scales, x, K, out + t0, nt, e8m0); break;               \
+          default: Tile<4, 4>::run(rows, scales, x, K, out + t0, nt, e8m0); break;              \
+        }                                                                                       \
+        continue;                                                                               \
+      }                                                                                         \
+      for (int r = 0; r < nr; ++r) {                                                            \
+        float* o = out + r * nt + t0;                                                           \
+        switch (n) {                                                                            \
+          case 1: Tile<1, 1>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;              \
+          case 2: Tile<1, 2>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;              \
+          case 3: Tile<1, 3>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;              \
+          default: Tile<1, 4>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;             \
+        }                                                                                       \
+      }                                                                                         \
+    }                                                                                           \
+  }
+
+#define GNOMON_TILE_ARGS                                                                   \
+  const void *const *rows, const uint8_t *const *scales, const float *const *xs, int64_t K, \
+      float *out, int64_t ld, const float *e8m0
+
+// ---- portable tiles (vector extensions, 8 floats) ----
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+typedef uint32_t u32x4 __attribute__((vector_size(16)));
+
+GNOMON_ALWAYS_INLINE void load8(const float* p, f32x8& v) { memcpy(&v, p, sizeof(v)); }
+
+GNOMON_ALWAYS_INLINE float hsum(const f32x8& v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// {w[i], w[i], w[i], w[i], w[i + 1], w[i + 1], w[i + 1], w[i + 1]}
+template <int i>
+GNOMON_ALWAYS_INLINE void spread_words(const u32x4& w, u32x8& r) {
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+  r = __builtin_shufflevector(w, w, i, i, i, i, i + 1, i + 1, i + 1, i + 1);
+#else
+  r = u32x8{w[i], w[i], w[i], w[i], w[i + 1], w[i + 1], w[i + 1], w[i + 1]};
+#endif
+}
+
+// r[j] = table[idx[j]] with table = {lo, hi} and idx in [0, 16).
+GNOMON_ALWAYS_INLINE void lookup16(const f32x8& lo, const f32x8& hi, const i32x8& idx, f32x8& r) {
+#if defined(__GNUC__) && !defined(__clang__)
+  r = __builtin_shuffle(lo, hi, idx);
+#else
+  for (int j = 0; j < 8; ++j) r[j] = idx[j] < 8 ? lo[idx[j] & 7] : hi[idx[j] & 7];
+#endif
+}
+
+template <int NR, int NT>
+struct F32Tile {
+  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
+    f32x8 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+      f32x8 x[NT];
+      for (int t = 0; t < NT; ++t) load8(xs[t] + k, x[t]);
+      for (int r = 0; r < NR; ++r) {
+        if (k % 16 == 0) __builtin_prefetch(bytes_of(rows[r]) + 4 * k + kPrefetchBytes);
+        f32x8 w;
+        load8(static_cast<const float*>(rows[r]) + k, w);
+        for (int t = 0; t < NT; ++t) acc[r][t] += w * x[t];
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) {
+        float sum = hsum(acc[r][t]);
+        for (int64_t j = k; j < K; ++j) sum += static_cast<const float*>(rows[r])[j] * xs[t][j];
+        out[r * ld + t] = sum;
+      }
+    }
+  }
+};
+
+template <int NR, int NT>
+struct F16Tile {
+  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
+    f32x8 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+      f32x8 x[NT];
+      for (int t = 0; t < NT; ++t) load8(xs[t] + k, x[t]);
+      for (int r = 0; r < NR; ++r) {
+        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
+        if (k % 32 == 0) __builtin_prefetch(bytes_of(p) + kPrefetchBytes);
+        f32x8 w;
+        for (int j = 0; j < 8; ++j) w[j] = math::fp16_to_float(p[j]);
+        for (int t = 0; t < NT; ++t) acc[r][t] += w * x[t];
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) {
+        float sum = hsum(acc[r][t]);
+        for (int64_t j = k; j < K; ++j) {
+          sum += math::fp16_to_float(static_cast<const uint16_t*>(rows[r])[j]) * xs[t][j];
+        }
+        out[r * ld + t] = sum;
+      }
+    }
+  }
+};
+
+// bf16 rows against split activations (G = 16): the pair in each 32-bit word gives an even
+// element (low half, shifted up) and an odd one (high half, masked).
+template <int NR, int NT>
+struct BF16Tile {
+  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
+    f32x8 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      f32x8 even[NT], odd[NT];
+      for (int t = 0; t < NT; ++t) {
+        load8(xs[t] + k, even[t]);
+        load8(xs[t] + k + 8, odd[t]);
+      }
+      for (int r = 0; r < NR; ++r) {
+        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
+        if (k % 32 == 0) __builtin_prefetch(bytes_of(p) + kPrefetchBytes);
+        u32x8 pairs;
+        memcpy(&pairs, p, sizeof(pairs));
+        const f32x8 w_even = (f32x8)(pairs << 16);  // vector casts reinterpret the bits
+        const f32x8 w_odd = (f32x8)(pairs & 0xffff0000u);
+        for (int t = 0; t < NT; ++t) {
+          acc[r][t] += w_even * even[t];
+          acc[r][t] += w_odd * odd[t];
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) {
+        float sum = hsum(acc[r][t]);
+        for (int64_t j = k; j < K; ++j) {  // the tail is stored unsplit
+          sum += math::bf16_to_float(static_cast<const uint16_t*>(rows[r])[j]) * xs[t][j];
+        }
+        out[r * ld + t] = sum;
+      }
+    }
+  }
+};
+
+// MXFP4 rows (K/2 packed bytes, K/32 E8M0 scales; K % 32 == 0) against split activations
+// (G = 16): the low nibbles of 8 bytes are a group's even elements, the high nibbles its odd
+// ones. Each block's scale multiplies the 16-entry code table, and a permute looks codes up.
+template <int NR, int NT>
+struct Mxfp4Tile {
+  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
+    const f32x8 codes_lo = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const f32x8 codes_hi = -codes_lo;
+    const u32x8 shift_lo = {0, 8, 16, 24, 0, 8, 16, 24};
+    const u32x8 shift_hi = shift_lo + 4;
+    f32x8 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
+    const int64_t blocks = K / 32;
+    for (int64_t b = 0; b < blocks; ++b) {
+      f32x8 x[NT][4];  // even, odd of the first 16 elements; even, odd of the second 16
+      for (int t = 0; t < NT; ++t)
+        for (int q = 0; q < 4; ++q) load8(xs[t] + 32 * b + 8 * q, x[t][q]);
+      for (int r = 0; r < NR; ++r) {
+        const uint8_t* p = static_cast<const uint8_t*>(rows[r]) + 16 * b;
+        if (b % 4 == 0) __builtin_prefetch(p + kPrefetchBytes);
+        u32x4 words;
+        memcpy(&words, p, sizeof(words));
+        const float scale = e8m0[scales[r][b]];
+        const f32x8 table_lo = codes_lo * scale, table_hi = codes_hi * scale;
+        u32x8 spread[2];
+        spread_words<0>(words, spread[0]);
+        spread_words<2>(words, spread[1]);
+        for (int g = 0; g < 2; ++g) {
+          f32x8 w_even, w_odd;
+          lookup16(table_lo, table_hi, (i32x8)((spread[g] >> shift_lo) & 15u), w_even);
+          lookup16(table_lo, table_hi, (i32x8)((spread[g] >> shift_hi) & 15u), w_odd);
+          for (int t = 0; t < NT; ++t) {
+            acc[r][t] += w_even * x[t][2 * g];
+            acc[r][t] += w_odd * x[t][2 * g + 1];
+          }
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) out[r * ld + t] = hsum(acc[r][t]);
+  }
+};
+
+GNOMON_DEFINE_DOTS(dots_f32, GNOMON_SIMD_CLONES, F32Tile)
+GNOMON_DEFINE_DOTS(dots_f16, GNOMON_SIMD_CLONES, F16Tile)
+GNOMON_DEFINE_DOTS(dots_bf16, GNOMON_SIMD_CLONES, BF16Tile)
+GNOMON_DEFINE_DOTS(dots_mxfp4, GNOMON_SIMD_CLONES, Mxfp4Tile)
+
+// ---- AVX-512F tiles (16 floats) ----
+
+// Building with -DGNOMON_MOE_AVX512=0 leaves only the portable tiles (to test them on x86).
+#if !defined(GNOMON_MOE_AVX512) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GNOMON_MOE_AVX512 1
+#endif
+#if GNOMON_MOE_AVX512
+#define GNOMON_AVX512 __attribute__((target("avx512f")))
+#define GNOMON_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
+
+template <int NR, int NT>
+struct F32Tile512 {
+  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
+    __m512 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      __m512 x[NT];
+      for (int t = 0; t < NT; ++t) x[t] = _mm512_loadu_ps(xs[t] + k);
+      for (int r = 0; r < NR; ++r) {
+        const float* p = static_cast<const float*>(rows[r]) + k;
+        _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512 w = _mm512_loadu_ps(p);
+        for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(w, x[t], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) {
+        float sum = _mm512_reduce_add_ps(acc[r][t]);
+        for (int64_t j = k; j < K; ++j) sum += static_cast<const float*>(rows[r])[j] * xs[t][j];
+        out[r * ld + t] = sum;
+      }
+    }
+  }
+};
+
+template <int NR, int NT>
+struct F16Tile512 {
+  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
+    __m512 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      __m512 x[NT];
+      for (int t = 0; t < NT; ++t) x[t] = _mm512_loadu_ps(xs[t] + k);
+      for (int r = 0; r < NR; ++r) {
+        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
+        if (k % 32 == 0) _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(w, x[t], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) {
+        float sum = _mm512_reduce_add_ps(acc[r][t]);
+        for (int64_t j = k; j < K; ++j) {
+          sum += math::fp16_to_float(static_cast<const uint16_t*>(rows[r])[j]) * xs[t][j];
+        }
+        out[r * ld + t] = sum;
+      }
+    }
+  }
+};
+
+// bf16 rows against split activations (G = 32).
+template <int NR, int NT>
+struct BF16Tile512 {
+  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
+    (void)scales, (void)e8m0;
+    const __m512i high_halves = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
+    __m512 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+      __m512 even[NT], odd[NT];
+      for (int t = 0; t < NT; ++t) {
+        even[t] = _mm512_loadu_ps(xs[t] + k);
+        odd[t] = _mm512_loadu_ps(xs[t] + k + 16);
+      }
+      for (int r = 0; r < NR; ++r) {
+        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
+        _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512i pairs = _mm512_loadu_si512(p);
+        const __m512 w_even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+        const __m512 w_odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_halves));
+        for (int t = 0; t < NT; ++t) {
+          acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
+          acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) {
+        float sum = _mm512_reduce_add_ps(acc[r][t]);
+        for (int64_t j = k; j < K; ++j) {  // the tail is stored unsplit
+          sum += math::bf16_to_float(static_cast<const uint16_t*>(rows[r])[j]) * xs[t][j];
+        }
+        out[r * ld + t] = sum;
+      }
+    }
+  }
+};
+
+// MXFP4 rows against split activations (G = 32): 16 bytes hold a block's 32 codes; their low
+// nibbles are the even elements, the high nibbles the odd ones. vpermps looks each code up in
+// the 16-entry table scaled by the block's E8M0 scale (it reads only the index's low 4 bits).
+template <int NR, int NT>
+struct Mxfp4Tile512 {
+  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
+    const __m512 codes = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f,
+                                        -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    __m512 acc[NR][NT];
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    const int64_t blocks = K / 32;
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m512 even[NT], odd[NT];
+      for (int t = 0; t < NT; ++t) {
+        even[t] = _mm512_loadu_ps(xs[t] + 32 * b);
+        odd[t] = _mm512_loadu_ps(xs[t] + 32 * b + 16);
+      }
+      for (int r = 0; r < NR; ++r) {
+        const uint8_t* p = static_cast<const uint8_t*>(rows[r]) + 16 * b;
+        if (b % 4 == 0) _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512i packed =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        const __m512 table = _mm512_mul_ps(codes, _mm512_set1_ps(e8m0[scales[r][b]]));
+        const __m512 w_even = _mm512_permutexvar_ps(packed, table);
+        const __m512 w_odd = _mm512_permutexvar_ps(_mm512_srli_epi32(packed, 4), table);
+        for (int t = 0; t < NT; ++t) {
+          acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
+          acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) out[r * ld + t] = _mm512_reduce_add_ps(acc[r][t]);
+  }
+};
+
+GNOMON_DEFINE_DOTS(dots_f32_avx512, GNOMON_AVX512, F32Tile512)
+GNOMON_DEFINE_DOTS(dots_f16_avx512, GNOMON_AVX512, F16Tile512)
+GNOMON_DEFINE_DOTS(dots_bf16_avx512, GNOMON_AVX512, BF16Tile512)
+GNOMON_DEFINE_DOTS(dots_mxfp4_avx512, GNOMON_AVX512, Mxfp4Tile512)
+
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+#endif
+
+using DotsFn = void (*)(const void* const*, const uint8_t* const*, int, const float* const*, int,
+                        int64_t, float*);
+
+// The dots for one weight dtype, and the split group size G its activations need (0: unsplit).
+struct Dots {
+  DotsFn fn;
+  int64_t group;
+};
+
+Dots dots_for(DType weight_dtype) {
+#if GNOMON_MOE_AVX512
+  if (cpu_has_avx512()) {
+    switch (weight_dtype) {
+      case DType::UInt8: return {dots_mxfp4_avx512, 32};
+      case DType::BFloat16: return {dots_bf16_avx512, 32};
+      case DType::Float16: return {dots_f16_avx512, 0};
+      default: return {dots_f32_avx512, 0};
+    }
+  }
+#endif
+  switch (weight_dtype) {
+    case DType::UInt8: return {dots_mxfp4, 16};
+    case DType::BFloat16: return {dots_bf16, 16};
+    case DType::Float16: return {dots_f16, 0};
+    default: return {dots_f32, 0};
+  }
+}
+
+// Where element j of a K-element activation row lives: split in whole groups of G (each group's
+// even elements, then its odd ones), the tail after the last whole group as is.
+struct Layout {
+  int64_t group, split_end;
+  Layout(int64_t group_size, int64_t K)
+      : group(group_size), split_end(group_size > 0 ? K / group_size * group_size : 0) {}
+  bool split() const { return group > 0; }
+  int64_t operator()(int64_t j) const {
+    if (j >= split_end) return j;
+    return j / group * group + (j & 1) * (group / 2) + (j % group) / 2;
+  }
+};
+
+float scalar_at(const void* base, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::BFloat16: return math::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::Float16: return math::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+// One expert projection: row r of expert e starts at data + (e * rows + r) * row_bytes.
+struct Projection {
+  const char* data;
+  int64_t rows, row_bytes;
+  const uint8_t* scales;  // MXFP4 only: [E, rows, K/32]
+  int64_t scale_row;
+  const char* bias;  // [E, rows] in bias_dtype, or null
+  DType bias_dtype;
+
+  const void* row(int64_t e, int64_t r) const { return data + (e * rows + r) * row_bytes; }
+  const uint8_t* scale(int64_t e, int64_t r) const {
+    return scales == nullptr ? nullptr : scales + (e * rows + r) * scale_row;
+  }
+  float bias_at(int64_t e, int64_t r) const {
+    return bias == nullptr ? 0.0f : scalar_at(bias, bias_dtype, e * rows + r);
+  }
+};
+
+Projection make_projection(const TensorView& w, const TensorView* scales, const TensorView* bias) {
+  Projection p;
+  p.data = static_cast<const char*>(w.data);
+  p.rows = w.size(1);
+  p.row_bytes = w.size(2) * dtype_size(w.dtype);
+  p.scales = scales == nullptr ? nullptr : scales->ptr<const uint8_t>();
+  p.scale_row = scales == nullptr ? 0 : scales->size(2);
+  p.bias = bias == nullptr ? nullptr : static_cast<const char*>(bias->data);
+  p.bias_dtype = bias == nullptr ? DType::Float32 : bias->dtype;
+  return p;
+}
+
+// Hands out work items to the threads of one parallel_for, one at a time: each thread (ticket)
+// walks its own contiguous share of the items in order, then helps with what is left of the
+// others'. parallel_for alone hands out chunks of about n / (4 threads), so one thread that the
+// OS preempts can hold up a decode call; here it holds up at most one small item, and the
+// weight streams stay contiguous per thread.
+class ItemQueue {
+ public:
+  explicit ItemQueue(int64_t n)
+      : n_(n), shares_(std::max<int64_t>(1, std::min<int64_t>(n, num_threads()))),
+        next_(shares_) {
+    for (int64_t p = 0; p < shares_; ++p) next_[p].store(begin(p), std::memory_order_relaxed);
+  }
+  int64_t tickets() const { return n_ == 0 ? 0 : shares_; }
+  bool take(int64_t ticket, int64_t& item) {
+    for (int64_t i = 0; i < shares_; ++i) {
+      const int64_t p = (ticket + i) % shares_;
+      item = next_[p].fetch_add(1, std::memory_order_relaxed);
+      if (item < begin(p + 1)) return true;
+    }
+    return false;
+  }
+
+ private:
+  int64_t begin(int64_t share) const { return n_ * share / shares_; }
+  const int64_t n_, shares_;
+  std::vector<std::atomic<int64_t>> next_;
+};
+
+constexpr int64_t kUpBlock = 32;     // intermediate columns per gate/up work item
+constexpr int64_t kDownBlock = 16;   // output columns per down work item
+constexpr int64_t kChunkBytes = 64 << 20;  // float32 buffers per token chunk
+
+}  // namespace
+
+void topk_routing(const TensorView& topk_weights, const TensorView& topk_ids,
+                  const TensorView& router_logits, int64_t top_k, RoutingMode mode,
+                  bool renormalize) {
+  const int64_t tokens = router_logits.size(0), experts = router_logits.size(1);
+  const int k = static_cast<int>(top_k);
+  const int64_t elem = dtype_size(router_logits.dtype);
+  parallel_for(tokens, std::max<int64_t>(1, 4096 / std::max<int64_t>(experts, 1)),
+               [&](int64_t begin, int64_t end) {
+    std::vector<float> logits(experts), probs(experts);
+    for (int64_t t = begin; t < end; ++t) {
+      load_floats(static_cast<const char*>(router_logits.data) + t * experts * elem,
+                  router_logits.dtype, logits.data(), experts);
+      route_row(logits.data(), experts, k, mode, renormalize, probs.data(),
+                topk_weights.ptr<float>() + t * k, topk_ids.ptr<int32_t>() + t * k);
+    }
+  });
+}
+
+void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView& w13,
+               const TensorView& w2, const TensorView& topk_weights, const TensorView& topk_ids,
+               Activation activation, GateUpLayout gate_up_layout, const TensorView* w13_bias,
+               const TensorView* w2_bias, const TensorView* w13_scales,
+               const TensorView* w2_scales) {
+  const int64_t tokens = hidden.size(0), H = hidden.size(1), top_k = topk_ids.size(1);
+  const int64_t E = w13.size(0), I = w13.size(1) / 2;
+  if (tokens == 0 || H == 0) return;
+  const Dots kernel = dots_for(w13.dtype);
+  const DotsFn dots = kernel.fn;
+  const Layout x_layout(kernel.group, H), a_layout(kernel.group, I);
+  const Projection up = make_projection(w13, w13_scales, w13_bias);
+  const Projection down = make_projection(w2, w2_scales, w2_bias);
+  const DType dtype = hidden.dtype;
+  const int64_t elem = dtype_size(dtype);
+  const bool interleaved = gate_up_layout == GateUpLayout::Interleaved;
+  const float* routing = topk_weights.ptr<const float>();
+  const int32_t* ids = topk_ids.ptr<const int32_t>();
+
+  // Tokens go through in chunks that bound the float32 buffers (a chunk re-reads the weights).
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min(tokens, kChunkBytes / static_cast<int64_t>(sizeof(float) * (H + top_k * I))));
+  std::unique_ptr<float[]> x(new float[chunk * H]);
+  std::unique_ptr<float[]> a(new float[chunk * top_k * I]);
+  std::vector<int64_t> offsets(E + 1);
+  std::vector<int32_t> slot_token(chunk * top_k);
+  std::vector<float> slot_weight(chunk * top_k);
+  std::vector<const float*> slot_x(chunk * top_k), slot_a(chunk * top_k);
+  std::vector<int64_t> active;
+
+  for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {
+    const int64_t n = std::min(chunk, tokens - c0);
+
+    // Group the chunk's (token, k) assignments by expert: slots [offsets[e], offsets[e + 1]).
+    std::fill(offsets.begin(), offsets.end(), 0);
+    for (int64_t i = c0 * top_k; i < (c0 + n) * top_k; ++i) ++offsets[ids[i] + 1];
+    active.clear();
+    int64_t most = 0;  // the most slots one expert has
+    for (int64_t e = 0; e < E; ++e) {
+      if (offsets[e + 1] > 0) active.push_back(e);
+      most = std::max(most, offsets[e + 1]);
+      offsets[e + 1] += offsets[e];
+    }
+    {
+      std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t j = 0; j < top_k; ++j) {
+          const int64_t i = (c0 + t) * top_k + j, s = next[ids[i]]++;
+          slot_token[s] = static_cast<int32_t>(t);
+          slot_weight[s] = routing[i];
+          slot_x[s] = x.get() + t * H;
+          slot_a[s] = a.get() + s * I;
+        }
+      }
+    }
+
+    // Hidden rows in float32, laid out for the weights' tiles.
+    parallel_for(n, std::max<int64_t>(1, 16384 / H), [&](int64_t begin, int64_t end) {
+      std::vector<float> row(x_layout.split() ? H : 0);
+      for (int64_t t = begin; t < end; ++t) {
+        const char* src = static_cast<const char*>(hidden.data) + (c0 + t) * H * elem;
+        if (!x_layout.split()) {
+          load_floats(src, dtype, x.get() + t * H, H);
+          continue;
+        }
+        load_floats(src, dtype, row.data(), H);
+        for (int64_t j = 0; j < H; ++j) x[t * H + x_layout(j)] = row[j];
+      }
+    });
+
+    // Gate/up and activation: items are (active expert, block of kUpBlock intermediate columns).
+    const int64_t up_blocks = (I + kUpBlock - 1) / kUpBlock;
+    ItemQueue up_items(static_cast<int64_t>(active.size()) * up_blocks);
+    parallel_for(up_items.tickets(), 1, [&](int64_t ticket, int64_t) {
+      std::vector<float> dot(4 * most);
+      for (int64_t item; up_items.take(ticket, item);) {
+        const int64_t e = active[item / up_blocks];
+        const int64_t j0 = (item % up_blocks) * kUpBlock, j1 = std::min(I, j0 + kUpBlock);
+        const int64_t first = offsets[e];
+        const int nt = static_cast<int>(offsets[e + 1] - first);
+        for (int64_t j = j0; j < j1; j += 2) {
+          const int pairs = j + 1 < j1 ? 2 : 1;
+          const void* rows[4];
+          const uint8_t* scales[4];
+          int64_t row_ids[4];
+          for (int p = 0; p < pairs; ++p) {
+            row_ids[2 * p] = interleaved ? 2 * (j + p) : j + p;          // gate
+            row_ids[2 * p + 1] = interleaved ? 2 * (j + p) + 1 : I + j + p;  // up
+          }
+          for (int r = 0; r < 2 * pairs; ++r) {
+            rows[r] = up.row(e, row_ids[r]);
+            scales[r] = up.scale(e, row_ids[r]);
+          }
+          dots(rows, scales, 2 * pairs, slot_x.data() + first, nt, H, dot.data());
+          for (int p = 0; p < pairs; ++p) {
+            const float gate_bias = up.bias_at(e, row_ids[2 * p]);
+            const float up_bias = up.bias_at(e, row_ids[2 * p + 1]);
+            const float* gate = dot.data() + 2 * p * nt;
+            const float* upv = gate + nt;
+            const int64_t col = a_layout(j + p);
+            for (int t = 0; t < nt; ++t) {
+              const float g = gate[t] + gate_bias, u = upv[t] + up_bias;
+              a[(first + t) * I + col] = activation == Activation::Silu ? math::silu_and_mul(g, u)
+                                                                         : math::swiglu_oai(g, u);
+            }
+          }
+        }
+      }
+    });
+
+    // Down projection: items are blocks of output columns; each owns out[chunk, block].
+    ItemQueue down_items((H + kDownBlock - 1) / kDownBlock);
+    parallel_for(down_items.tickets(), 1, [&](int64_t ticket, int64_t) {
+      std::vector<float> dot(4 * most), acc(n * kDownBlock);
+      for (int64_t block; down_items.take(ticket, block);) {
+        const int64_t h0 = block * kDownBlock, width = std::min(kDownBlock, H - h0);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (const int64_t e : active) {
+          const int64_t first = offsets[e];
+          const int nt = static_cast<int>(offsets[e + 1] - first);
+          for (int64_t h = h0; h < h0 + width; h += 4) {
+            const int nr = static_cast<int>(std::min<int64_t>(4, h0 + width - h));
+            const void* rows[4];
+            const uint8_t* scales[4];
+            for (int r = 0; r < nr; ++r) {
+              rows[r] = down.row(e, h + r);
+              scales[r] = down.scale(e, h + r);
+            }
+            dots(rows, scales, nr, slot_a.data() + first, nt, I, dot.data());
+            for (int r = 0; r < nr; ++r) {
+              const float bias = down.bias_at(e, h + r);
+              for (int t = 0; t < nt; ++t) {
+                const int64_t s = first + t;
+                acc[slot_token[s] * kDownBlock + (h - h0) + r] +=
+                    slot_weight[s] * (dot[r * nt + t] + bias);
+              }
+            }
+          }
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          store_floats(acc.data() + t * kDownBlock, dtype,
+                       static_cast<char*>(out.data) + ((c0 + t) * H + h0) * elem, width);
+        }
+      }
+    });
+  }
+}
+
 }  // namespace gnomon::cpu
