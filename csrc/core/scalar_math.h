@@ -153,12 +153,16 @@ struct OnlineSoftmax {
 
 // ---- routing and activations ---------------------------------------------------------------------
 
+// Orders like torch.topk: NaN above every number, so a NaN logit is selected and poisons its
+// token's weights instead of silently displacing the ranking.
+GNOMON_HD bool topk_before(float a, float b) { return a > b || (a != a && b == b); }
+
 // Inserts (value, id) into the descending top-k list vals/ids of current length `count` (< k or
 // full). Ties keep the lower id first, so selection is deterministic.
 GNOMON_HD void topk_insert(float value, int32_t id, float* vals, int32_t* ids, int& count, int k) {
-  if (count == k && !(value > vals[k - 1])) return;
+  if (count == k && !topk_before(value, vals[k - 1])) return;
   int pos = count < k ? count++ : k - 1;
-  while (pos > 0 && value > vals[pos - 1]) {
+  while (pos > 0 && topk_before(value, vals[pos - 1])) {
     vals[pos] = vals[pos - 1];
     ids[pos] = ids[pos - 1];
     --pos;

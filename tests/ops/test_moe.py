@@ -409,3 +409,10 @@ test_fused_moe_dense_malformed_calls = malformed_calls(ops.fused_moe, _dense_moe
                                                        index_args=("topk_ids",))
 test_fused_moe_mxfp4_malformed_calls = malformed_calls(ops.fused_moe, _mxfp4_moe_kwargs,
                                                        index_args=("topk_ids",))
+
+
+def test_nan_logit_is_selected_like_torch_topk_and_poisons_only_its_token():
+    logits = torch.tensor([[1.0, float("nan"), 3.0, 2.0], [0.5, 4.0, -1.0, 2.0]])
+    weights, ids = ops.topk_routing(logits, 2, mode="topk_softmax")
+    assert ids.tolist() == torch.topk(logits, 2).indices.tolist()
+    assert weights[0].isnan().all() and not weights[1].isnan().any()

@@ -7,8 +7,8 @@ from typing import Optional, Tuple
 import torch
 
 from gnomon import _C
-from gnomon.ops._tensor import (FLOATING, check_choice, check_same_device, check_tensor,
-                                follow_torch_threads, view)
+from gnomon.ops._tensor import (FLOATING, call, check_choice, check_same_device, check_tensor,
+                                custom_op, follow_torch_threads, view)
 
 ROUTING_MODES = ("softmax_topk", "topk_softmax")
 ACTIVATIONS = ("silu", "swiglu_oai")
@@ -16,7 +16,7 @@ GATE_UP_LAYOUTS = ("concat", "interleaved")
 MAX_TOP_K = 64  # kMaxTopK in csrc/ops.h
 
 
-@torch.library.custom_op("gnomon::topk_routing", mutates_args=())
+@custom_op("topk_routing", mutates_args=())
 def _topk_routing(router_logits: torch.Tensor, top_k: int, mode: str,
                   renormalize: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     follow_torch_threads()
@@ -53,10 +53,10 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, *, mode: str = "softma
     check_choice(mode, "mode", ROUTING_MODES)
     if not isinstance(renormalize, bool):
         raise TypeError(f"renormalize: expected a bool, got {type(renormalize).__name__}")
-    return torch.ops.gnomon.topk_routing(router_logits, top_k, mode, renormalize)
+    return call(_topk_routing, router_logits, top_k, mode, renormalize)
 
 
-@torch.library.custom_op("gnomon::fused_moe", mutates_args=())
+@custom_op("fused_moe", mutates_args=())
 def _fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                topk_weights: torch.Tensor, topk_ids: torch.Tensor, activation: str,
                gate_up_layout: str, w13_bias: Optional[torch.Tensor],
@@ -144,5 +144,5 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     check_same_device(hidden=hidden, w13=w13, w2=w2, topk_weights=topk_weights,
                       topk_ids=topk_ids, w13_bias=w13_bias, w2_bias=w2_bias,
                       w13_scales=w13_scales, w2_scales=w2_scales)
-    return torch.ops.gnomon.fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation,
+    return call(_fused_moe, hidden, w13, w2, topk_weights, topk_ids, activation,
                                       gate_up_layout, w13_bias, w2_bias, w13_scales, w2_scales)
