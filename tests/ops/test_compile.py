@@ -28,7 +28,7 @@ class TinyBlock(torch.nn.Module):
         residual = hidden.clone()
         x = ops.rms_norm(hidden, self.norm1, 1e-6)
         q, k, v = (x @ self.wqkv.T).split([HQ * D, HKV * D, HKV * D], dim=-1)
-        q, k, v = q.reshape(T, HQ, D), k.reshape(T, HKV, D), v.reshape(T, HKV, D)
+        q, k, v = (t.reshape(T, -1, D).contiguous() for t in (q, k, v))
         ops.rotary_embedding(positions, q, k, self.cos_sin)
         ops.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
         attn = ops.paged_attention(q, key_cache, value_cache, block_tables, seq_lens,

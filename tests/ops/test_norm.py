@@ -97,8 +97,9 @@ def test_rotary_leaves_dims_past_rotary_dim_untouched():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_opcheck(dtype):
     x, w = torch.randn(4, 64, dtype=dtype), torch.randn(64, dtype=dtype)
-    torch.library.opcheck(torch.ops.gnomon.rms_norm.default, (x, w, 1e-6, None))
-    torch.library.opcheck(torch.ops.gnomon.rms_norm.default, (x, w, 1e-6, torch.randn_like(x)))
+    torch.library.opcheck(torch.ops.gnomon.rms_norm.default, (x, w, 1e-6))
+    torch.library.opcheck(torch.ops.gnomon.fused_add_rms_norm.default,
+                          (x, torch.randn_like(x), w, 1e-6))
     torch.library.opcheck(torch.ops.gnomon.rotary_embedding.default,
                           (torch.tensor([0, 3, 1, 2]), torch.randn(4, 4, 32, dtype=dtype),
                            torch.randn(4, 2, 32, dtype=dtype), cos_sin(8, 32), True))

@@ -12,9 +12,8 @@ from gnomon.ops._tensor import (FLOATING, call, check_same_device, check_tensor,
                                 follow_torch_threads, view)
 
 
-@custom_op("rms_norm", mutates_args=("residual",))
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-              residual: Optional[torch.Tensor]) -> torch.Tensor:
+def _normalise(x: torch.Tensor, weight: torch.Tensor, eps: float,
+               residual: Optional[torch.Tensor]) -> torch.Tensor:
     follow_torch_threads()
     out = torch.empty_like(x)
     shape = (math.prod(x.shape[:-1]), x.shape[-1])
@@ -23,8 +22,25 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return out
 
 
+# Two registered ops, as in vLLM: an optional mutated argument does not survive inductor.
+@custom_op("rms_norm")
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _normalise(x, weight, eps, None)
+
+
+@custom_op("fused_add_rms_norm", mutates_args=("residual",))
+def _fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> torch.Tensor:
+    return _normalise(x, weight, eps, residual)
+
+
 @_rms_norm.register_fake
-def _(x, weight, eps, residual):
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@_fused_add_rms_norm.register_fake
+def _(x, residual, weight, eps):
     return torch.empty_like(x)
 
 
@@ -44,7 +60,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     check_same_device(x=x, weight=weight, residual=residual)
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
         raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
-    return call(_rms_norm, x, weight, float(eps), residual)
+    if residual is None:
+        return call(_rms_norm, x, weight, float(eps))
+    return call(_fused_add_rms_norm, x, residual, weight, float(eps))
 
 
 @custom_op("rotary_embedding", mutates_args=("query", "key"))
