@@ -11,3 +11,22 @@
 #define GNOMON_SIMD_CLONES
 #define GNOMON_HAS_SIMD_CLONES 0
 #endif
+
+// GNOMON_HAS_X86_INTRINSICS: <immintrin.h> is included and the kernels may use intrinsics inside
+// functions carrying a target attribute, behind a run-time CPU check.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
+    !defined(__HIPCC__)
+#define GNOMON_HAS_X86_INTRINSICS 1
+// GCC 12's AVX-512 headers build "undefined" vectors as `__m512 __Y = __Y;`, which
+// -Wmaybe-uninitialized reports wherever the intrinsics are inlined.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#else
+#define GNOMON_HAS_X86_INTRINSICS 0
+#endif

@@ -29,21 +29,8 @@
 
 // bfloat16 scores use AVX512-BF16 dot products where the CPU has them (checked at run time).
 // Building with -DGNOMON_ATTENTION_BF16_DOT=0 leaves only the portable path.
-#if !defined(GNOMON_ATTENTION_BF16_DOT) && defined(__x86_64__) && \
-    (defined(__GNUC__) || defined(__clang__))
+#if !defined(GNOMON_ATTENTION_BF16_DOT) && GNOMON_HAS_X86_INTRINSICS
 #define GNOMON_ATTENTION_BF16_DOT 1
-#endif
-#if GNOMON_ATTENTION_BF16_DOT
-// GCC 12's AVX-512 headers build "undefined" vectors as `__m512 __Y = __Y;`, which
-// -Wmaybe-uninitialized can report wherever the intrinsics are inlined.
-#if !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 #endif
 
 namespace gnomon::cpu {

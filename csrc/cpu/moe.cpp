@@ -27,18 +27,6 @@
 #include "cpu/kernels.h"
 #include "cpu/vec.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// GCC 12's AVX-512 headers build their "undefined" vectors as `__m512 __Y = __Y;`, which
-// -Wmaybe-uninitialized reports (at -O2 with sanitizers) wherever the intrinsics are inlined.
-#if !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif
 
 namespace gnomon::cpu {
 namespace {
@@ -326,7 +314,7 @@ GNOMON_DEFINE_DOTS(dots_mxfp4, GNOMON_SIMD_CLONES, Mxfp4Tile)
 // ---- AVX-512F tiles (16 floats) ----
 
 // Building with -DGNOMON_MOE_AVX512=0 leaves only the portable tiles (to test them on x86).
-#if !defined(GNOMON_MOE_AVX512) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if !defined(GNOMON_MOE_AVX512) && GNOMON_HAS_X86_INTRINSICS
 #define GNOMON_MOE_AVX512 1
 #endif
 #if GNOMON_MOE_AVX512

@@ -27,9 +27,6 @@
 #include "cpu/kernels.h"
 #include "cpu/vec.h"
 
-#if GNOMON_HAS_SIMD_CLONES
-#include <immintrin.h>
-#endif
 
 // The 64-byte vector types are passed between always-inline helpers only; the ABI note GCC gives
 // for them in the non-AVX-512 clones does not apply.
