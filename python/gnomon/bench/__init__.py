@@ -1,0 +1,1 @@
+"""The microbenchmark harness behind `gnomon bench`."""
