@@ -1,0 +1,187 @@
+"""Runs a sweep of benchmark cases and assembles the results document (see results.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from gnomon.bench import results, suites as suite_defs
+from gnomon.bench.cases import Case, args_nbytes, clone_args
+from gnomon.bench.machine import (gpu_backend, gpu_peaks, machine_info, measure_cpu_peaks,
+                                  resolve_commit)
+from gnomon.bench.timing import (FULL, QUICK, CpuTimer, GpuTimer, Sampling, gpu_l2_bytes,
+                                 last_level_cache_bytes, sample, summarize, warm_up)
+
+DEVICES = ("cpu", "cuda")
+MODES = ("hot", "cold")
+MAX_COLD_COPIES = 4096
+
+Progress = Callable[[int, int, str], None]  # (done, total, key of the case about to run)
+
+
+@dataclass
+class _Prepared:
+    case: Case
+    fn: Callable[..., Any]
+    input_sets: List[tuple]
+    inputs_info: Dict[str, Any]
+    next_set: int = 0
+
+    def call(self) -> Any:
+        args = self.input_sets[self.next_set]
+        self.next_set = (self.next_set + 1) % len(self.input_sets)
+        return self.fn(*args)
+
+
+def check_device(device: str) -> str:
+    """Validates `device` ("cpu" or "cuda"); "cuda" needs a GPU that torch sees."""
+    if device not in DEVICES:
+        raise ValueError(f"--device: unknown device {device!r}; accepted: {', '.join(DEVICES)}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch sees no CUDA or HIP GPU on this machine "
+                             "(this machine accepts --device cpu)")
+    return device
+
+
+def default_out(commit: str) -> Path:
+    return Path(f"bench-{commit[:12]}.json")
+
+
+def check_out(path: Path) -> None:
+    """Raises ValueError unless `path` can be written (checked before a sweep starts)."""
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise ValueError(f"--out {path}: the folder {parent} does not exist")
+    if path.is_dir():
+        raise ValueError(f"--out {path}: is a folder; give a file name")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"--out {path}: the folder {parent} is not writable")
+
+
+def _prepare(case: Case, device: str, mode: str, llc_bytes: int) -> _Prepared:
+    fn, args = case.build(device)
+    per_copy = args_nbytes(args)
+    info: Dict[str, Any] = {"bytes_per_copy": per_copy, "copies": 1}
+    sets = [args]
+    if mode == "cold" and device == "cpu":
+        wanted = max(2, math.ceil(2 * llc_bytes / max(per_copy, 1)))
+        copies = min(wanted, MAX_COLD_COPIES)
+        sets += [clone_args(args) for _ in range(copies - 1)]
+        info.update(copies=copies, llc_bytes=llc_bytes,
+                    exceeds_llc=copies * per_copy > llc_bytes)
+    return _Prepared(case, fn, sets, info)
+
+
+def _case_record(prepared: _Prepared, run, warmup_calls: int, peaks: Dict[str, Any],
+                 settings: Sampling) -> Dict[str, Any]:
+    case = prepared.case
+    stats = summarize(run.samples_ns)
+    median_ns = stats["median"]
+    flops, nbytes = case.flops, case.bytes
+    tflops = flops / median_ns / 1e3 if median_ns > 0 else 0.0
+    gbps = nbytes / median_ns if median_ns > 0 else 0.0
+    compute_peak = peaks.get("tflops", {}).get(case.compute_dtype)
+    memory_peak = peaks.get("memory_gbps")
+    return {
+        "key": case.key, "suite": case.suite, "op": case.op, "params": case.p,
+        "dtypes": case.d, "definition_hash": case.definition_hash,
+        "samples_ns": list(run.samples_ns), "stats": stats, "flops": flops, "bytes": nbytes,
+        "tflops": tflops, "gbps": gbps,
+        "fraction_of_peak": {
+            "compute": tflops / compute_peak if flops and compute_peak else None,
+            "memory": gbps / memory_peak if nbytes and memory_peak else None},
+        "compute_dtype": case.compute_dtype,
+        "sampling": {"stopped": run.stopped, "rel_spread": run.rel_spread,
+                     "warmup_calls": warmup_calls, "rule": asdict(settings)},
+        "inputs": dict(prepared.inputs_info),
+    }
+
+
+def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs: int = 1,
+              quick: bool = False, mode: str = "hot", commit: Optional[str] = None,
+              settings: Optional[Sampling] = None,
+              progress: Optional[Progress] = None) -> Dict[str, Any]:
+    """Runs every case of `suites` `runs` times, interleaved (run 1 of every case, then run
+    2, ...), and returns the results document. Validates every argument before timing."""
+    names = list(suite_defs.SUITES) if suites is None else list(suites)
+    for name in names:
+        if name not in suite_defs.SUITES:
+            raise ValueError(f"unknown suite {name!r}; known: {', '.join(suite_defs.SUITES)}")
+    check_device(device)
+    if mode not in MODES:
+        raise ValueError(f"--mode: unknown mode {mode!r}; accepted: {', '.join(MODES)}")
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
+        raise ValueError(f"--runs: expected a positive integer, got {runs!r}")
+    commit = resolve_commit(commit)
+    settings = settings or (QUICK if quick else FULL)
+
+    import torch
+
+    import gnomon
+    from gnomon import _C
+    from gnomon.ops import num_threads
+
+    machine = machine_info(device if device == "cpu" else gpu_backend())
+    llc_bytes, llc_source = last_level_cache_bytes()
+    if device == "cpu":
+        peaks = measure_cpu_peaks(llc_bytes, quick=quick)
+        timer: Any = CpuTimer()
+    else:
+        peaks = gpu_peaks(machine["gpu_name"])
+        l2 = gpu_l2_bytes()
+        timer = GpuTimer(flush_bytes=2 * l2 if mode == "cold" else 0)
+        llc_bytes, llc_source = l2, "torch.cuda.get_device_properties().L2_cache_size"
+
+    cases = suite_defs.cases(names, device, quick=quick)
+    total = runs * len(cases)
+    done = 0
+    with torch.inference_mode():
+        prepared = [_prepare(case, device, mode, llc_bytes) for case in cases]
+        run_docs = []
+        for index in range(runs):
+            records = []
+            for item in prepared:
+                if progress:
+                    progress(done, total, item.case.key)
+                warmups = warm_up(item.call, settings, timer.sync)
+                run = sample(lambda: timer.time_call(item.call), settings)
+                records.append(_case_record(item, run, warmups, peaks, settings))
+                done += 1
+            run_docs.append({"index": index, "cases": records})
+    if progress:
+        progress(done, total, "")
+
+    build = dict(_C.build_info())
+    build["num_threads"] = num_threads()
+    build["torch"] = torch.__version__
+    doc = {
+        "schema_version": results.SCHEMA_VERSION, "kind": results.KIND, "commit": commit,
+        "created_with": {"version": gnomon.__version__, "build": build},
+        "machine": machine, "peaks": peaks, "mode": mode, "runs": run_docs,
+        "suites": names, "quick": quick,
+        "cache": {"bytes": llc_bytes, "source": llc_source},
+    }
+    return results.validate(doc)
+
+
+def write_results(doc: Dict[str, Any], path: Path) -> None:
+    """Writes `doc` with results.dump through a temporary file in the same folder, renamed
+    into place: a reader never sees a partial file."""
+    path = Path(path)
+    check_out(path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.resolve().parent)
+    os.close(handle)
+    try:
+        os.chmod(temporary, 0o644)
+        results.dump(doc, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
