@@ -69,6 +69,7 @@ def _run_bench(args) -> int:
             runs = int(args.runs)
         except ValueError:
             raise ValueError(f"--runs: expected a positive integer, got {args.runs!r}") from None
+        runner.check_runs_and_mode(runs, args.mode)
         commit = runner.resolve_commit(args.commit)
         out = Path(args.out) if args.out else runner.default_out(commit)
         runner.check_out(out)

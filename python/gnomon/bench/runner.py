@@ -50,6 +50,13 @@ def check_device(device: str) -> str:
     return device
 
 
+def check_runs_and_mode(runs: int, mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"--mode: unknown mode {mode!r}; accepted: {', '.join(MODES)}")
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
+        raise ValueError(f"--runs: expected a positive integer, got {runs!r}")
+
+
 def default_out(commit: str) -> Path:
     return Path(f"bench-{commit[:12]}.json")
 
@@ -115,10 +122,7 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
         if name not in suite_defs.SUITES:
             raise ValueError(f"unknown suite {name!r}; known: {', '.join(suite_defs.SUITES)}")
     check_device(device)
-    if mode not in MODES:
-        raise ValueError(f"--mode: unknown mode {mode!r}; accepted: {', '.join(MODES)}")
-    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
-        raise ValueError(f"--runs: expected a positive integer, got {runs!r}")
+    check_runs_and_mode(runs, mode)
     commit = resolve_commit(commit)
     settings = settings or (QUICK if quick else FULL)
 

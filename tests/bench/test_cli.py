@@ -1,0 +1,134 @@
+"""`gnomon bench` end to end, and its errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gnomon import cli
+from gnomon.bench import report, results, runner, suites, timing
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+FAST = timing.Sampling(min_samples=3, max_samples=20, time_limit_s=0.02, warmup_calls=1,
+                       warmup_s=0)
+
+# Runs the CLI in a fresh interpreter and reports which dashboard modules it imported.
+PROBE = """
+import json, sys
+from gnomon import cli
+code = cli.main(sys.argv[1:])
+heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'matplotlib')
+               or m == 'gnomon.dash' or m.startswith('gnomon.dash.'))
+print(json.dumps({"code": code, "heavy": heavy}))
+"""
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "norm.json"
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, "bench", "--quick", "--suite", "norm", "--runs", "2",
+         "--out", str(out), "--commit", SHA], capture_output=True, text=True, timeout=120)
+    return out, result
+
+
+def test_quick_norm_sweep_writes_a_loadable_file(two_runs):
+    out, result = two_runs
+    assert result.returncode == 0, result.stderr
+    probe = json.loads(result.stdout.strip().splitlines()[-1])
+    assert probe["code"] == 0
+    doc = results.load(out)
+    assert doc["commit"] == SHA and doc["mode"] == "hot" and doc["machine"]["device"] == "cpu"
+    keys = [c.key for c in suites.cases(["norm"], "cpu", quick=True)]
+    assert [run["index"] for run in doc["runs"]] == [0, 1]
+    for run in doc["runs"]:
+        assert [case["key"] for case in run["cases"]] == keys
+        for case in run["cases"]:
+            assert case["stats"]["count"] == len(case["samples_ns"]) >= 1
+            assert case["stats"]["min"] <= case["stats"]["median"] <= case["stats"]["max"]
+            assert case["gbps"] > 0 and case["fraction_of_peak"]["memory"] > 0
+    # Separate runs hold separate samples.
+    assert doc["runs"][0]["cases"][0]["samples_ns"] is not doc["runs"][1]["cases"][0]["samples_ns"]
+    assert doc["peaks"]["memory_gbps"] > 0 and doc["peaks"]["tflops"]["float32"] > 0
+    assert doc["created_with"]["build"]["version"] == doc["created_with"]["version"]
+    assert f"wrote {out}" in result.stdout
+    assert "norm/rms_norm" in result.stdout and "% peak" in result.stdout
+
+
+def test_bench_imports_no_dashboard_dependency(two_runs):
+    _, result = two_runs
+    probe = json.loads(result.stdout.strip().splitlines()[-1])
+    assert probe["heavy"] == []
+
+
+def test_runs_are_interleaved(monkeypatch):
+    order = []
+    monkeypatch.setattr(runner, "measure_cpu_peaks", lambda llc, quick: {
+        "memory_gbps": 10.0, "tflops": {"bfloat16": 1.0}, "source": "test"})
+    doc = runner.run_bench(["norm"], runs=2, quick=True, commit=SHA, settings=FAST,
+                           progress=lambda done, total, key: order.append((done, total, key)))
+    keys = [c.key for c in suites.cases(["norm"], "cpu", quick=True)]
+    assert order == [(i, 2 * len(keys), k) for i, k in enumerate(keys + keys)] + [
+        (2 * len(keys), 2 * len(keys), "")]
+    case = doc["runs"][0]["cases"][0]
+    assert case["fraction_of_peak"]["memory"] == pytest.approx(case["gbps"] / 10.0)
+    assert case["fraction_of_peak"]["compute"] == pytest.approx(case["tflops"] / 1.0)
+    assert case["tflops"] == pytest.approx(case["flops"] / case["stats"]["median"] / 1e3)
+    assert case["gbps"] == pytest.approx(case["bytes"] / case["stats"]["median"])
+    assert report.table(doc).row_count == len(keys)
+
+
+def test_cold_mode_rotates_inputs_past_the_last_level_cache(monkeypatch):
+    monkeypatch.setattr(runner, "measure_cpu_peaks", lambda llc, quick: {
+        "memory_gbps": 10.0, "tflops": {}, "source": "test"})
+    monkeypatch.setattr(runner, "last_level_cache_bytes", lambda: (4 << 20, "test"))
+    doc = runner.run_bench(["norm"], quick=True, mode="cold", commit=SHA, settings=FAST)
+    assert doc["mode"] == "cold"
+    for case in doc["runs"][0]["cases"]:
+        inputs = case["inputs"]
+        assert inputs["copies"] >= 2 and inputs["exceeds_llc"]
+        assert inputs["copies"] * inputs["bytes_per_copy"] > 2 * (4 << 20) - inputs["bytes_per_copy"]
+        assert case["fraction_of_peak"]["compute"] is None  # no measured peak for bf16 here
+
+
+def error_of(capsys, *argv):
+    code = cli.main(list(argv))
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--suite", "norm,gemm"], "unknown suite 'gemm'; known: attention, moe, mxfp4, norm"),
+    (["--device", "tpu"], "--device: unknown device 'tpu'; accepted: cpu, cuda"),
+    (["--runs", "0"], "--runs: expected a positive integer, got 0"),
+    (["--runs", "two"], "--runs: expected a positive integer, got 'two'"),
+    (["--mode", "warm"], "--mode: unknown mode 'warm'; accepted: hot, cold"),
+    (["--commit", "abc"], "--commit: expected a full 40-hex-digit git SHA, got 'abc'"),
+])
+def test_bad_arguments_are_one_line_errors(capsys, tmp_path, argv, message):
+    out = tmp_path / "r.json"
+    code, err = error_of(capsys, "bench", "--quick", "--suite", "norm", "--out", str(out),
+                         "--commit", SHA, *argv)
+    assert code == 2
+    assert err == f"gnomon: error: {message}\n"
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_on_a_cpu_only_machine_is_an_error(capsys, tmp_path):
+    code, err = error_of(capsys, "bench", "--device", "cuda", "--commit", SHA, "--out",
+                         str(tmp_path / "r.json"))
+    assert code == 2 and err.startswith("gnomon: error: --device cuda: torch sees no CUDA")
+    assert err.count("\n") == 1
+
+
+def test_missing_output_folder_is_an_error_before_any_timing(capsys, tmp_path):
+    code, err = error_of(capsys, "bench", "--quick", "--commit", SHA, "--out",
+                         str(tmp_path / "no" / "r.json"))
+    assert code == 2 and "does not exist" in err and err.count("\n") == 1
+
+
+def test_default_output_name_uses_the_commit():
+    assert runner.default_out(SHA) == Path("bench-0123456789ab.json")
