@@ -7,8 +7,10 @@ import statistics
 from typing import Any, Dict, Iterator, List
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 
 @contextlib.contextmanager
@@ -20,7 +22,7 @@ def progress_bar(console: Console) -> Iterator:
         task = bar.add_task("", total=None)
 
         def update(done: int, total: int, key: str) -> None:
-            bar.update(task, completed=done, total=total, description=key)
+            bar.update(task, completed=done, total=total, description=escape(key))
 
         yield update
 
@@ -70,7 +72,7 @@ def table(doc: Dict[str, Any]) -> Table:
         compute = tflops / compute_peak if first["flops"] and compute_peak else None
         mem = gbps / memory if first["bytes"] and memory else None
         count = sum(c["stats"]["count"] for c in cases)
-        out.add_row(key, str(count), _time(median), _time(iqr),
+        out.add_row(Text(key), str(count), _time(median), _time(iqr),
                     f"{tflops:.3g}" if first["flops"] else "—", f"{gbps:.3g}",
                     _fraction(compute), _fraction(mem))
     return out
