@@ -47,6 +47,12 @@ def check_device(device: str) -> str:
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: torch sees no CUDA or HIP GPU on this machine "
                              "(this machine accepts --device cpu)")
+        from gnomon import _C
+
+        if not _C.build_info()["gpu_backends"]:
+            raise ValueError("--device cuda: this build of gnomon has no GPU kernels "
+                             "(`gnomon info` shows its gpu backends); rebuild it with a GPU "
+                             "backend, or use --device cpu")
     return device
 
 
