@@ -91,9 +91,33 @@ def test_cold_mode_rotates_inputs_past_the_last_level_cache(monkeypatch):
     assert doc["mode"] == "cold"
     for case in doc["runs"][0]["cases"]:
         inputs = case["inputs"]
-        assert inputs["copies"] >= 2 and inputs["exceeds_llc"]
-        assert inputs["copies"] * inputs["bytes_per_copy"] > 2 * (4 << 20) - inputs["bytes_per_copy"]
+        assert inputs["cold"] == "rotate" and inputs["copies"] >= 2
+        assert inputs["copies"] * inputs["bytes_per_copy"] >= 2 * (4 << 20)
+        assert (inputs["copies"] - 1) * inputs["bytes_per_copy"] < 2 * (4 << 20)
         assert case["fraction_of_peak"]["compute"] is None  # no measured peak for bf16 here
+
+
+def test_cold_mode_flushes_the_cache_for_inputs_too_small_to_rotate(monkeypatch):
+    case = suites.cases(["moe"], "cpu", quick=True)[0]  # topk_routing: ~1 KiB of logits
+    prepared = runner._prepare(case, "cpu", "cold", 64 << 20)
+    assert prepared.inputs_info["cold"] == "flush" and len(prepared.input_sets) == 1
+    assert prepared.inputs_info["flush_bytes"] == 128 << 20
+    prepared.before_sample()
+    assert float(prepared.flush[0]) == 1.0
+    hot = runner._prepare(case, "cpu", "hot", 64 << 20)
+    assert hot.flush is None and hot.inputs_info == {"bytes_per_copy": hot.inputs_info[
+        "bytes_per_copy"], "copies": 1}
+
+
+def test_rotation_uses_each_input_set_in_turn():
+    case = suites.cases(["norm"], "cpu", quick=True)[0]
+    prepared = runner._prepare(case, "cpu", "cold", 1 << 20)
+    seen = []
+    prepared.fn = lambda *args: seen.append(id(args[0]))
+    for _ in range(2 * len(prepared.input_sets)):
+        prepared.call()
+    count = len(prepared.input_sets)
+    assert len(set(seen)) == count and seen[:count] == seen[count:]
 
 
 def error_of(capsys, *argv):

@@ -29,7 +29,12 @@ class _Prepared:
     fn: Callable[..., Any]
     input_sets: List[tuple]
     inputs_info: Dict[str, Any]
+    flush: Any = None  # a CPU buffer written before each sample, for inputs too small to rotate
     next_set: int = 0
+
+    def before_sample(self) -> None:
+        if self.flush is not None:
+            self.flush.add_(1)
 
     def call(self) -> Any:
         args = self.input_sets[self.next_set]
@@ -79,17 +84,26 @@ def check_out(path: Path) -> None:
 
 
 def _prepare(case: Case, device: str, mode: str, llc_bytes: int) -> _Prepared:
+    """Builds a case's inputs. Cold on a CPU: copies of the inputs adding up to twice the
+    last-level cache, used in turn; where that would take more than MAX_COLD_COPIES copies
+    (tiny inputs), one set of inputs and a buffer of twice the cache written before each
+    sample, outside the timed call."""
     fn, args = case.build(device)
     per_copy = args_nbytes(args)
     info: Dict[str, Any] = {"bytes_per_copy": per_copy, "copies": 1}
-    sets = [args]
+    sets, flush = [args], None
     if mode == "cold" and device == "cpu":
         wanted = max(2, math.ceil(2 * llc_bytes / max(per_copy, 1)))
-        copies = min(wanted, MAX_COLD_COPIES)
-        sets += [clone_args(args) for _ in range(copies - 1)]
-        info.update(copies=copies, llc_bytes=llc_bytes,
-                    exceeds_llc=copies * per_copy > llc_bytes)
-    return _Prepared(case, fn, sets, info)
+        info["llc_bytes"] = llc_bytes
+        if wanted <= MAX_COLD_COPIES:
+            sets += [clone_args(args) for _ in range(wanted - 1)]
+            info.update(cold="rotate", copies=wanted)
+        else:
+            import torch
+
+            flush = torch.zeros(2 * llc_bytes // 4, dtype=torch.float32)
+            info.update(cold="flush", flush_bytes=flush.numel() * 4)
+    return _Prepared(case, fn, sets, info, flush)
 
 
 def _case_record(prepared: _Prepared, run, warmup_calls: int, peaks: Dict[str, Any],
@@ -111,7 +125,8 @@ def _case_record(prepared: _Prepared, run, warmup_calls: int, peaks: Dict[str, A
             "compute": tflops / compute_peak if flops and compute_peak else None,
             "memory": gbps / memory_peak if nbytes and memory_peak else None},
         "compute_dtype": case.compute_dtype,
-        "sampling": {"stopped": run.stopped, "rel_spread": run.rel_spread,
+        "sampling": {"stopped": run.stopped,
+                     "rel_spread": run.rel_spread if math.isfinite(run.rel_spread) else None,
                      "warmup_calls": warmup_calls, "rule": asdict(settings)},
         "inputs": dict(prepared.inputs_info),
     }
@@ -171,7 +186,8 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
                 if progress:
                     progress(done, total, item.case.key)
                 warmups = warm_up(item.call, settings, timer.sync)
-                run = sample(lambda: timer.time_call(item.call), settings)
+                run = sample(lambda: item.before_sample() or timer.time_call(item.call),
+                             settings)
                 timed[-1].append((item, run, warmups))
                 done += 1
     if device == "cpu":  # measured again after the sweep; the best of the two is the peak
