@@ -50,41 +50,25 @@ def _add_bench_parser(commands) -> None:
                        help="the git SHA measured, where there is no checkout to read it from")
 
 
-def _error(message: str) -> int:
-    print(f"gnomon: error: {message}", file=sys.stderr)
-    return 2
-
-
 def _run_bench(args) -> int:
-    from pathlib import Path
-
     from rich.console import Console
 
-    from gnomon.bench import report, runner, suites
+    from gnomon.bench import report, runner
 
     try:
-        names = suites.parse_suites(args.suite)
-        runner.check_device(args.device)
-        try:
-            runs = int(args.runs)
-        except ValueError:
-            raise ValueError(f"--runs: expected a positive integer, got {args.runs!r}") from None
-        runner.check_runs_and_mode(runs, args.mode)
-        commit = runner.resolve_commit(args.commit)
-        out = Path(args.out) if args.out else runner.default_out(commit)
-        runner.check_out(out)
-        console = Console(stderr=True)
-        with report.progress_bar(console) as progress:
-            doc = runner.run_bench(names, device=args.device, runs=runs, quick=args.quick,
-                                   mode=args.mode, commit=commit, progress=progress)
-        runner.write_results(doc, out)
+        options = runner.BenchOptions.from_cli(suite=args.suite, device=args.device,
+                                               runs=args.runs, quick=args.quick,
+                                               mode=args.mode, out=args.out, commit=args.commit)
+        with report.progress_bar(Console(stderr=True)) as progress:
+            doc = runner.run_bench(options.suites, device=options.device, runs=options.runs,
+                                   quick=options.quick, mode=options.mode,
+                                   commit=options.commit, progress=progress)
+        runner.write_results(doc, options.out)
     except (ValueError, OSError) as error:
-        return _error(str(error))
-    stdout = Console()
-    if not stdout.is_terminal:  # a file or pipe: print whole keys rather than folding them
-        stdout = Console(width=240)
-    stdout.print(report.table(doc))
-    print(f"wrote {out}")
+        print(f"gnomon: error: {error}", file=sys.stderr)
+        return 2
+    report.print_table(doc)
+    print(f"wrote {options.out}")
     return 0
 
 

@@ -76,3 +76,11 @@ def table(doc: Dict[str, Any]) -> Table:
                     f"{tflops:.3g}" if first["flops"] else "—", f"{gbps:.3g}",
                     _fraction(compute), _fraction(mem))
     return out
+
+
+def print_table(doc: Dict[str, Any]) -> None:
+    """Prints the table to stdout; to a file or pipe at a width that keeps keys whole."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=240)
+    console.print(table(doc))

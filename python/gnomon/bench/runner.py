@@ -42,6 +42,37 @@ class _Prepared:
         return self.fn(*args)
 
 
+@dataclass(frozen=True)
+class BenchOptions:
+    """`gnomon bench`'s arguments, checked before any timing starts."""
+
+    suites: List[str]
+    device: str
+    runs: int
+    quick: bool
+    mode: str
+    out: Path
+    commit: str
+
+    @staticmethod
+    def from_cli(suite: Optional[str], device: str, runs: str, quick: bool, mode: str,
+                 out: Optional[str], commit: Optional[str]) -> "BenchOptions":
+        """Parses and checks the command line's strings; raises ValueError naming the bad one.
+        The commit comes from `commit` or the checkout; `out` defaults to bench-<commit12>.json
+        and must be writable."""
+        names = suite_defs.parse_suites(suite)
+        check_device(device)
+        try:
+            count = int(runs)
+        except ValueError:
+            raise ValueError(f"--runs: expected a positive integer, got {runs!r}") from None
+        check_runs_and_mode(count, mode)
+        sha = resolve_commit(commit)
+        path = Path(out) if out else default_out(sha)
+        check_out(path)
+        return BenchOptions(names, device, count, bool(quick), mode, path, sha)
+
+
 def check_device(device: str) -> str:
     """Validates `device` ("cpu" or "cuda"); "cuda" needs a GPU that torch sees."""
     if device not in DEVICES:
