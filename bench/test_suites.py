@@ -2,8 +2,9 @@
 
 The cases, their inputs and their FLOP and byte counts come from `gnomon.bench` (suites.py and
 cases.py), so a figure here and a `gnomon bench` figure for the same key measure the same call
-on the same inputs. Shapes are the CPU-scaled ones (``--quick`` sizes with ``GNOMON_BENCH_QUICK=1``);
-each case's ``scaling`` param names what was scaled from the model's config.
+on the same inputs. Shapes are the CPU-scaled ones (the ``--quick`` sizes with
+``GNOMON_BENCH_QUICK=1``); each case's ``scaling`` param names what was scaled from the model's
+config.
 
 extra_info: the case key and definition hash, FLOPs and bytes per call, the achieved GFLOP/s
 and GB/s, and GB/s as a fraction of `memory_bandwidth` (this machine's copy bandwidth, measured

@@ -158,3 +158,27 @@ def test_missing_output_folder_is_an_error_before_any_timing(capsys, tmp_path):
 
 def test_default_output_name_uses_the_commit():
     assert runner.default_out(SHA) == Path("bench-0123456789ab.json")
+
+
+def test_options_default_the_output_to_the_commit_in_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    options = runner.BenchOptions.from_cli(suite="norm,moe", device="cpu", runs="3", quick=True,
+                                           mode="cold", out=None, commit=SHA)
+    assert options == runner.BenchOptions(["norm", "moe"], "cpu", 3, True, "cold",
+                                          Path("bench-0123456789ab.json"), SHA)
+
+
+def test_no_checkout_and_no_commit_is_a_one_line_error(capsys, tmp_path, monkeypatch):
+    from gnomon.bench import machine
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(machine, "_git_head", lambda directory: None)
+    code, err = error_of(capsys, "bench", "--quick")
+    assert code == 2 and err.startswith("gnomon: error: cannot read the git commit")
+    assert err.endswith("pass --commit SHA\n") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_that_is_a_folder_is_an_error(capsys, tmp_path):
+    code, err = error_of(capsys, "bench", "--quick", "--commit", SHA, "--out", str(tmp_path))
+    assert code == 2 and "is a folder" in err
