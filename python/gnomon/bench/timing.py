@@ -32,7 +32,7 @@ class Sampling:
     """The sampler's settings: stop when IQR / median <= `rel_spread` with at least
     `min_samples`, or after `time_limit_s` of sampling, or at `max_samples`."""
 
-    min_samples: int = 10
+    min_samples: int = 20
     max_samples: int = 100_000
     rel_spread: float = 0.05
     time_limit_s: float = 1.0
@@ -48,7 +48,7 @@ class Sampling:
 
 
 FULL = Sampling()
-QUICK = Sampling(min_samples=5, max_samples=2000, rel_spread=0.05, time_limit_s=0.12,
+QUICK = Sampling(min_samples=10, max_samples=2000, rel_spread=0.05, time_limit_s=0.15,
                  warmup_calls=2, warmup_s=0.005)
 
 
