@@ -354,7 +354,7 @@ def _plot_series(plots: _Plots, bench: dict, name: str) -> str:
     ax.set_xticks(x[::every], [_short(p["commit"]) for p in points][::every], rotation=45,
                   ha="right", fontfamily="monospace")
     ax.set_xlim(-0.5, len(points) - 0.5)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max(p["q3_ns"] for p in points) / scale * 1.15)  # room for the step labels
     ax.set_xlabel("commit (in commit order)")
     ax.set_ylabel(f"time ({unit})")
     ax.legend(loc="best", fontsize=8)
