@@ -193,7 +193,7 @@ def test_rewrite_replaces_an_old_site_but_refuses_other_folders(tmp_path, data):
         write_site(data, other)
     assert (other / "notes.txt").read_text() == "keep me"
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ValueError, match="not a folder"):
+    with pytest.raises(ValueError, match="not a plain folder"):
         write_site(data, tmp_path / "file")
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -207,3 +207,27 @@ def test_output_is_deterministic(tmp_path, data):
     assert [p.relative_to(tmp_path / "a") for p in a] == [p.relative_to(tmp_path / "b") for p in b]
     for x, y in zip(a, b):
         assert x.read_bytes() == y.read_bytes(), x.name
+
+
+def test_unusual_but_valid_data_renders(tmp_path, data):
+    """One commit only, an op that counts no FLOPs, a zero median, a second machine without
+    peaks, the same key on both machines and a compare row missing its base."""
+    other = dict(data["machines"][0], fingerprint="fedcba9876543210", device="cuda",
+                 gpu_name="NVIDIA H200")
+    data["machines"].append(other)
+    lone = dict(data["benchmarks"][1], machine=other["fingerprint"], op="rms_norm",
+                series=[dict(data["benchmarks"][1]["series"][0], flops=0, tflops=0.0,
+                             median_ns=0, q1_ns=0, q3_ns=0)], steps=[])
+    data["benchmarks"].append(lone)
+    data["compare"]["rows"].append({"key": "new/case[x=1]", "base_median_ns": None,
+                                    "head_median_ns": 5.0e3, "ratio": None, "q": None,
+                                    "verdict": "AMBIGUOUS"})
+    out = tmp_path / "site"
+    write_site(data, out)
+    assert len(_bench_pages(out)) == 3
+    roofline = _read(out / "roofline.html")
+    assert "NVIDIA H200" in roofline and "Not on the roofline" in roofline
+    assert "no ceilings" in roofline
+    compare = _read(out / "compare.html")
+    assert 'class="verdict-AMBIGUOUS"' in compare and "new/case[x=1]" in compare
+    assert "NVIDIA H200" in _read(out / "machines.html")

@@ -354,7 +354,8 @@ def _plot_series(plots: _Plots, bench: dict, name: str) -> str:
     ax.set_xticks(x[::every], [_short(p["commit"]) for p in points][::every], rotation=45,
                   ha="right", fontfamily="monospace")
     ax.set_xlim(-0.5, len(points) - 0.5)
-    ax.set_ylim(0, max(p["q3_ns"] for p in points) / scale * 1.15)  # room for the step labels
+    top = max(max(p["q3_ns"], p["median_ns"]) for p in points) / scale
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)  # room for the step labels
     ax.set_xlabel("commit (in commit order)")
     ax.set_ylabel(f"time ({unit})")
     ax.legend(loc="best", fontsize=8)
@@ -727,7 +728,8 @@ def write_site(data: dict, out_dir: str | os.PathLike) -> list[Path]:
     out = Path(out_dir)
     if out.exists() or out.is_symlink():
         if not out.is_dir() or out.is_symlink():
-            raise ValueError(f"{out}: exists and is not a folder; the site needs a folder")
+            raise ValueError(f"{out}: exists and is not a plain folder (a file or a link); "
+                             "give a new or empty folder")
         if any(out.iterdir()) and not (out / _MARKER).is_file():
             raise ValueError(f"{out}: is a folder that holds other files and no site written "
                              "by gnomon dash; give an empty or new folder")
