@@ -1,0 +1,1 @@
+"""The kernel regression dashboard: store, regression tests and static site."""
