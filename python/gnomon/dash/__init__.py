@@ -4,7 +4,7 @@ and the data the static site draws (:func:`site_data`).
 
 This layer sits after `gnomon.bench`; nothing in `gnomon.bench` imports it."""
 
-from gnomon.dash.compare import Comparison, compare
+from gnomon.dash.comparison import Comparison, compare
 from gnomon.dash.export import site_data
 from gnomon.dash.history import ack, detect, update_history
 from gnomon.dash.stats import judge

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gnomon.dash import compare as compare_mod
+from gnomon.dash import comparison as compare_mod
 from gnomon.dash import history, store
 from gnomon.dash.store import DashError
 
@@ -78,7 +78,11 @@ def run(args) -> int:  # noqa: ANN001 - argparse.Namespace
             return 0
         if command == "site":
             from gnomon.dash.export import site_data
-            from gnomon.dash.site import write_site
+
+            try:
+                from gnomon.dash.site import write_site
+            except ImportError as error:
+                raise DashError(f"the site writer cannot be loaded: {error}") from None
 
             out = Path(args.out)
             if out.exists() and not out.is_dir():

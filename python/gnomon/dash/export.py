@@ -26,7 +26,7 @@ import math
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from gnomon.dash import compare as compare_mod
+from gnomon.dash import comparison as compare_mod
 from gnomon.dash import history, stats
 from gnomon.dash.store import benchmarks, machines, results, runs
 

@@ -5,23 +5,27 @@ order (the order in which they were first ingested), each with its per-run media
 
 Detection (binary segmentation)
 -------------------------------
-Within a segment of the series every split ``k`` is a candidate step at commit ``k`` when
+Within a segment of the series every split ``k`` is a candidate step at commit ``k``. Its
+evidence is a window of up to ``WINDOW`` (5) commits of the segment on each side: the commits
+``k - 5 .. k - 1`` before and ``k .. k + 4`` after (so a bump that later reverts is found at
+both of its edges). It is a candidate when
 
 * at least one commit lies before it and the step commit plus ``PERSIST_AFTER`` (2) further
   commits lie after it (a step must persist for two commits after it);
-* the step commit, and at least two of it and the two commits after it, sit on the new side
-  of the midpoint between the level before and the level after (a single outlier commit is
-  not a step, one noisy commit inside a real step does not hide it);
-* the ratio ``median(after runs) / median(before runs)`` is beyond the threshold (default 5 %,
-  overridable per op), in either direction.
+* the step commit sits on the new side of the midpoint between the before-window level and
+  the after-window level, and so does at least one of the two commits after it (a single
+  outlier commit is not a step; one noisy commit inside a real step does not hide it);
+* the ratio ``median(after-window runs) / median(before-window runs)`` is beyond the
+  threshold (default 5 %, overridable per op), in either direction.
 
 Among the candidates the one with the smallest one-sided Mann-Whitney p-value on the per-run
-medians before vs after (the same test as `compare`, see :mod:`gnomon.dash.stats`) is taken and
-its p-value multiplied by the number of candidates (Bonferroni for the choice of split). When
-that is below ``alpha`` the segment is split there and both halves are searched again. Every
+medians of the two windows (the same test as `compare`, see :mod:`gnomon.dash.stats`) is
+taken and its p-value multiplied by the number of candidates (Bonferroni for the choice of
+split). When that is below ``alpha`` the segment is split there and both halves are searched again. Every
 segment searched contributes its best p-value to one family, across all series; Benjamini-
 Hochberg over that family gives each step its q, and a step is reported when ``q < alpha``
-(0.01) and the run counts could reach it at all.
+(0.01). Runs are treated as independent: a commit-to-commit jitter larger than the run noise
+inflates the evidence, which the threshold and the persistence rule guard against.
 
 States: a step is ``open`` when found, ``acknowledged`` after `gnomon dash ack KEY --reason`,
 and ``fixed`` when a later step of the same series brings the level back to within the
@@ -42,6 +46,7 @@ from gnomon.dash.store import (DashError, benchmarks, machines, results, runs, s
                                with_retry)
 
 PERSIST_AFTER = 2
+WINDOW = 5
 
 
 @dataclass
@@ -68,7 +73,7 @@ def _best_split(points: Sequence[Point], threshold: float) -> Candidate | None:
     n = len(points)
     candidates = []
     for k in range(1, n - PERSIST_AFTER):
-        before, after = points[:k], points[k:]
+        before, after = points[max(0, k - WINDOW):k], points[k:k + WINDOW]
         a = [m for p in before for m in p.medians]
         b = [m for p in after for m in p.medians]
         if not a or not b:
@@ -272,8 +277,10 @@ def render_history(found: list[Step], console=None) -> None:  # noqa: ANN001
         console.print("no steps found")
         return
     table = Table(title="steps along the commit order")
-    for name in ("key", "machine", "commit", "ratio", "q", "state", "reason"):
-        table.add_column(name)
+    table.add_column("key", overflow="fold", ratio=2)
+    for name in ("machine", "commit", "ratio", "q", "state"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("reason", overflow="fold", ratio=1)
     for step in found:
         kind = "slower" if step.ratio > 1 else "faster"
         table.add_row(step.key, step.machine, step.commit[:12],

@@ -162,8 +162,9 @@ def render_table(comparison: Comparison, console=None) -> None:  # noqa: ANN001
     console = console or Console()
     table = Table(title=f"{comparison.base[:12]} -> {comparison.head[:12]} "
                         f"on machine {comparison.machine}")
-    for name in ("key", "base median", "head median", "ratio", "q", "verdict"):
-        table.add_column(name, justify="left" if name in ("key", "verdict") else "right")
+    table.add_column("key", overflow="fold", ratio=1)
+    for name in ("base median", "head median", "ratio", "q", "verdict"):
+        table.add_column(name, justify="left" if name == "verdict" else "right", no_wrap=True)
     style = {stats.REGRESSION: "bold red", stats.IMPROVEMENT: "green",
              stats.AMBIGUOUS: "yellow", stats.SAME: ""}
     for row in comparison.rows:
