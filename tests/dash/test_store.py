@@ -101,7 +101,8 @@ def test_a_changed_definition_restarts_the_benchmark(engine, tmp_path):
     assert len(keys) == 2 * len(KEYS) and set(keys) == set(KEYS)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "malformed", "unknown_version", "missing"])
+@pytest.mark.parametrize("damage", ["truncated", "malformed", "unknown_version", "missing",
+                                    "duplicate_key"])
 def test_a_bad_file_leaves_the_database_unchanged(engine, tmp_path, damage):
     store.ingest(engine, [write(document(sha("a")), tmp_path / "a.json")])
     before = store.row_counts(engine)
@@ -113,6 +114,10 @@ def test_a_bad_file_leaves_the_database_unchanged(engine, tmp_path, damage):
     elif damage == "malformed":
         doc = document(sha("c"))
         del doc["runs"][1]["cases"][0]["samples_ns"]
+        bad.write_text(json.dumps(doc))
+    elif damage == "duplicate_key":
+        doc = document(sha("c"))
+        doc["runs"][0]["cases"].append(doc["runs"][0]["cases"][0])
         bad.write_text(json.dumps(doc))
     elif damage == "unknown_version":
         bad.write_text(text.replace('"schema_version": 1', '"schema_version": 99'))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from gnomon.dash import comparison as compare_mod
@@ -43,7 +44,8 @@ def parse_op_thresholds(items: list[str]) -> dict[str, float]:
 def run(args) -> int:  # noqa: ANN001 - argparse.Namespace
     from rich.console import Console
 
-    console = Console()
+    # a log (not a terminal) gets wide lines so that benchmark keys stay whole
+    console = Console(width=None if sys.stdout.isatty() else 160)
     command = args.dash_command
     thresholds = {}
     if command in ("compare", "history"):
@@ -53,9 +55,9 @@ def run(args) -> int:  # noqa: ANN001 - argparse.Namespace
     try:
         if command == "ingest":
             counts = store.ingest(engine, args.files)
-            console.print(f"ingested {counts['files']} file(s): {counts['runs_added']} run(s) "
-                          f"added, {counts['runs_skipped']} already stored, "
-                          f"{counts['results_added']} result(s)")
+            print(f"ingested {counts['files']} file(s): {counts['runs_added']} run(s) added, "
+                  f"{counts['runs_skipped']} already stored, {counts['results_added']} "
+                  "result(s)")
             return 0
         if command == "compare":
             result = compare_mod.compare(engine, args.base, args.head, args.machine,
@@ -74,7 +76,7 @@ def run(args) -> int:  # noqa: ANN001 - argparse.Namespace
             return 0
         if command == "ack":
             count = history.ack(engine, args.key, args.reason)
-            console.print(f"acknowledged {count} step(s) of {args.key}")
+            print(f"acknowledged {count} step(s) of {args.key}")
             return 0
         if command == "site":
             from gnomon.dash.export import site_data
@@ -88,7 +90,7 @@ def run(args) -> int:  # noqa: ANN001 - argparse.Namespace
             if out.exists() and not out.is_dir():
                 raise DashError(f"site output {os.fspath(out)!r} exists and is not a folder")
             write_site(site_data(engine), out)
-            console.print(f"wrote the site to {out}/")
+            print(f"wrote the site to {out}/")
             return 0
         raise DashError(f"unknown dash command {command!r}")
     finally:

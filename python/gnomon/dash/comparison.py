@@ -141,7 +141,19 @@ def format_ns(ns: float) -> str:
 
 
 def _ratio(ratio: float) -> str:
-    return "-" if math.isnan(ratio) else f"{ratio:.3f} ({(ratio - 1) * 100:+.1f}%)"
+    return "-" if math.isnan(ratio) else f"{ratio:.3f}"
+
+
+def _change(ratio: float) -> str:
+    return "" if math.isnan(ratio) else f"{(ratio - 1) * 100:+.1f}%"
+
+
+def ambiguous_notes(comparison: Comparison, limit: int = 10) -> list[str]:
+    rows = [row for row in comparison.rows if row.verdict == stats.AMBIGUOUS]
+    notes = [f"{row.key}: {row.note}" for row in rows[:limit]]
+    if len(rows) > limit:
+        notes.append(f"... and {len(rows) - limit} more AMBIGUOUS")
+    return notes
 
 
 def _q(q: float) -> str:
@@ -157,38 +169,46 @@ def summary_line(comparison: Comparison) -> str:
 
 def render_table(comparison: Comparison, console=None) -> None:  # noqa: ANN001
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
     table = Table(title=f"{comparison.base[:12]} -> {comparison.head[:12]} "
                         f"on machine {comparison.machine}")
-    table.add_column("key", overflow="fold", ratio=1)
-    for name in ("base median", "head median", "ratio", "q", "verdict"):
+    table.add_column("key", overflow="fold", min_width=24)
+    for name in ("base median", "head median", "ratio", "change", "q", "verdict"):
         table.add_column(name, justify="left" if name == "verdict" else "right", no_wrap=True)
     style = {stats.REGRESSION: "bold red", stats.IMPROVEMENT: "green",
              stats.AMBIGUOUS: "yellow", stats.SAME: ""}
     for row in comparison.rows:
-        table.add_row(row.key, format_ns(row.base_median), format_ns(row.head_median),
-                      _ratio(row.ratio), _q(row.q),
+        table.add_row(escape(row.key), format_ns(row.base_median), format_ns(row.head_median),
+                      _ratio(row.ratio), _change(row.ratio), _q(row.q),
                       f"[{style[row.verdict]}]{row.verdict}[/]" if style[row.verdict]
                       else row.verdict)
     console.print(table)
     console.print(summary_line(comparison))
+    for note in ambiguous_notes(comparison):
+        console.print(f"  AMBIGUOUS {escape(note)}", soft_wrap=True, highlight=False)
 
 
 def to_markdown(comparison: Comparison) -> str:
     lines = [f"### gnomon bench: `{comparison.base[:12]}` → `{comparison.head[:12]}` "
              f"(machine `{comparison.machine}`)", "",
              f"**{summary_line(comparison)}**", "",
-             "| key | base median | head median | ratio | q | verdict |",
-             "|---|---:|---:|---:|---:|---|"]
+             "| key | base median | head median | ratio | change | q | verdict |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     order = {stats.REGRESSION: 0, stats.IMPROVEMENT: 1, stats.AMBIGUOUS: 2, stats.SAME: 3}
     for row in sorted(comparison.rows, key=lambda r: (order[r.verdict], r.key)):
         verdict = f"**{row.verdict}**" if row.verdict == stats.REGRESSION else row.verdict
         key = row.key.replace("|", "\\|")
         lines.append(f"| `{key}` | {format_ns(row.base_median)} | "
-                     f"{format_ns(row.head_median)} | {_ratio(row.ratio)} | {_q(row.q)} | "
+                     f"{format_ns(row.head_median)} | {_ratio(row.ratio)} | {_change(row.ratio)} | "
+                     f"{_q(row.q)} | "
                      f"{verdict} |")
+    notes = ambiguous_notes(comparison)
+    if notes:
+        lines += [""] + [f"- AMBIGUOUS `{n.split(': ', 1)[0]}`: {n.split(': ', 1)[-1]}"
+                         for n in notes]
     lines += ["", "Verdicts: one-sided Mann–Whitney U on per-run medians, Benjamini–Hochberg "
               "across keys, q < 0.01 and the ratio beyond the threshold; fewer than 3 runs per "
               "commit gives AMBIGUOUS."]

@@ -270,6 +270,7 @@ def ack(engine: Engine, key: str, reason: str) -> int:
 
 def render_history(found: list[Step], console=None) -> None:  # noqa: ANN001
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -283,9 +284,9 @@ def render_history(found: list[Step], console=None) -> None:  # noqa: ANN001
     table.add_column("reason", overflow="fold", ratio=1)
     for step in found:
         kind = "slower" if step.ratio > 1 else "faster"
-        table.add_row(step.key, step.machine, step.commit[:12],
+        table.add_row(escape(step.key), step.machine, step.commit[:12],
                       f"{step.ratio:.3f} ({kind})", f"{step.q:.2g}", step.state,
-                      step.reason or "")
+                      escape(step.reason or ""))
     console.print(table)
 
 
