@@ -233,3 +233,20 @@ def test_site_data_of_an_empty_database(db):
     assert site_data(engine) == {"machines": [], "benchmarks": [], "compare": None,
                                  "peaks": {}}
     engine.dispose()
+
+
+def test_ack_needs_a_reason(db, tmp_path, capsys):
+    _history(db, tmp_path, [1.0] * 6 + [1.1] * 4)
+    assert dash(db, "history") == 0
+    capsys.readouterr()
+    assert dash(db, "ack", SLOW_KEY, "--reason", "  ") == 2
+    assert "reason" in error_line(capsys)
+    assert [r.state for r in _steps(db)] == ["open"]
+
+
+def test_site_command_writes_the_site(db, tmp_path):
+    pytest.importorskip("gnomon.dash.site")  # written alongside; runs once it is there
+    _history(db, tmp_path, [1.0] * 6 + [1.1] * 4)
+    out = tmp_path / "site"
+    assert dash(db, "site", str(out)) == 0
+    assert any(out.iterdir())
