@@ -171,7 +171,7 @@ def _ingest_worker(db, paths, barrier):
 def test_four_processes_ingesting_at_once_lose_nothing(db, tmp_path):
     files = {w: [write(document(sha(f"w{w}c{i}"), runs=2, seed=w, samples=200),
                        tmp_path / f"w{w}-{i}.json") for i in range(3)] for w in range(4)}
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # no inherited threads or handles
     barrier = ctx.Barrier(4)
     workers = [ctx.Process(target=_ingest_worker, args=(db, [str(p) for p in files[w]], barrier))
                for w in range(4)]
@@ -190,3 +190,22 @@ def test_four_processes_ingesting_at_once_lose_nothing(db, tmp_path):
                               .distinct()).all()
     assert sorted(order for _, order in orders) == list(range(1, 13))  # one per commit
     engine.dispose()
+
+
+def test_ingest_waits_for_another_writer(db, engine, tmp_path):
+    import threading
+    import time
+
+    path = write(document(sha("a")), tmp_path / "a.json")
+    holder = sqlite3.connect(db.removeprefix("sqlite:///"), isolation_level=None,
+                             check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another process's write transaction
+    holder.execute("INSERT INTO schema_version (version) VALUES (1)")
+    release = threading.Timer(0.5, holder.execute, args=("ROLLBACK",))
+    release.start()
+    start = time.monotonic()
+    counts = store.ingest(engine, [path])
+    assert time.monotonic() - start >= 0.4  # it waited for the lock instead of failing
+    release.join()
+    holder.close()
+    assert counts["runs_added"] == 3 and store.row_counts(engine)["schema_version"] == 1
