@@ -72,18 +72,66 @@ def _run_bench(args) -> int:
     return 0
 
 
+def _add_dash_parser(commands) -> None:  # noqa: ANN001 - argparse's private subparsers type
+    dash = commands.add_parser("dash", help="the kernel regression dashboard")
+    sub = dash.add_subparsers(dest="dash_command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", metavar="URL",
+                        help="database URL (default: $GNOMON_DB, else "
+                             "sqlite:///.gnomon/bench.sqlite under the current directory)")
+    thresholds = argparse.ArgumentParser(add_help=False)
+    thresholds.add_argument("--threshold", default="5%",
+                            help="smallest change that counts, e.g. 5%% (default) or 0.05")
+    thresholds.add_argument("--threshold-op", action="append", default=[], metavar="OP=T",
+                            help="per-op threshold, e.g. paged_attention=10%% (repeatable)")
+    ingest = sub.add_parser("ingest", parents=[common], help="store results files")
+    ingest.add_argument("files", nargs="+", metavar="FILE")
+    compare = sub.add_parser("compare", parents=[common, thresholds],
+                             help="compare two commits on one machine")
+    compare.add_argument("base", metavar="BASE")
+    compare.add_argument("head", metavar="HEAD")
+    compare.add_argument("--machine", metavar="M", help="machine fingerprint (or prefix)")
+    compare.add_argument("--markdown", metavar="FILE", help="also write a Markdown table")
+    sub.add_parser("history", parents=[common, thresholds],
+                   help="detect and record steps along the commit order")
+    ack = sub.add_parser("ack", parents=[common], help="acknowledge a benchmark's open steps")
+    ack.add_argument("key", metavar="KEY")
+    ack.add_argument("--reason", required=True)
+    site = sub.add_parser("site", parents=[common], help="write the static site")
+    site.add_argument("out", metavar="OUT")
+
+
+def _run_dash(args) -> int:  # noqa: ANN001
+    from gnomon.bench.results import ResultsError
+
+    try:
+        from gnomon.dash import cli_support
+    except ImportError as error:  # the dash extra is missing
+        print(f"gnomon: error: gnomon dash needs the dash extra "
+              f"(pip install 'gnomon[dash]'): {error}", file=sys.stderr)
+        return 2
+    try:
+        return cli_support.run(args)
+    except (cli_support.DashError, ResultsError) as error:
+        print(f"gnomon: error: {error}", file=sys.stderr)
+        return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gnomon", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     info = commands.add_parser("info", help="what this build of gnomon holds")
     info.add_argument("--json", action="store_true", help="print the build summary as JSON")
     _add_bench_parser(commands)
+    _add_dash_parser(commands)
 
     args = parser.parse_args(argv)
     if args.command == "info":
         _print_info(args.json)
     elif args.command == "bench":
         return _run_bench(args)
+    elif args.command == "dash":
+        return _run_dash(args)
     return 0
 
 

@@ -1,0 +1,215 @@
+"""`gnomon dash compare BASE HEAD`: two commits on one machine, key by key.
+
+The verdicts follow the rule in :mod:`gnomon.dash.stats`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from gnomon.dash import stats
+from gnomon.dash.store import DashError, benchmarks, machines, results, runs
+
+
+@dataclass
+class Comparison:
+    base: str
+    head: str
+    machine: str  # fingerprint
+    rows: list[stats.Verdict] = field(default_factory=list)
+    ops: dict[str, str] = field(default_factory=dict)  # key -> op
+
+    @property
+    def regressions(self) -> list[stats.Verdict]:
+        return [row for row in self.rows if row.verdict == stats.REGRESSION]
+
+
+def resolve_commit(conn: Connection, prefix: str) -> str:
+    """The one stored commit that starts with ``prefix``; DashError if none or several."""
+    prefix = prefix.strip().lower()
+    if not prefix or any(ch not in "0123456789abcdef" for ch in prefix):
+        raise DashError(f"commit {prefix!r} is not a hex commit sha or prefix")
+    found = [row[0] for row in conn.execute(
+        sa.select(runs.c.commit).where(runs.c.commit.like(prefix + "%")).distinct()
+        .order_by(runs.c.commit))]
+    if not found:
+        raise DashError(f"commit {prefix!r}: no runs of it are stored "
+                        "(ingest its results file first)")
+    if len(found) > 1:
+        shown = ", ".join(c[:12] for c in found[:5])
+        raise DashError(f"commit prefix {prefix!r} is ambiguous: it matches {shown}"
+                        f"{', ...' if len(found) > 5 else ''}; give more digits")
+    return found[0]
+
+
+def resolve_machine(conn: Connection, machine: str | None, commits: tuple[str, ...]) -> tuple[int, str]:
+    """(id, fingerprint) of the machine to compare on: ``machine`` is a fingerprint or a
+    unique prefix of one; without it, the only machine that has runs of every commit."""
+    with_all = None
+    for commit in commits:
+        ids = {row[0] for row in conn.execute(
+            sa.select(runs.c.machine_id).where(runs.c.commit == commit).distinct())}
+        with_all = ids if with_all is None else with_all & ids
+    with_all = with_all or set()
+    rows = conn.execute(sa.select(machines.c.id, machines.c.fingerprint)).all()
+    names = {row.id: row.fingerprint for row in rows}
+    short = ", ".join(f"{c[:12]}" for c in commits)
+    if machine is not None:
+        matches = [row for row in rows if row.fingerprint.startswith(machine.strip().lower())]
+        if not matches:
+            raise DashError(f"machine {machine!r}: no such machine "
+                            f"(known: {', '.join(sorted(names.values())) or 'none'})")
+        if len(matches) > 1:
+            raise DashError(f"machine prefix {machine!r} is ambiguous: "
+                            f"{', '.join(r.fingerprint for r in matches)}")
+        chosen = matches[0]
+        if chosen.id not in with_all:
+            raise DashError(f"machine {chosen.fingerprint} has no runs of commit(s) {short} "
+                            "on it")
+        return chosen.id, chosen.fingerprint
+    if not with_all:
+        raise DashError(f"no machine has runs of both commits {short}")
+    if len(with_all) > 1:
+        raise DashError(f"several machines have runs of both commits: "
+                        f"{', '.join(sorted(names[i] for i in with_all))}; "
+                        "choose one with --machine")
+    only = next(iter(with_all))
+    return only, names[only]
+
+
+def run_medians(conn: Connection, machine_id: int, commit: str) -> dict[int, list[float]]:
+    """{benchmark id: per-run medians} for one commit on one machine."""
+    out: dict[int, list[float]] = {}
+    query = (sa.select(results.c.benchmark_id, results.c.median)
+             .join(runs, runs.c.id == results.c.run_id)
+             .where(runs.c.machine_id == machine_id, runs.c.commit == commit)
+             .order_by(runs.c.id))
+    for bench_id, value in conn.execute(query):
+        out.setdefault(bench_id, []).append(float(value))
+    return out
+
+
+def compare(engine: Engine, base: str, head: str, machine: str | None = None,
+            threshold: float = stats.DEFAULT_THRESHOLD,
+            op_thresholds: Mapping[str, float] | None = None) -> Comparison:
+    """Compares commits ``base`` and ``head`` (shas or unique prefixes) on one machine.
+
+    Keys present at only one commit are judged AMBIGUOUS (no runs on the other side)."""
+    op_thresholds = dict(op_thresholds or {})
+    with engine.connect() as conn:
+        base_sha = resolve_commit(conn, base)
+        head_sha = resolve_commit(conn, head)
+        machine_id, fingerprint = resolve_machine(conn, machine, (base_sha, head_sha))
+        a = run_medians(conn, machine_id, base_sha)
+        b = run_medians(conn, machine_id, head_sha)
+        ids = sorted(set(a) | set(b))
+        info = {row.id: row for row in conn.execute(
+            sa.select(benchmarks.c.id, benchmarks.c.key, benchmarks.c.op)
+            .where(benchmarks.c.id.in_(ids)))} if ids else {}
+    unknown = set(op_thresholds) - {row.op for row in info.values()}
+    if unknown:
+        raise DashError(f"--threshold-op names op(s) {', '.join(sorted(unknown))} that no "
+                        f"compared benchmark has (ops: "
+                        f"{', '.join(sorted({r.op for r in info.values()})) or 'none'})")
+    evidence, per_key, ops = {}, {}, {}
+    for bench_id in sorted(ids, key=lambda i: info[i].key):
+        row = info[bench_id]
+        label = row.key
+        if label in evidence:  # same key, another definition: keep them apart
+            label = f"{row.key} (definition {bench_id})"
+        evidence[label] = (a.get(bench_id, []), b.get(bench_id, []))
+        ops[label] = row.op
+        if row.op in op_thresholds:
+            per_key[label] = op_thresholds[row.op]
+    verdicts = stats.judge(evidence, threshold=threshold, thresholds=per_key)
+    return Comparison(base_sha, head_sha, fingerprint, verdicts, ops)
+
+
+# --------------------------------------------------------------------------- rendering
+
+def format_ns(ns: float) -> str:
+    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
+        return "-"
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.3g} ns"
+
+
+def _ratio(ratio: float) -> str:
+    return "-" if math.isnan(ratio) else f"{ratio:.3f}"
+
+
+def _change(ratio: float) -> str:
+    return "" if math.isnan(ratio) else f"{(ratio - 1) * 100:+.1f}%"
+
+
+def ambiguous_notes(comparison: Comparison, limit: int = 10) -> list[str]:
+    rows = [row for row in comparison.rows if row.verdict == stats.AMBIGUOUS]
+    notes = [f"{row.key}: {row.note}" for row in rows[:limit]]
+    if len(rows) > limit:
+        notes.append(f"... and {len(rows) - limit} more AMBIGUOUS")
+    return notes
+
+
+def _q(q: float) -> str:
+    return "-" if math.isnan(q) else f"{q:.2g}"
+
+
+def summary_line(comparison: Comparison) -> str:
+    counts = {v: 0 for v in stats.VERDICTS}
+    for row in comparison.rows:
+        counts[row.verdict] += 1
+    return ", ".join(f"{counts[v]} {v}" for v in stats.VERDICTS)
+
+
+def render_table(comparison: Comparison, console=None) -> None:  # noqa: ANN001
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=f"{comparison.base[:12]} -> {comparison.head[:12]} "
+                        f"on machine {comparison.machine}")
+    table.add_column("key", overflow="fold", min_width=24)
+    for name in ("base median", "head median", "ratio", "change", "q", "verdict"):
+        table.add_column(name, justify="left" if name == "verdict" else "right", no_wrap=True)
+    style = {stats.REGRESSION: "bold red", stats.IMPROVEMENT: "green",
+             stats.AMBIGUOUS: "yellow", stats.SAME: ""}
+    for row in comparison.rows:
+        table.add_row(escape(row.key), format_ns(row.base_median), format_ns(row.head_median),
+                      _ratio(row.ratio), _change(row.ratio), _q(row.q),
+                      f"[{style[row.verdict]}]{row.verdict}[/]" if style[row.verdict]
+                      else row.verdict)
+    console.print(table)
+    console.print(summary_line(comparison))
+    for note in ambiguous_notes(comparison):
+        console.print(f"  AMBIGUOUS {escape(note)}", soft_wrap=True, highlight=False)
+
+
+def to_markdown(comparison: Comparison) -> str:
+    lines = [f"### gnomon bench: `{comparison.base[:12]}` → `{comparison.head[:12]}` "
+             f"(machine `{comparison.machine}`)", "",
+             f"**{summary_line(comparison)}**", "",
+             "| key | base median | head median | ratio | change | q | verdict |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    order = {stats.REGRESSION: 0, stats.IMPROVEMENT: 1, stats.AMBIGUOUS: 2, stats.SAME: 3}
+    for row in sorted(comparison.rows, key=lambda r: (order[r.verdict], r.key)):
+        verdict = f"**{row.verdict}**" if row.verdict == stats.REGRESSION else row.verdict
+        key = row.key.replace("|", "\\|")
+        lines.append(f"| `{key}` | {format_ns(row.base_median)} | "
+                     f"{format_ns(row.head_median)} | {_ratio(row.ratio)} | {_change(row.ratio)} | "
+                     f"{_q(row.q)} | "
+                     f"{verdict} |")
+    notes = ambiguous_notes(comparison)
+    if notes:
+        lines += [""] + [f"- AMBIGUOUS `{n.split(': ', 1)[0]}`: {n.split(': ', 1)[-1]}"
+                         for n in notes]
+    lines += ["", "Verdicts: one-sided Mann–Whitney U on per-run medians, Benjamini–Hochberg "
+              "across keys, q < 0.01 and the ratio beyond the threshold; fewer than 3 runs per "
+              "commit gives AMBIGUOUS."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,389 @@
+"""The dashboard's store: SQLAlchemy Core tables and ingestion of results files.
+
+The database is chosen by ``--db URL``, else the ``GNOMON_DB`` environment variable, else
+``sqlite:///.gnomon/bench.sqlite`` under the current directory. SQLite runs in WAL mode with a
+busy timeout, and every transaction starts with ``BEGIN IMMEDIATE`` so that concurrent writers
+queue instead of failing half-way; PostgreSQL is reached by URL through the same code (install
+the ``postgres`` extra for psycopg).
+
+Tables::
+
+    schema_version(version)                      one row; a newer version is refused
+    machines(fingerprint unique, device, cpu_model, cores, ram_gb, gpu_name, driver, runtime)
+    runs(machine, commit, commit_order, run_index, content_hash, peaks, mode, gnomon_version)
+         unique (machine, commit, content_hash): ingesting a run twice changes nothing;
+         commit_order is the order in which each commit was first ingested
+    benchmarks(key, suite, op, params, dtypes, definition_hash)
+         unique (key, definition_hash): history restarts when a definition changes
+    results(run, benchmark, count, min, q1, median, q3, max, flops, bytes, tflops, gbps,
+            samples)                             samples: zlib of little-endian int64
+    steps(benchmark, machine, commit, commit_order, ratio, q, state, reason)
+         written by `gnomon dash history`; state is open, acknowledged or fixed
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import struct
+import time
+import zlib
+from pathlib import Path
+from typing import Callable, Iterable, Sequence, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from gnomon.bench import results as results_file
+
+SCHEMA_VERSION = 1
+DEFAULT_PATH = Path(".gnomon") / "bench.sqlite"
+
+T = TypeVar("T")
+
+
+class DashError(ValueError):
+    """Bad input to the dashboard (a database, commit, machine, key or argument); the message
+    names the thing and what is accepted."""
+
+
+class StoreError(DashError):
+    """A database this gnomon cannot use."""
+
+
+metadata = sa.MetaData()
+
+schema_version = sa.Table(
+    "schema_version", metadata,
+    sa.Column("version", sa.Integer, nullable=False),
+)
+
+machines = sa.Table(
+    "machines", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("fingerprint", sa.String(64), nullable=False, unique=True),
+    sa.Column("device", sa.String(16), nullable=False),
+    sa.Column("cpu_model", sa.Text, nullable=False),
+    sa.Column("cores", sa.Integer, nullable=False),
+    sa.Column("ram_gb", sa.Integer, nullable=False),
+    sa.Column("gpu_name", sa.Text),
+    sa.Column("driver", sa.Text),
+    sa.Column("runtime", sa.Text),
+)
+
+runs = sa.Table(
+    "runs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("machine_id", sa.Integer, sa.ForeignKey("machines.id"), nullable=False),
+    sa.Column("commit", sa.String(64), nullable=False, index=True),
+    sa.Column("commit_order", sa.Integer, nullable=False, index=True),
+    sa.Column("run_index", sa.Integer, nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("peaks", sa.JSON, nullable=False),
+    sa.Column("mode", sa.String(8), nullable=False),
+    sa.Column("gnomon_version", sa.String(64), nullable=False),
+    sa.UniqueConstraint("machine_id", "commit", "content_hash", name="uq_runs_content"),
+)
+
+benchmarks = sa.Table(
+    "benchmarks", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("key", sa.Text, nullable=False, index=True),
+    sa.Column("suite", sa.Text, nullable=False),
+    sa.Column("op", sa.Text, nullable=False),
+    sa.Column("params", sa.JSON, nullable=False),
+    sa.Column("dtypes", sa.JSON, nullable=False),
+    sa.Column("definition_hash", sa.String(64), nullable=False),
+    sa.UniqueConstraint("key", "definition_hash", name="uq_benchmarks_definition"),
+)
+
+results = sa.Table(
+    "results", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False, index=True),
+    sa.Column("benchmark_id", sa.Integer, sa.ForeignKey("benchmarks.id"), nullable=False,
+              index=True),
+    sa.Column("count", sa.Integer, nullable=False),
+    sa.Column("min", sa.Float, nullable=False),
+    sa.Column("q1", sa.Float, nullable=False),
+    sa.Column("median", sa.Float, nullable=False),
+    sa.Column("q3", sa.Float, nullable=False),
+    sa.Column("max", sa.Float, nullable=False),
+    sa.Column("flops", sa.BigInteger, nullable=False),
+    sa.Column("bytes", sa.BigInteger, nullable=False),
+    sa.Column("tflops", sa.Float, nullable=False),
+    sa.Column("gbps", sa.Float, nullable=False),
+    sa.Column("samples", sa.LargeBinary, nullable=False),
+    sa.UniqueConstraint("run_id", "benchmark_id", name="uq_results_run_benchmark"),
+)
+
+steps = sa.Table(
+    "steps", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("benchmark_id", sa.Integer, sa.ForeignKey("benchmarks.id"), nullable=False),
+    sa.Column("machine_id", sa.Integer, sa.ForeignKey("machines.id"), nullable=False),
+    sa.Column("commit", sa.String(64), nullable=False),
+    sa.Column("commit_order", sa.Integer, nullable=False),
+    sa.Column("ratio", sa.Float, nullable=False),
+    sa.Column("q", sa.Float, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.UniqueConstraint("benchmark_id", "machine_id", "commit", name="uq_steps_commit"),
+)
+
+STEP_STATES = ("open", "acknowledged", "fixed")
+
+
+# --------------------------------------------------------------------------- samples
+
+def pack_samples(samples: Sequence[int]) -> bytes:
+    """zlib of the samples as little-endian int64."""
+    return zlib.compress(struct.pack(f"<{len(samples)}q", *samples), 6)
+
+
+def unpack_samples(blob: bytes) -> list[int]:
+    raw = zlib.decompress(blob)
+    return list(struct.unpack(f"<{len(raw) // 8}q", raw))
+
+
+# --------------------------------------------------------------------------- engine
+
+def default_url(db: str | None = None) -> str:
+    """``db``, else $GNOMON_DB, else the SQLite file .gnomon/bench.sqlite under the current
+    directory (its folder is created)."""
+    if db:
+        return db
+    env = os.environ.get("GNOMON_DB")
+    if env:
+        return env
+    path = Path.cwd() / DEFAULT_PATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def _is_locked(error: BaseException) -> bool:
+    text = str(error).lower()
+    return "database is locked" in text or "database is busy" in text or "locked" in text
+
+
+def with_retry(engine: Engine, work: Callable[[Connection], T], attempts: int = 12) -> T:
+    """Runs ``work`` in one transaction, retrying with backoff while SQLite says the database
+    is locked (PostgreSQL: on a serialization failure or a unique-key race)."""
+    delay = 0.05
+    for attempt in range(attempts):
+        try:
+            with engine.begin() as conn:
+                return work(conn)
+        except (sa.exc.OperationalError, sa.exc.IntegrityError) as error:
+            retryable = (_is_locked(error) if engine.dialect.name == "sqlite"
+                         else isinstance(error, sa.exc.IntegrityError)
+                         or "serializ" in str(error).lower())
+            if not retryable or attempt == attempts - 1:
+                raise
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 2.0)
+    raise AssertionError("unreachable")
+
+
+def open_engine(db: str | None = None, *, create: bool = True) -> Engine:
+    """An engine on the dashboard database with its schema checked (and created when empty).
+
+    Raises StoreError for a URL SQLAlchemy cannot use, a missing driver, or a database written
+    by a newer schema than this gnomon reads."""
+    url = default_url(db)
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        raise StoreError(f"database URL {url!r} is not a URL SQLAlchemy understands "
+                         "(e.g. sqlite:///path/bench.sqlite or "
+                         "postgresql+psycopg://user@host/db)") from None
+    kwargs: dict = {}
+    if parsed.get_backend_name() == "sqlite":
+        kwargs["connect_args"] = {"timeout": 30}
+        database = parsed.database
+        if database and database != ":memory:" and not database.startswith("file:"):
+            if not Path(database).parent.exists():
+                raise StoreError(f"database URL {url!r}: the folder {Path(database).parent} "
+                                 "does not exist")
+    try:
+        engine = sa.create_engine(parsed, **kwargs)
+    except (ImportError, sa.exc.NoSuchModuleError) as error:
+        hint = " (pip install 'gnomon[postgres]')" if "postgres" in url else ""
+        raise StoreError(f"database URL {url!r}: no driver: {error}{hint}") from None
+    if engine.dialect.name == "sqlite":
+        _configure_sqlite(engine)
+    try:
+        with_retry(engine, lambda conn: _ensure_schema(conn, url, create))
+    except sa.exc.DatabaseError as error:
+        engine.dispose()
+        raise StoreError(f"database {url!r} cannot be opened: "
+                         f"{error.orig if error.orig is not None else error}") from None
+    except DashError:
+        engine.dispose()
+        raise
+    return engine
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection, _record):  # noqa: ANN001 - DB-API objects
+        dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout = 30000")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        if engine.url.database not in (None, "", ":memory:"):
+            for attempt in range(50):
+                try:
+                    cursor.execute("PRAGMA journal_mode = WAL")
+                    break
+                except Exception as error:  # sqlite3.OperationalError: locked
+                    if not _is_locked(error) or attempt == 49:
+                        raise
+                    time.sleep(0.05)
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):  # noqa: ANN001
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _ensure_schema(conn: Connection, url: str, create: bool) -> None:
+    inspector = sa.inspect(conn)
+    if inspector.has_table("schema_version"):
+        row = conn.execute(sa.select(schema_version.c.version)).first()
+        if row is not None:
+            found = row[0]
+            if found > SCHEMA_VERSION:
+                raise StoreError(f"database {url} was written by dashboard schema version "
+                                 f"{found}; this gnomon reads schema version {SCHEMA_VERSION} "
+                                 "(upgrade gnomon)")
+            if found < SCHEMA_VERSION:
+                raise StoreError(f"database {url} has dashboard schema version {found}; "
+                                 f"this gnomon reads schema version {SCHEMA_VERSION} "
+                                 "and has no migration for it")
+            metadata.create_all(conn, checkfirst=True)  # tables added within a version
+            return
+    elif inspector.get_table_names():
+        raise StoreError(f"database {url} holds tables but no schema_version table; "
+                         "it is not a gnomon dashboard database")
+    if not create:
+        raise StoreError(f"database {url} is empty")
+    metadata.create_all(conn, checkfirst=True)
+    conn.execute(sa.insert(schema_version).values(version=SCHEMA_VERSION))
+
+
+# --------------------------------------------------------------------------- ingestion
+
+def run_content_hash(doc: dict, run: dict) -> str:
+    """sha256 of one run as it sits in its file, with the file's mode (canonical JSON)."""
+    payload = json.dumps({"mode": doc["mode"], "run": run}, sort_keys=True,
+                         separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def ingest(engine: Engine, paths: Iterable[str | Path]) -> dict:
+    """Reads every file first (a missing, truncated, malformed or unknown-version file raises
+    ResultsError before anything is written), then writes them all in one transaction.
+
+    Idempotent: a run already stored for the same machine and commit with the same content
+    is skipped. Returns counts: files, runs_added, runs_skipped, results_added."""
+    docs = [(str(path), results_file.load(path)) for path in paths]
+    if not docs:
+        raise DashError("ingest needs at least one results file")
+    for source, doc in docs:
+        for r, run in enumerate(doc["runs"]):
+            keys = [case["key"] for case in run["cases"]]
+            if len(set(keys)) != len(keys):
+                raise results_file.ResultsError(
+                    f"{source}: runs[{r}] holds the same benchmark key twice")
+    return with_retry(engine, lambda conn: _ingest(conn, docs))
+
+
+def _ingest(conn: Connection, docs: list[tuple[str, dict]]) -> dict:
+    counts = {"files": len(docs), "runs_added": 0, "runs_skipped": 0, "results_added": 0}
+    machine_ids: dict[str, int] = {}
+    bench_ids: dict[tuple[str, str], int] = {}
+    commit_orders: dict[str, int] = {}
+    for _source, doc in docs:
+        machine_id = _machine_id(conn, doc["machine"], machine_ids)
+        commit = doc["commit"]
+        if commit not in commit_orders:
+            order = conn.execute(sa.select(sa.func.min(runs.c.commit_order))
+                                 .where(runs.c.commit == commit)).scalar()
+            if order is None:
+                order = (conn.execute(sa.select(sa.func.max(runs.c.commit_order))).scalar()
+                         or 0) + 1
+            commit_orders[commit] = order
+        version = str(doc["created_with"].get("version", "unknown"))
+        for run in doc["runs"]:
+            digest = run_content_hash(doc, run)
+            exists = conn.execute(sa.select(runs.c.id).where(
+                runs.c.machine_id == machine_id, runs.c.commit == commit,
+                runs.c.content_hash == digest)).first()
+            if exists is not None:
+                counts["runs_skipped"] += 1
+                continue
+            run_id = conn.execute(sa.insert(runs).values(
+                machine_id=machine_id, commit=commit, commit_order=commit_orders[commit],
+                run_index=run["index"], content_hash=digest, peaks=doc["peaks"],
+                mode=doc["mode"], gnomon_version=version)).inserted_primary_key[0]
+            rows = []
+            for case in run["cases"]:
+                stats = case["stats"]
+                rows.append({
+                    "run_id": run_id, "benchmark_id": _benchmark_id(conn, case, bench_ids),
+                    "count": int(stats["count"]), "min": float(stats["min"]),
+                    "q1": float(stats["q1"]), "median": float(stats["median"]),
+                    "q3": float(stats["q3"]), "max": float(stats["max"]),
+                    "flops": case["flops"], "bytes": case["bytes"],
+                    "tflops": float(case["tflops"]), "gbps": float(case["gbps"]),
+                    "samples": pack_samples(case["samples_ns"])})
+            if rows:
+                conn.execute(sa.insert(results), rows)
+            counts["runs_added"] += 1
+            counts["results_added"] += len(rows)
+    return counts
+
+
+def _machine_id(conn: Connection, machine: dict, cache: dict[str, int]) -> int:
+    fingerprint = machine["fingerprint"]
+    if fingerprint in cache:
+        return cache[fingerprint]
+    row = conn.execute(sa.select(machines.c.id)
+                       .where(machines.c.fingerprint == fingerprint)).first()
+    if row is None:
+        fields = {name: machine.get(name) for name in
+                  ("device", "cpu_model", "cores", "ram_gb", "gpu_name", "driver", "runtime")}
+        machine_id = conn.execute(sa.insert(machines).values(
+            fingerprint=fingerprint, **fields)).inserted_primary_key[0]
+    else:
+        machine_id = row[0]
+    cache[fingerprint] = machine_id
+    return machine_id
+
+
+def _benchmark_id(conn: Connection, case: dict, cache: dict[tuple[str, str], int]) -> int:
+    ident = (case["key"], case["definition_hash"])
+    if ident in cache:
+        return cache[ident]
+    row = conn.execute(sa.select(benchmarks.c.id).where(
+        benchmarks.c.key == ident[0], benchmarks.c.definition_hash == ident[1])).first()
+    if row is None:
+        bench_id = conn.execute(sa.insert(benchmarks).values(
+            key=case["key"], suite=case["suite"], op=case["op"], params=case["params"],
+            dtypes=case["dtypes"], definition_hash=case["definition_hash"])
+        ).inserted_primary_key[0]
+    else:
+        bench_id = row[0]
+    cache[ident] = bench_id
+    return bench_id
+
+
+def row_counts(engine: Engine) -> dict[str, int]:
+    """Rows in each table (used by tests and `gnomon dash ingest`'s summary)."""
+    with engine.connect() as conn:
+        return {table.name: conn.execute(sa.select(sa.func.count()).select_from(table))
+                .scalar() for table in metadata.sorted_tables}
