@@ -120,3 +120,24 @@ def test_planted_regression_is_listed_and_links_to_its_page(driver, site_dir):
         "return getComputedStyle(document.querySelector('tr.verdict-REGRESSION'))"
         ".backgroundColor")
     assert colour == "rgb(253, 232, 231)", "the regression row is not highlighted"
+
+
+def test_site_from_a_fixture_database_lists_its_planted_regression(driver, tmp_path):
+    """The path the issue names: a database with a planted regression, through the store's
+    site_data, written and opened in the browser."""
+    from selenium.webdriver.common.by import By
+
+    from dash.synthetic import KEYS, document, sha, write
+    from gnomon.dash import ingest, open_engine, site_data
+
+    slow = next(iter(KEYS))
+    files = [write(document(sha(f"commit-{i}"), runs=5, factors={slow: 1.15 if i >= 4 else 1.0}),
+                   tmp_path / f"c{i}.json") for i in range(8)]
+    engine = open_engine(f"sqlite:///{tmp_path / 'bench.sqlite'}")
+    ingest(engine, files)
+    site = tmp_path / "site"
+    write_site(site_data(engine), site)
+
+    assert _load(driver, site / "index.html") == []
+    rows = driver.find_elements(By.CSS_SELECTOR, "#regressions tbody tr")
+    assert [row.find_elements(By.TAG_NAME, "td")[0].text for row in rows] == [slow]
