@@ -1,0 +1,523 @@
+"""Model configs: `ModelConfig`, read from a Hugging Face ``config.json``, the built-in presets,
+and the RoPE cos/sin table (`cos_sin_cache`).
+
+Three architectures are supported: ``LlamaForCausalLM``, ``MixtralForCausalLM`` and
+``GptOssForCausalLM``. Anything else is refused with a ValueError that lists them. A key the
+model cannot be built without (``hidden_size``, ...) is required; a missing one raises a KeyError
+naming the key and the file. Optional keys default to the values of the matching transformers
+config class (for example ``rms_norm_eps`` 1e-6 for Llama, 1e-5 for Mixtral and gpt-oss).
+Features the engine does not implement (an MLP bias, a partial rotary dim, rope scaling types
+other than ``llama3``/``yarn``, a gpt-oss ``swiglu_limit`` other than 7) are refused, not ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+import torch
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE scaling. ``rope_type`` is ``"llama3"`` (uses `factor`, `low_freq_factor`,
+    `high_freq_factor`, `original_max_position_embeddings`) or ``"yarn"`` (uses `factor`,
+    `original_max_position_embeddings`, `beta_fast`, `beta_slow`, `truncate` and
+    `attention_factor`; `attention_factor` None means ``0.1 * ln(factor) + 1``)."""
+
+    rope_type: str
+    factor: float
+    original_max_position_embeddings: int
+    low_freq_factor: Optional[float] = None
+    high_freq_factor: Optional[float] = None
+    beta_fast: Optional[float] = None
+    beta_slow: Optional[float] = None
+    truncate: bool = True
+    attention_factor: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape and math of one model. Build it with `from_json`, `from_pretrained` or
+    `preset`; all three check it.
+
+    `layer_types` holds ``"full"`` or ``"sliding"`` per layer (sliding layers attend to the
+    last `sliding_window` positions). `num_experts` is 0 for a dense MLP. `routing` is
+    ``"softmax_topk"`` (Mixtral) or ``"topk_softmax"`` (gpt-oss), None for a dense model.
+    `gate_up_layout` names how gnomon's w13 keeps gate and up rows (``"concat"`` or
+    ``"interleaved"``). `quantization` is ``"mxfp4"`` when the config.json declares MXFP4
+    experts (gpt-oss hub checkpoints), else None; the weight loader reads whichever layout the
+    files hold."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: Optional[RopeScaling]
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    num_experts: int
+    top_k: int
+    layer_types: Tuple[str, ...]
+    sliding_window: Optional[int]
+    attention_bias: bool
+    has_sinks: bool
+    routing: Optional[str]
+    activation: str
+    gate_up_layout: str
+    eos_token_ids: Tuple[int, ...]
+    torch_dtype: str
+    quantization: Optional[str] = None
+
+    # ---- derived -------------------------------------------------------------------------
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.head_dim
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """`torch_dtype` as a torch.dtype."""
+        return _torch_dtype(self.torch_dtype, "torch_dtype")
+
+    # ---- construction --------------------------------------------------------------------
+
+    @classmethod
+    def from_json(cls, path_or_dict: Union[str, os.PathLike, Mapping[str, Any]]) -> "ModelConfig":
+        """Reads a Hugging Face ``config.json`` (a path) or its parsed contents (a mapping)."""
+        if isinstance(path_or_dict, Mapping):
+            return _parse(dict(path_or_dict), "<dict>")
+        if not isinstance(path_or_dict, (str, os.PathLike)):
+            raise TypeError(f"path_or_dict: expected a path to config.json or a dict, got "
+                            f"{type(path_or_dict).__name__}")
+        path = os.fspath(path_or_dict)
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"path_or_dict: no config file at {path}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+        return _parse(raw, path)
+
+    @classmethod
+    def from_pretrained(cls, folder: Union[str, os.PathLike]) -> "ModelConfig":
+        """Reads ``folder/config.json``."""
+        folder = os.fspath(folder)
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"folder: {folder} is not a directory")
+        path = os.path.join(folder, "config.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"folder: {folder} has no config.json")
+        return cls.from_json(path)
+
+    @classmethod
+    def preset(cls, name: str) -> "ModelConfig":
+        """A built-in preset (real model shapes, no weights) or tiny test config; see
+        `PRESETS`."""
+        return _parse(preset_json(name), f"<preset {name}>")
+
+
+def preset_json(name: str) -> Dict[str, Any]:
+    """The config.json contents (a fresh dict) of preset `name`, e.g. to write a model folder."""
+    if name not in PRESETS:
+        raise ValueError(f"name: unknown preset {name!r}; presets are {', '.join(PRESETS)}")
+    return copy.deepcopy(PRESETS[name])
+
+
+# ---- parsing ---------------------------------------------------------------------------------
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _torch_dtype(name: str, what: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"{what}: expected one of {', '.join(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+class _Reader:
+    def __init__(self, raw: Dict[str, Any], source: str):
+        self.raw, self.source = raw, source
+
+    def required(self, key: str, kind=int):
+        if key not in self.raw or self.raw[key] is None:
+            raise KeyError(f"{self.source}: config is missing the required key {key!r}")
+        return self.value(key, self.raw[key], kind)
+
+    def optional(self, key: str, default, kind=int):
+        v = self.raw.get(key)
+        return default if v is None else self.value(key, v, kind)
+
+    def value(self, key: str, v, kind):
+        if kind is int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{self.source}: {key} must be an integer, got {v!r}")
+        elif kind is float:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{self.source}: {key} must be a number, got {v!r}")
+            v = float(v)
+        elif kind is bool:
+            if not isinstance(v, bool):
+                raise ValueError(f"{self.source}: {key} must be true or false, got {v!r}")
+        return v
+
+    def fail(self, msg: str):
+        raise ValueError(f"{self.source}: {msg}")
+
+
+def _parse(raw: Dict[str, Any], source: str) -> ModelConfig:
+    r = _Reader(raw, source)
+    archs = raw.get("architectures")
+    if archs is None:
+        raise KeyError(f"{source}: config is missing the required key 'architectures'")
+    if isinstance(archs, str):
+        archs = [archs]
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
+        r.fail(f"unsupported architecture {archs!r}; supported: "
+               f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    arch = archs[0]
+    gpt_oss = arch == "GptOssForCausalLM"
+    mixtral = arch == "MixtralForCausalLM"
+
+    vocab = r.required("vocab_size")
+    hidden = r.required("hidden_size")
+    inter = r.required("intermediate_size")
+    layers = r.required("num_hidden_layers")
+    heads = r.required("num_attention_heads")
+    kv_heads = r.optional("num_key_value_heads", heads)
+    for key, v in (("vocab_size", vocab), ("hidden_size", hidden), ("intermediate_size", inter),
+                   ("num_hidden_layers", layers), ("num_attention_heads", heads),
+                   ("num_key_value_heads", kv_heads)):
+        if v < 1:
+            r.fail(f"{key} must be >= 1, got {v}")
+    if heads % kv_heads:
+        r.fail(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads "
+               f"({kv_heads})")
+    if gpt_oss:
+        head_dim = r.optional("head_dim", 64)
+    else:
+        if hidden % heads and raw.get("head_dim") is None:
+            r.fail(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) "
+                   f"and head_dim is not given")
+        head_dim = r.optional("head_dim", hidden // heads)
+    if head_dim < 2 or head_dim % 2:
+        r.fail(f"head_dim must be even and >= 2, got {head_dim}")
+    if r.optional("partial_rotary_factor", 1.0, float) != 1.0:
+        r.fail("partial_rotary_factor other than 1 is not supported")
+
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        r.fail(f"hidden_act must be 'silu', got {act!r}")
+    if raw.get("mlp_bias"):
+        r.fail("mlp_bias=true is not supported")
+
+    defaults = {  # transformers' config-class defaults
+        "LlamaForCausalLM": (1e-6, 10000.0, 2048),
+        "MixtralForCausalLM": (1e-5, 1e6, 4096 * 32),
+        "GptOssForCausalLM": (1e-5, 150000.0, 131072),
+    }[arch]
+    eps = r.optional("rms_norm_eps", defaults[0], float)
+    theta = r.optional("rope_theta", defaults[1], float)
+    max_pos = r.optional("max_position_embeddings", defaults[2])
+    if eps <= 0 or theta <= 0 or max_pos < 1:
+        r.fail("rms_norm_eps and rope_theta must be > 0 and max_position_embeddings >= 1")
+    scaling = _parse_rope_scaling(r, raw.get("rope_scaling"), arch)
+
+    tie = r.optional("tie_word_embeddings", False, bool)
+    attention_bias = r.optional("attention_bias", gpt_oss, bool)
+
+    num_experts, top_k, routing = 0, 0, None
+    if mixtral or gpt_oss:
+        num_experts = r.required("num_local_experts")
+        if gpt_oss:
+            top_k = raw.get("experts_per_token", raw.get("num_experts_per_tok"))
+            if top_k is None:
+                raise KeyError(f"{source}: config is missing the required key "
+                               f"'experts_per_token'")
+            top_k = r.value("experts_per_token", top_k, int)
+        else:
+            top_k = r.required("num_experts_per_tok")
+        if not 1 <= top_k <= num_experts:
+            r.fail(f"the experts per token ({top_k}) must be in [1, num_local_experts = "
+                   f"{num_experts}]")
+        routing = "topk_softmax" if gpt_oss else "softmax_topk"
+
+    sliding = raw.get("sliding_window")
+    if sliding is not None:
+        sliding = r.value("sliding_window", sliding, int)
+        if sliding < 1:
+            r.fail(f"sliding_window must be >= 1 or null, got {sliding}")
+    if gpt_oss:
+        names = raw.get("layer_types")
+        if names is None:  # transformers' default: even layers slide
+            names = ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                     for i in range(layers)]
+        if not isinstance(names, list) or len(names) != layers:
+            r.fail(f"layer_types must be a list of {layers} entries (num_hidden_layers)")
+        mapping = {"sliding_attention": "sliding", "full_attention": "full"}
+        bad = [n for n in names if n not in mapping]
+        if bad:
+            r.fail(f"layer_types entries must be 'sliding_attention' or 'full_attention', got "
+                   f"{bad[0]!r}")
+        layer_types = tuple(mapping[n] for n in names)
+        if "sliding" in layer_types and sliding is None:
+            r.fail("layer_types has sliding_attention layers but sliding_window is null")
+        limit = r.optional("swiglu_limit", 7.0, float)
+        if limit != 7.0:
+            r.fail(f"swiglu_limit must be 7.0 (the limit gnomon's swiglu_oai uses), got {limit}")
+    elif mixtral and sliding is not None:
+        layer_types = ("sliding",) * layers  # Mixtral applies its window on every layer
+    else:
+        if arch == "LlamaForCausalLM":
+            sliding = None  # Llama has no sliding window
+        layer_types = ("full",) * layers
+
+    quant = raw.get("quantization_config")
+    quantization = None
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        if not gpt_oss or method != "mxfp4":
+            r.fail(f"quantization_config: only gpt-oss with quant_method 'mxfp4' is supported, "
+                   f"got {method!r}")
+        quantization = "mxfp4"
+
+    eos = raw.get("eos_token_id")
+    if eos is None:
+        eos_ids: Tuple[int, ...] = ()
+    elif isinstance(eos, list):
+        eos_ids = tuple(r.value("eos_token_id", e, int) for e in eos)
+    else:
+        eos_ids = (r.value("eos_token_id", eos, int),)
+
+    dtype = raw.get("torch_dtype", raw.get("dtype")) or "float32"
+    _torch_dtype(dtype, f"{source}: torch_dtype")
+
+    return ModelConfig(
+        architecture=arch, vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling, max_position_embeddings=max_pos,
+        tie_word_embeddings=tie, num_experts=num_experts, top_k=top_k, layer_types=layer_types,
+        sliding_window=sliding if "sliding" in layer_types else None,
+        attention_bias=attention_bias, has_sinks=gpt_oss, routing=routing,
+        activation="swiglu_oai" if gpt_oss else "silu",
+        gate_up_layout="interleaved" if gpt_oss else "concat", eos_token_ids=eos_ids,
+        torch_dtype=dtype, quantization=quantization)
+
+
+def _parse_rope_scaling(r: _Reader, raw, arch: str) -> Optional[RopeScaling]:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        r.fail(f"rope_scaling must be an object or null, got {raw!r}")
+    kind = raw.get("rope_type", raw.get("type"))
+    if kind == "default":
+        return None
+    allowed = {"LlamaForCausalLM": ("llama3",), "MixtralForCausalLM": (),
+               "GptOssForCausalLM": ("yarn",)}[arch]
+    if kind not in allowed:
+        r.fail(f"rope_scaling type {kind!r} is not supported for {arch}; supported: "
+               f"{', '.join(('none',) + allowed)}")
+
+    def need(key, kind_=float):
+        if raw.get(key) is None:
+            raise KeyError(f"{r.source}: config is missing the required key "
+                           f"'rope_scaling.{key}'")
+        return r.value(f"rope_scaling.{key}", raw[key], kind_)
+
+    factor = need("factor")
+    if factor < 1:
+        r.fail(f"rope_scaling.factor must be >= 1, got {factor}")
+    orig = need("original_max_position_embeddings", int)
+    if kind == "llama3":
+        low, high = need("low_freq_factor"), need("high_freq_factor")
+        if not 0 < low < high:
+            r.fail(f"rope_scaling needs 0 < low_freq_factor < high_freq_factor, got {low}, "
+                   f"{high}")
+        return RopeScaling("llama3", factor, orig, low_freq_factor=low, high_freq_factor=high)
+    for key in ("mscale", "mscale_all_dim"):
+        if raw.get(key):
+            r.fail(f"rope_scaling.{key} is not supported")
+    attention_factor = raw.get("attention_factor")
+    if attention_factor is not None:
+        attention_factor = r.value("rope_scaling.attention_factor", attention_factor, float)
+    truncate = raw.get("truncate", True)
+    r.value("rope_scaling.truncate", truncate, bool)
+    return RopeScaling("yarn", factor, orig,
+                       beta_fast=r.value("rope_scaling.beta_fast", raw.get("beta_fast") or 32.0,
+                                         float),
+                       beta_slow=r.value("rope_scaling.beta_slow", raw.get("beta_slow") or 1.0,
+                                         float),
+                       truncate=truncate, attention_factor=attention_factor)
+
+
+# ---- RoPE ------------------------------------------------------------------------------------
+
+def rope_inv_freq(config: ModelConfig) -> Tuple[torch.Tensor, float]:
+    """The float32 inverse frequencies [rotary_dim / 2] and the attention scaling factor that
+    multiplies cos and sin, for plain RoPE, ``llama3`` and ``yarn`` scaling."""
+    dim, base, s = config.rotary_dim, config.rope_theta, config.rope_scaling
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    pos_freqs = base ** exponents
+    inv_freq = 1.0 / pos_freqs
+    if s is None:
+        return inv_freq, 1.0
+    if s.rope_type == "llama3":
+        # Llama 3.1: wavelengths longer than orig/low are slowed by `factor`, shorter than
+        # orig/high are kept, and the band between is blended linearly in orig/wavelength.
+        low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+        high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+        smooth = ((s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+                  / (s.high_freq_factor - s.low_freq_factor))
+        smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled), 1.0
+    # YaRN (Peng et al. 2023): dims that rotate fewer than beta_slow times over the original
+    # context are interpolated (divided by factor), those rotating more than beta_fast times
+    # are kept, with a linear ramp between; cos and sin are scaled by 0.1 ln(factor) + 1.
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi))
+                / (2 * math.log(base)))
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (s.factor * pos_freqs)) * (1 - extrapolation) + inv_freq * extrapolation
+    if s.attention_factor is not None:
+        attention = s.attention_factor
+    else:
+        attention = 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0
+    return inv_freq, attention
+
+
+def cos_sin_cache(config: ModelConfig, max_position: int, device: Union[str, torch.device] = "cpu",
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The [max_position, rotary_dim] table that `gnomon.ops.rotary_embedding` takes: row p
+    holds ``cos(p * inv_freq) * a`` in its first half and ``sin(p * inv_freq) * a`` in its
+    second, `a` being the attention scaling (1 except for YaRN). Computed in float32 as
+    transformers does, then cast to `dtype`."""
+    if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position < 1:
+        raise ValueError(f"max_position: expected an int >= 1, got {max_position!r}")
+    inv_freq, attention = rope_inv_freq(config)
+    positions = torch.arange(max_position, dtype=torch.float32)
+    freqs = positions[:, None] * inv_freq[None, :]
+    cache = torch.cat([freqs.cos() * attention, freqs.sin() * attention], dim=1)
+    return cache.to(device=device, dtype=dtype).contiguous()
+
+
+# ---- presets ---------------------------------------------------------------------------------
+
+def _gpt_oss(layers: int, experts: int) -> Dict[str, Any]:
+    return {
+        "architectures": ["GptOssForCausalLM"], "vocab_size": 201088, "hidden_size": 2880,
+        "intermediate_size": 2880, "num_hidden_layers": layers, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 150000,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "original_max_position_embeddings": 4096,
+                         "truncate": False},
+        "max_position_embeddings": 131072, "tie_word_embeddings": False,
+        "num_local_experts": experts, "experts_per_token": 4, "num_experts_per_tok": 4,
+        "sliding_window": 128, "swiglu_limit": 7.0, "attention_bias": True,
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
+                        for i in range(layers)],
+        "eos_token_id": 200002, "pad_token_id": 199999, "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "mxfp4"},
+    }
+
+
+def _llama31(layers: int, hidden: int, heads: int, inter: int) -> Dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": hidden,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "max_position_embeddings": 131072, "tie_word_embeddings": False,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+        "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16",
+    }
+
+
+def _tiny(arch: str) -> Dict[str, Any]:
+    """2 layers, hidden 64, 4 query / 2 KV heads of 16, vocab 256; hidden and intermediate are
+    multiples of 32 so MXFP4 experts fit. float32, for tests."""
+    base = {"architectures": [arch], "vocab_size": 256, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 512, "tie_word_embeddings": False, "hidden_act": "silu",
+            "eos_token_id": 2, "bos_token_id": 1, "torch_dtype": "float32"}
+    if arch == "LlamaForCausalLM":
+        base.update(rope_theta=10000.0, attention_bias=False,
+                    # wavelengths span 2pi..~2e4 positions, so all three llama3 bands occur
+                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 64})
+    elif arch == "MixtralForCausalLM":
+        base.update(rope_theta=1e6, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=None)
+    else:
+        base.update(intermediate_size=64, rope_theta=150000.0, num_local_experts=4,
+                    experts_per_token=2, num_experts_per_tok=2, sliding_window=8,
+                    swiglu_limit=7.0, attention_bias=True,
+                    layer_types=["sliding_attention", "full_attention"],
+                    # max_position = factor * original, as in the real gpt-oss config
+                    rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                  "beta_slow": 1.0, "original_max_position_embeddings": 128,
+                                  "truncate": False})
+    return base
+
+
+PRESETS: Dict[str, Dict[str, Any]] = {
+    # meta-llama/Llama-3.1-8B config.json (Hugging Face hub); REFERENCE.md "Model shapes".
+    "llama-3.1-8b": _llama31(layers=32, hidden=4096, heads=32, inter=14336),
+    # meta-llama/Llama-3.1-70B config.json (Hugging Face hub); REFERENCE.md "Model shapes".
+    "llama-3.1-70b": _llama31(layers=80, hidden=8192, heads=64, inter=28672),
+    # mistralai/Mixtral-8x7B-v0.1 config.json (Hugging Face hub); REFERENCE.md "Model shapes".
+    "mixtral-8x7b": {
+        "architectures": ["MixtralForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None,
+        "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
+    },
+    # openai/gpt-oss-20b config.json (Hugging Face hub); REFERENCE.md "Model shapes".
+    "gpt-oss-20b": _gpt_oss(layers=24, experts=32),
+    # openai/gpt-oss-120b config.json (Hugging Face hub); REFERENCE.md "Model shapes".
+    "gpt-oss-120b": _gpt_oss(layers=36, experts=128),
+    "tiny-llama": _tiny("LlamaForCausalLM"),
+    "tiny-mixtral": _tiny("MixtralForCausalLM"),
+    "tiny-gpt-oss": _tiny("GptOssForCausalLM"),
+}
