@@ -1,0 +1,395 @@
+"""Model weights: `load_weights` reads a Hugging Face safetensors checkpoint (one
+``model.safetensors``, or shards listed by ``model.safetensors.index.json``) through
+``safetensors.safe_open``, which memory-maps each file; `random_weights` builds the same dict
+with random values. Both return a plain ``dict`` from gnomon's names to tensors.
+
+gnomon's names (`weight_shapes` gives every name's shape for a config; ``D`` = head_dim,
+``Hq``/``Hkv`` query/KV heads, ``H`` hidden, ``I`` intermediate, ``E`` experts, ``V`` vocab):
+
+==========================  ==================================  ================================
+name                        shape                               from (HF name, under
+                                                                ``model.layers.{i}.`` per layer)
+==========================  ==================================  ================================
+``embed``                   [V, H]                              ``model.embed_tokens.weight``
+``norm``                    [H]                                 ``model.norm.weight``
+``lm_head``                 [V, H]                              ``lm_head.weight``; with tied
+                                                                embeddings the ``embed`` tensor
+``layers.{i}.attn_norm``    [H]                                 ``input_layernorm.weight``
+``layers.{i}.qkv``          [(Hq + 2 Hkv) D, H]                 ``self_attn.{q,k,v}_proj.weight``
+                                                                concatenated (q, then k, then v)
+``layers.{i}.qkv_bias``     [(Hq + 2 Hkv) D]                    ``self_attn.{q,k,v}_proj.bias``
+                                                                (attention_bias only)
+``layers.{i}.o``            [H, Hq D]                           ``self_attn.o_proj.weight``
+``layers.{i}.o_bias``       [H]                                 ``self_attn.o_proj.bias``
+                                                                (attention_bias only)
+``layers.{i}.sinks``        [Hq]                                ``self_attn.sinks`` (gpt-oss)
+``layers.{i}.mlp_norm``     [H]                                 ``post_attention_layernorm``
+``layers.{i}.w13``          dense MLP: [2I, H]                  Llama ``mlp.gate_proj`` rows,
+                                                                then ``mlp.up_proj`` rows
+                            MoE: [E, 2I, H]                     Mixtral ``block_sparse_moe.
+                                                                experts.{e}.w1`` (gate) rows
+                                                                then ``w3`` (up) rows, stacked;
+                                                                gpt-oss dense
+                                                                ``mlp.experts.gate_up_proj``
+                                                                [E, H, 2I] transposed (gate/up
+                                                                interleaved)
+                            MXFP4: uint8 [E, 2I, H/2]           gpt-oss ``gate_up_proj_blocks``
+                                                                [E, 2I, H/32, 16], a view
+``layers.{i}.w13_scales``   MXFP4: uint8 [E, 2I, H/32]          ``gate_up_proj_scales``
+``layers.{i}.w13_bias``     [E, 2I]                             ``gate_up_proj_bias`` (gpt-oss)
+``layers.{i}.w2``           dense MLP: [H, I]                   Llama ``mlp.down_proj``
+                            MoE: [E, H, I]                      Mixtral ``experts.{e}.w2``
+                                                                stacked; gpt-oss dense
+                                                                ``down_proj`` [E, I, H]
+                                                                transposed
+                            MXFP4: uint8 [E, H, I/2]            ``down_proj_blocks``
+                                                                [E, H, I/32, 16], a view
+``layers.{i}.w2_scales``    MXFP4: uint8 [E, H, I/32]           ``down_proj_scales``
+``layers.{i}.w2_bias``      [E, H]                              ``down_proj_bias`` (gpt-oss)
+``layers.{i}.router``       [E, H]                              Mixtral ``block_sparse_moe.
+                                                                gate.weight``, gpt-oss
+                                                                ``mlp.router.weight``
+``layers.{i}.router_bias``  [E]                                 ``mlp.router.bias`` (gpt-oss)
+==========================  ==================================  ================================
+
+The w13/w2 layouts, gate/up orders (`ModelConfig.gate_up_layout`) and MXFP4 format are
+DESIGN.md's. Floating tensors are converted to the requested dtype; MXFP4 codes and scales stay
+uint8. The checkpoint must hold exactly the tensors the config calls for (besides
+``*.rotary_emb.inv_freq`` and an ``lm_head.weight`` that tied embeddings make redundant): a
+missing, misshaped, unreadable or unexpected tensor raises `WeightsError` naming the tensor and
+the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from gnomon.engine.config import ModelConfig, _torch_dtype
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MXFP4_BLOCK = 32
+
+
+class WeightsError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the tensor (where one is at
+    fault) and the file."""
+
+
+# ---- gnomon's names and shapes ---------------------------------------------------------------
+
+def weight_shapes(config: ModelConfig, *, mxfp4: bool = False) -> Dict[str, Tuple[int, ...]]:
+    """Every gnomon weight name for `config` with its shape (uint8 shapes for the MXFP4 expert
+    codes and scales when `mxfp4`)."""
+    if mxfp4:
+        _check_mxfp4_ok(config)
+    c = config
+    H, I, E, D = c.hidden_size, c.intermediate_size, c.num_experts, c.head_dim
+    shapes: Dict[str, Tuple[int, ...]] = {"embed": (c.vocab_size, H), "norm": (H,),
+                                          "lm_head": (c.vocab_size, H)}
+    qkv = (c.num_heads + 2 * c.num_kv_heads) * D
+    for i in range(c.num_layers):
+        p = f"layers.{i}."
+        shapes[p + "attn_norm"] = (H,)
+        shapes[p + "qkv"] = (qkv, H)
+        shapes[p + "o"] = (H, c.num_heads * D)
+        if c.attention_bias:
+            shapes[p + "qkv_bias"] = (qkv,)
+            shapes[p + "o_bias"] = (H,)
+        if c.has_sinks:
+            shapes[p + "sinks"] = (c.num_heads,)
+        shapes[p + "mlp_norm"] = (H,)
+        if not c.is_moe:
+            shapes[p + "w13"] = (2 * I, H)
+            shapes[p + "w2"] = (H, I)
+            continue
+        shapes[p + "router"] = (E, H)
+        if mxfp4:
+            shapes[p + "w13"] = (E, 2 * I, H // 2)
+            shapes[p + "w13_scales"] = (E, 2 * I, H // MXFP4_BLOCK)
+            shapes[p + "w2"] = (E, H, I // 2)
+            shapes[p + "w2_scales"] = (E, H, I // MXFP4_BLOCK)
+        else:
+            shapes[p + "w13"] = (E, 2 * I, H)
+            shapes[p + "w2"] = (E, H, I)
+        if c.architecture == "GptOssForCausalLM":
+            shapes[p + "router_bias"] = (E,)
+            shapes[p + "w13_bias"] = (E, 2 * I)
+            shapes[p + "w2_bias"] = (E, H)
+    return shapes
+
+
+def _check_mxfp4_ok(config: ModelConfig) -> None:
+    if not config.is_moe:
+        raise ValueError(f"mxfp4: MXFP4 weights are for MoE experts; {config.architecture} with "
+                         f"num_experts=0 has none")
+    for name, v in (("hidden_size", config.hidden_size),
+                    ("intermediate_size", config.intermediate_size)):
+        if v % MXFP4_BLOCK:
+            raise ValueError(f"mxfp4: MXFP4 experts need {name} to be a multiple of "
+                             f"{MXFP4_BLOCK}, got {v}")
+
+
+def _resolve_dtype(dtype, config: ModelConfig) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return config.dtype
+    if isinstance(dtype, str):
+        return _torch_dtype(dtype, "dtype")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"dtype: expected None, 'auto', torch.float32, torch.bfloat16 or "
+                        f"torch.float16, got {dtype!r}")
+    return dtype
+
+
+# ---- the checkpoint --------------------------------------------------------------------------
+
+class _Checkpoint:
+    """The tensors of a safetensors checkpoint folder, each file opened (memory-mapped) once."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        index = os.path.join(folder, INDEX_FILE)
+        single = os.path.join(folder, SINGLE_FILE)
+        self._handles: Dict[str, object] = {}
+        self._keys: Dict[str, set] = {}
+        if os.path.isfile(index):
+            try:
+                with open(index, encoding="utf-8") as f:
+                    weight_map = json.load(f)["weight_map"]
+                if not isinstance(weight_map, dict):
+                    raise TypeError("weight_map is not an object")
+            except (ValueError, KeyError, TypeError) as e:
+                raise WeightsError(f"{index}: not a safetensors index with a weight_map "
+                                   f"({type(e).__name__}: {e})") from None
+            self.file_of = {name: os.path.join(folder, fn) for name, fn in weight_map.items()}
+            for path in sorted(set(self.file_of.values())):
+                if not os.path.isfile(path):
+                    raise WeightsError(f"{index}: lists shard {path}, which does not exist")
+            self.where = index
+        elif os.path.isfile(single):
+            self._open(single)
+            self.file_of = {name: single for name in self._keys[single]}
+            self.where = single
+        else:
+            raise FileNotFoundError(f"folder: {folder} has neither {SINGLE_FILE} nor "
+                                    f"{INDEX_FILE}")
+        self.used: set = set()
+
+    def _open(self, path: str):
+        handle = self._handles.get(path)
+        if handle is None:
+            try:
+                handle = safe_open(path, framework="pt", device="cpu")
+            except (SafetensorError, OSError, ValueError) as e:
+                raise WeightsError(f"{path}: cannot read this safetensors file (truncated or "
+                                   f"corrupt?): {e}") from None
+            self._handles[path] = handle
+            self._keys[path] = set(handle.keys())
+        return handle
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.file_of
+
+    def get(self, name: str, shape: Tuple[int, ...], *, uint8: bool = False) -> torch.Tensor:
+        """Tensor `name`, checked to have `shape` (and dtype uint8 when `uint8`, else a
+        floating dtype)."""
+        if name not in self.file_of:
+            raise WeightsError(f"{self.where}: missing tensor {name!r}")
+        path = self.file_of[name]
+        handle = self._open(path)
+        if name not in self._keys[path]:
+            raise WeightsError(f"{path}: missing tensor {name!r} (the index puts it in this "
+                               f"file)")
+        try:
+            found = tuple(handle.get_slice(name).get_shape())
+            if found != tuple(shape):
+                raise WeightsError(f"{path}: tensor {name!r} has shape {list(found)}, expected "
+                                   f"{list(shape)}")
+            tensor = handle.get_tensor(name)
+        except WeightsError:
+            raise
+        except Exception as e:  # safetensors raises several types for unreadable data
+            raise WeightsError(f"{path}: cannot read tensor {name!r}: {e}") from None
+        if uint8 and tensor.dtype != torch.uint8:
+            raise WeightsError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, expected "
+                               f"torch.uint8 (MXFP4)")
+        if not uint8 and not tensor.is_floating_point():
+            raise WeightsError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, expected a "
+                               f"floating dtype")
+        self.used.add(name)
+        return tensor
+
+    def check_all_used(self, ignorable: Iterable[str]) -> None:
+        ignorable = set(ignorable)
+        left = sorted(n for n in self.file_of if n not in self.used and n not in ignorable
+                      and not n.endswith("rotary_emb.inv_freq"))
+        if left:
+            shown = ", ".join(f"{n!r} ({self.file_of[n]})" for n in left[:5])
+            more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+            raise WeightsError(f"{self.where}: unexpected tensors for this config: {shown}{more}")
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] = None, *,
+                 dtype: Union[None, str, torch.dtype] = None,
+                 device: Union[str, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
+    """Loads the checkpoint in `folder` into gnomon's names (see the module doc).
+
+    `config` defaults to ``folder/config.json``; `dtype` (None or "auto": the config's
+    torch_dtype) is the dtype of every floating tensor. gpt-oss experts load as MXFP4 when the
+    files hold ``*_blocks``/``*_scales`` and as dense weights when they hold
+    ``gate_up_proj``/``down_proj``; every layer must use the same form.
+    """
+    folder = os.fspath(folder)
+    if config is None:
+        config = ModelConfig.from_pretrained(folder)
+    elif not isinstance(config, ModelConfig):
+        raise TypeError(f"config: expected a ModelConfig or None, got {type(config).__name__}")
+    dtype = _resolve_dtype(dtype, config)
+    ckpt = _Checkpoint(folder)
+    c = config
+    H, I, E, D = c.hidden_size, c.intermediate_size, c.num_experts, c.head_dim
+    gpt_oss = c.architecture == "GptOssForCausalLM"
+    mxfp4 = gpt_oss and "model.layers.0.mlp.experts.gate_up_proj_blocks" in ckpt
+    if mxfp4:
+        _check_mxfp4_ok(c)
+
+    def f(name: str, shape: Tuple[int, ...]) -> torch.Tensor:
+        return ckpt.get(name, shape).to(dtype)
+
+    out: Dict[str, torch.Tensor] = {"embed": f("model.embed_tokens.weight", (c.vocab_size, H)),
+                                    "norm": f("model.norm.weight", (H,))}
+    ignorable: List[str] = []
+    if c.tie_word_embeddings:
+        out["lm_head"] = out["embed"]
+        ignorable.append("lm_head.weight")
+    else:
+        out["lm_head"] = f("lm_head.weight", (c.vocab_size, H))
+
+    q, kv = c.num_heads * D, c.num_kv_heads * D
+    for i in range(c.num_layers):
+        hf, g = f"model.layers.{i}.", f"layers.{i}."
+        out[g + "attn_norm"] = f(hf + "input_layernorm.weight", (H,))
+        out[g + "mlp_norm"] = f(hf + "post_attention_layernorm.weight", (H,))
+        attn = hf + "self_attn."
+        out[g + "qkv"] = torch.cat([f(attn + "q_proj.weight", (q, H)),
+                                    f(attn + "k_proj.weight", (kv, H)),
+                                    f(attn + "v_proj.weight", (kv, H))])
+        out[g + "o"] = f(attn + "o_proj.weight", (H, q))
+        if c.attention_bias:
+            out[g + "qkv_bias"] = torch.cat([f(attn + "q_proj.bias", (q,)),
+                                             f(attn + "k_proj.bias", (kv,)),
+                                             f(attn + "v_proj.bias", (kv,))])
+            out[g + "o_bias"] = f(attn + "o_proj.bias", (H,))
+        if c.has_sinks:
+            out[g + "sinks"] = f(attn + "sinks", (c.num_heads,))
+
+        if c.architecture == "LlamaForCausalLM":
+            out[g + "w13"] = torch.cat([f(hf + "mlp.gate_proj.weight", (I, H)),
+                                        f(hf + "mlp.up_proj.weight", (I, H))])
+            out[g + "w2"] = f(hf + "mlp.down_proj.weight", (H, I))
+        elif c.architecture == "MixtralForCausalLM":
+            moe = hf + "block_sparse_moe."
+            out[g + "router"] = f(moe + "gate.weight", (E, H))
+            w13 = torch.empty((E, 2 * I, H), dtype=dtype)
+            w2 = torch.empty((E, H, I), dtype=dtype)
+            for e in range(E):
+                w13[e, :I] = ckpt.get(f"{moe}experts.{e}.w1.weight", (I, H))
+                w13[e, I:] = ckpt.get(f"{moe}experts.{e}.w3.weight", (I, H))
+                w2[e] = ckpt.get(f"{moe}experts.{e}.w2.weight", (H, I))
+            out[g + "w13"], out[g + "w2"] = w13, w2
+        else:
+            ex = hf + "mlp.experts."
+            out[g + "router"] = f(hf + "mlp.router.weight", (E, H))
+            out[g + "router_bias"] = f(hf + "mlp.router.bias", (E,))
+            if mxfp4:
+                nb_h, nb_i = H // MXFP4_BLOCK, I // MXFP4_BLOCK
+                out[g + "w13"] = ckpt.get(ex + "gate_up_proj_blocks", (E, 2 * I, nb_h, 16),
+                                          uint8=True).reshape(E, 2 * I, H // 2)
+                out[g + "w13_scales"] = ckpt.get(ex + "gate_up_proj_scales", (E, 2 * I, nb_h),
+                                                 uint8=True)
+                out[g + "w2"] = ckpt.get(ex + "down_proj_blocks", (E, H, nb_i, 16),
+                                         uint8=True).reshape(E, H, I // 2)
+                out[g + "w2_scales"] = ckpt.get(ex + "down_proj_scales", (E, H, nb_i),
+                                                uint8=True)
+            else:
+                out[g + "w13"] = f(ex + "gate_up_proj", (E, H, 2 * I)).transpose(1, 2).contiguous()
+                out[g + "w2"] = f(ex + "down_proj", (E, I, H)).transpose(1, 2).contiguous()
+            out[g + "w13_bias"] = f(ex + "gate_up_proj_bias", (E, 2 * I))
+            out[g + "w2_bias"] = f(ex + "down_proj_bias", (E, H))
+    ckpt.check_all_used(ignorable)
+
+    expected = weight_shapes(c, mxfp4=mxfp4)
+    assert set(out) == set(expected), sorted(set(out) ^ set(expected))
+    return _to_device(out, device)
+
+
+def _to_device(weights: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor]:
+    device = torch.device(device)
+    if device.type == "cpu":
+        return weights
+    moved = {n: t.to(device) for n, t in weights.items() if n != "lm_head"}
+    moved["lm_head"] = (moved["embed"] if weights["lm_head"] is weights["embed"]
+                        else weights["lm_head"].to(device))
+    return {n: moved[n] for n in weights}
+
+
+# ---- random weights --------------------------------------------------------------------------
+
+def random_weights(config: ModelConfig, dtype: Union[None, str, torch.dtype] = None,
+                   seed: int = 0, *, mxfp4: Optional[bool] = None,
+                   device: Union[str, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
+    """The dict `load_weights` returns, filled with seeded random values: matrices and
+    embeddings ``N(0, 0.02^2)``, biases ``N(0, 0.02^2)``, norm weights ``1 + N(0, 0.1^2)``,
+    sinks ``N(0, 1)``. `mxfp4` (default: the config declares MXFP4 experts) quantises each
+    expert's random weights with `gnomon.ops.mxfp4_quantize` (the "ceil" rule of gpt-oss's
+    tooling), one expert at a time so the float copy stays small. Deterministic in `seed`."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed: expected an int, got {seed!r}")
+    dtype = _resolve_dtype(dtype, config)
+    if mxfp4 is None:
+        mxfp4 = config.quantization == "mxfp4"
+    shapes = weight_shapes(config, mxfp4=mxfp4)
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(shape, std: float, mean: float = 0.0) -> torch.Tensor:
+        t = torch.randn(shape, generator=gen, dtype=torch.float32)
+        return (t.mul_(std).add_(mean)).to(dtype)
+
+    out: Dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        leaf = name.rsplit(".", 1)[-1]
+        if name == "lm_head" and config.tie_word_embeddings:
+            out[name] = out["embed"]
+        elif leaf in ("norm", "attn_norm", "mlp_norm"):
+            out[name] = randn(shape, 0.1, 1.0)
+        elif leaf == "sinks":
+            out[name] = randn(shape, 1.0)
+        elif leaf.endswith("_scales"):
+            continue  # made with their codes
+        elif mxfp4 and leaf in ("w13", "w2"):
+            out[name], out[name + "_scales"] = _random_mxfp4(shape, gen)
+        else:
+            out[name] = randn(shape, 0.02)
+    return _to_device({n: out[n] for n in shapes}, device)
+
+
+def _random_mxfp4(shape: Tuple[int, ...], gen: torch.Generator
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
+    from gnomon.ops import mxfp4_quantize
+    E, N, half_k = shape
+    k = half_k * 2
+    codes = torch.empty((E, N, half_k), dtype=torch.uint8)
+    scales = torch.empty((E, N, k // MXFP4_BLOCK), dtype=torch.uint8)
+    for e in range(E):
+        w = torch.randn((N, k), generator=gen, dtype=torch.float32).mul_(0.02)
+        codes[e], scales[e] = mxfp4_quantize(w, scale_rule="ceil")
+    return codes, scales
