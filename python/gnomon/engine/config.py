@@ -403,6 +403,9 @@ def rope_inv_freq(config: ModelConfig) -> Tuple[torch.Tensor, float]:
     # YaRN (Peng et al. 2023): dims that rotate fewer than beta_slow times over the original
     # context are interpolated (divided by factor), those rotating more than beta_fast times
     # are kept, with a linear ramp between; cos and sin are scaled by 0.1 ln(factor) + 1.
+    # The explicit `factor` is used, as current transformers does; some older releases used
+    # max_position_embeddings / original_max_position_embeddings instead. The presets and tiny
+    # configs keep the two equal, as gpt-oss's published config does.
     def correction_dim(rotations: float) -> float:
         return (dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi))
                 / (2 * math.log(base)))
