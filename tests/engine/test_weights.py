@@ -375,3 +375,24 @@ def test_preset_shapes_are_real_sizes():
     assert count("mixtral-8x7b") == pytest.approx(46.7e9, rel=0.01)
     assert count("gpt-oss-20b") == pytest.approx(20.9e9, rel=0.02)
     assert count("gpt-oss-120b") == pytest.approx(116.8e9, rel=0.02)
+
+
+def test_device_move_keeps_tied_embeddings(tmp_path):
+    cfg_json = preset_json("tiny-llama")
+    cfg_json["tie_word_embeddings"] = True
+    write(tmp_path, cfg_json, build(ModelConfig.from_json(cfg_json))[0])
+    got = load_weights(tmp_path, device="meta")
+    assert all(t.device.type == "meta" for t in got.values())
+    assert got["lm_head"] is got["embed"]
+    w = random_weights(ModelConfig.from_json(cfg_json), device="meta")
+    assert w["lm_head"] is w["embed"] and w["norm"].device.type == "meta"
+
+
+def test_llama_with_attention_bias(tmp_path):
+    cfg_json = preset_json("tiny-llama")
+    cfg_json["attention_bias"] = True
+    config = ModelConfig.from_json(cfg_json)
+    hf, want = build(config)
+    assert "model.layers.1.self_attn.v_proj.bias" in hf
+    write(tmp_path, cfg_json, hf, shards=2)
+    assert_loaded(load_weights(tmp_path), want, torch.float32)
