@@ -366,3 +366,12 @@ def test_cache_drives_rotary_embedding():
     ops.rotary_embedding(pos, q, k, cache, is_neox=True)
     torch.testing.assert_close(q, want_q, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(k, want_k, atol=1e-5, rtol=1e-5)
+
+
+def test_from_model(tmp_path):
+    assert ModelConfig.from_model("tiny-mixtral") == ModelConfig.preset("tiny-mixtral")
+    (tmp_path / "config.json").write_text(json.dumps(preset_json("tiny-llama")))
+    assert ModelConfig.from_model(tmp_path) == ModelConfig.preset("tiny-llama")
+    assert ModelConfig.from_model(str(tmp_path)) == ModelConfig.preset("tiny-llama")
+    with pytest.raises(ValueError, match="gpt-oss-20b"):
+        ModelConfig.from_model(str(tmp_path / "missing"))

@@ -138,6 +138,17 @@ class ModelConfig:
         return cls.from_json(path)
 
     @classmethod
+    def from_model(cls, model: Union[str, os.PathLike]) -> "ModelConfig":
+        """`model` as ``gnomon.LLM`` and ``gnomon generate --model`` take it: a folder holding
+        config.json, or else a preset name."""
+        if isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
+            return cls.from_pretrained(model)
+        if isinstance(model, str) and model in PRESETS:
+            return cls.preset(model)
+        raise ValueError(f"model: expected a folder with config.json or a preset "
+                         f"({', '.join(PRESETS)}), got {model!r}")
+
+    @classmethod
     def preset(cls, name: str) -> "ModelConfig":
         """A built-in preset (real model shapes, no weights) or tiny test config; see
         `PRESETS`."""
