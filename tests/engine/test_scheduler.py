@@ -328,8 +328,9 @@ def test_abort_frees_blocks_and_names_reason():
     s.update(b, model.execute(b))
     s.abort("a")
     s.abort("later")
-    assert s.get_request("a").outputs() == (((), "abort"),) * 3 or \
-        all(r == "abort" for _, r in s.get_request("a").outputs())
+    assert [r for _, r in s.get_request("a").outputs()] == ["abort"] * 3
+    assert s.get_request("later").outputs() == (((), "abort"),)
+    assert s.kv.num_free_blocks == s.kv.num_blocks - 2  # only b's blocks (5 tokens + 1 slot)
     b = s.schedule(1.0)
     assert set(b.finished_seq_ids) >= {q.seq_id for q in s.get_request("a").sequences[:1]}
     assert all(q.request_id == "b" for q in b.sequences)
@@ -483,7 +484,7 @@ def test_random_workloads_property():
     hypothesis = pytest.importorskip("hypothesis")
     from hypothesis import given, settings, strategies as st
 
-    @settings(max_examples=25, deadline=None, derandomize=True)
+    @settings(max_examples=150, deadline=None, derandomize=True)
     @given(seed=st.integers(0, 10**6), num_blocks=st.integers(6, 40),
            block_size=st.sampled_from([1, 2, 4, 8]), max_seqs=st.integers(1, 6),
            extra_budget=st.integers(0, 20), prefix=st.booleans(), n=st.integers(1, 3))
@@ -491,7 +492,7 @@ def test_random_workloads_property():
         rng = np.random.default_rng(seed)
         cap = num_blocks * block_size
         reqs = []
-        for i in range(int(rng.integers(1, 10))):
+        for i in range(int(rng.integers(1, 16))):
             plen = int(rng.integers(1, max(2, min(cap // 2, 24))))
             mt = int(rng.integers(1, max(2, min(cap - plen, 12) + 1)))
             prompt = [int(x) for x in rng.integers(0, 4, plen)]  # small alphabet: prefix hits

@@ -21,7 +21,7 @@ Policy
   its generated tokens kept as part of the prompt it will recompute; then the allocation is
   retried. Several preemptions in one step keep their age order at the front. A step that
   preempted admits nothing (the memory is short; this also keeps a victim from being re-admitted
-  in the step that evicted it). Admissions never preempt: a request that does not fit waits. The oldest running sequence can always make
+  in the step that evicted it), unless nothing else is left to run. Admissions never preempt: a request that does not fit waits. The oldest running sequence can always make
   progress, because every admitted request fits the cache alone (checked at ``add``).
 - **Arrivals.** ``add(request, arrival_time)``; ``schedule(now)`` moves the requests with
   ``arrival_time <= now`` to the back of the waiting queue, in (arrival_time, add order).
@@ -241,7 +241,7 @@ class Scheduler:
         # (3) admissions, FCFS
         admitted: List[List] = []
         slots = self.max_num_seqs - sum(s.width for s in self._running)
-        preempted = self.num_preemptions != preemptions_before
+        preempted = self.num_preemptions != preemptions_before and bool(plan)
         while self._waiting and budget > 0 and not preempted:
             seq = self._waiting[0]
             if seq.width > slots:
