@@ -200,36 +200,38 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         preemptions_before = self.num_preemptions
         # (1) decodes, (2) continuing prefill chunks: one allocate_batch for all of them
-        plan: List[List] = []  # [seq, num_tokens]
+        plan: List[List] = []  # [seq, num_tokens, is_decode]
+        prefilling = []
         for seq in self._running:
             if seq.is_decoding:
-                plan.append([seq, 1])
-                budget -= 1
-        for seq in self._running:
+                plan.append([seq, 1, True])
+            else:
+                prefilling.append(seq)
+        budget -= len(plan)
+        for seq in prefilling:
             if budget == 0:
                 break
-            if not seq.is_decoding:
-                k = min(seq.prefill_target - seq.num_computed_tokens, budget)
-                plan.append([seq, k])
-                budget -= k
+            k = min(seq.prefill_target - seq.num_computed_tokens, budget)
+            plan.append([seq, k, False])
+            budget -= k
         start = 0
         while start < len(plan):
             part = plan[start:]
             ids, new_ids, counts, nums = [], [], [], []
-            for seq, k in part:
+            for seq, k, _ in part:
                 ids.append(seq.seq_id)
                 fresh = seq.token_ids[seq.num_known:]
                 new_ids.extend(fresh)
                 counts.append(len(fresh))
                 nums.append(k)
             ok = self.kv.allocate_running(ids, new_ids, counts, nums)
-            for seq, _ in part[:ok]:
+            for seq, _, _ in part[:ok]:
                 seq.num_known = len(seq.token_ids)
             start += ok
             if start == len(plan):
                 break
             victim = self._running[-1]
-            for i, (seq, k) in enumerate(plan):
+            for i, (seq, k, _) in enumerate(plan):
                 if seq is victim:
                     del plan[i]
                     budget += k
@@ -257,7 +259,7 @@ class Scheduler:
             self._running.append(seq)
             slots -= seq.width
             if k > 0:
-                admitted.append([seq, k])
+                admitted.append([seq, k, False])
                 budget -= k
             else:
                 # an n > 1 parent whose prompt up to its last token is all cached: fork now and
@@ -267,15 +269,14 @@ class Scheduler:
                 ok = self.kv.allocate_running([s.seq_id for s in take], [], [0] * len(take),
                                               [1] * len(take))
                 for s in take[:ok]:
-                    admitted.append([s, 1])
+                    admitted.append([s, 1, False])
                 budget -= ok
 
         scheduled = plan + admitted
         seqs = []
         num_prefill = num_decode = 0
-        for seq, k in scheduled:
+        for seq, k, decoding in scheduled:
             c = seq.num_computed_tokens
-            decoding = seq.is_decoding
             if decoding:
                 num_decode += k
             else:
