@@ -508,3 +508,33 @@ def test_random_workloads_property():
         assert got == want
 
     check()
+
+
+def test_finished_seq_ids_reported_once_in_the_next_batch():
+    s = make()
+    model = FakeModel(s)
+    s.add("short", [1, 2], SamplingParams(max_tokens=1))
+    s.add("long", [3, 4], SamplingParams(max_tokens=5))
+    b = s.schedule(0.0)
+    short_id = s.get_request("short").sequences[0].seq_id
+    done = s.update(b, model.execute(b))
+    assert {r.request_id for r in done} == {"short", "long"}
+    assert s.get_request("short").finished and not s.get_request("long").finished
+    b = s.schedule(1.0)
+    assert b.finished_seq_ids == (short_id,)
+    s.update(b, model.execute(b))
+    b = s.schedule(2.0)
+    assert b.finished_seq_ids == ()
+    s.update(b, model.execute(b))
+    run(s, model=model)
+    # the last finished ids come in an empty batch
+    last = s.schedule(3.0)
+    assert last.is_empty and last.finished_seq_ids == (s.get_request("long").sequences[0].seq_id,)
+
+
+def test_sample_seeds():
+    assert sample_seed(None, 3) is None
+    assert sample_seed(42, 0) == 42
+    seeds = [sample_seed(42, i) for i in range(1, 50)]
+    assert len(set(seeds)) == 49 and all(0 <= x < 2**63 for x in seeds)
+    assert seeds == [sample_seed(42, i) for i in range(1, 50)]
