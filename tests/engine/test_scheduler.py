@@ -10,8 +10,6 @@ context is also compared with the scheduler's own token ids at every sampled pos
 from __future__ import annotations
 
 import dataclasses
-import math
-
 import numpy as np
 import pytest
 
@@ -137,7 +135,8 @@ def test_batch_equality_and_immutability():
     a = ScheduledSequence(1, "r", 0, (1, 2), 0, (3,), True, p)
     b = ScheduledSequence(1, "r", 0, (1, 2), 0, (3,), True, p)
     assert a == b and hash(a) == hash(b)
-    assert ScheduledBatch((a,), ((1, 2),), (5,), 2, 0) == ScheduledBatch((b,), ((1, 2),), (5,), 2, 0)
+    assert ScheduledBatch((a,), ((1, 2),), (5,), 2, 0) == \
+        ScheduledBatch((b,), ((1, 2),), (5,), 2, 0)
     assert ScheduledBatch((a,)) != ScheduledBatch((dataclasses.replace(a, block_table=(4,)),))
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.token_ids = (9,)
@@ -229,7 +228,8 @@ def test_prefix_cache_hit_skips_cached_tokens():
     b = sched.schedule(1.0)
     second = [s for s in b.sequences if s.request_id == "second"][0]
     assert second.num_computed_tokens == 16 and second.token_ids == (4, 5)
-    assert second.block_table[:4] == [s for s in b.sequences if s.request_id == "first"][0].block_table[:4]
+    first = [s for s in b.sequences if s.request_id == "first"][0]
+    assert second.block_table[:4] == first.block_table[:4]
     sched.update(b, model.execute(b))
     while sched.has_unfinished():
         b = sched.schedule(2.0)

@@ -59,7 +59,8 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
         if not isinstance(enable_prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching: expected a bool, got {enable_prefix_caching!r}")
+            raise ValueError("enable_prefix_caching: expected a bool, "
+                             f"got {enable_prefix_caching!r}")
         self.allocator = _C.BlockAllocator(_positive_int("num_blocks", num_blocks),
                                            _positive_int("block_size", block_size),
                                            enable_prefix_caching)
@@ -111,7 +112,8 @@ class KVCacheManager:
         """`allocate_batch`: how many leading sequences got their slots (each all or nothing)."""
         return self.allocator.allocate_batch(
             np.asarray(seq_ids, dtype=np.int64), np.asarray(new_token_ids, dtype=np.int64),
-            np.asarray(new_token_counts, dtype=np.int64), np.asarray(num_new_tokens, dtype=np.int64))
+            np.asarray(new_token_counts, dtype=np.int64),
+            np.asarray(num_new_tokens, dtype=np.int64))
 
     def commit_running(self, seq_ids: Seq[int], num_computed_tokens: Seq[int]) -> None:
         self.allocator.commit_batch(np.asarray(seq_ids, dtype=np.int64),

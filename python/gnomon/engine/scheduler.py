@@ -21,10 +21,13 @@ Policy
   its generated tokens kept as part of the prompt it will recompute; then the allocation is
   retried. Several preemptions in one step keep their age order at the front. A step that
   preempted admits nothing (the memory is short; this also keeps a victim from being re-admitted
-  in the step that evicted it), unless nothing else is left to run. Admissions never preempt: a request that does not fit waits. The oldest running sequence can always make
+  in the step that evicted it), unless nothing else is left to run. Admissions never preempt:
+  a request that does not fit waits. The oldest running sequence can always make
   progress, because every admitted request fits the cache alone (checked at ``add``).
-- **Arrivals.** ``add(request, arrival_time)``; ``schedule(now)`` moves the requests with
-  ``arrival_time <= now`` to the back of the waiting queue, in (arrival_time, add order).
+- **Arrivals.** ``add(request_id, prompt_token_ids, params, arrival_time)``; ``schedule(now)``
+  moves the requests with ``arrival_time <= now`` to the back of the waiting queue, in
+  (arrival_time, add order). ``next_arrival_time()`` tells a virtual clock where to jump when a
+  batch comes back empty.
 - **Stop conditions**, checked on each sampled token in this order: an EOS id (unless
   ``ignore_eos``) or a stop token id -> finish reason ``"stop"``; ``max_tokens`` generated ->
   ``"length"``. The stop token is kept in the output. ``abort(request_id)`` -> ``"abort"``.
@@ -43,7 +46,10 @@ Policy
   a preempted sequence keeps its id and is not listed.
 
 The step loop is ``batch = schedule(now)``; ``output = runner.execute(batch)``;
-``update(batch, output)``. A batch with no sequences needs no ``update``.
+``update(batch, output)``. A batch with no sequences needs no ``update`` (but may carry
+``finished_seq_ids``). Per step the Python work is per sequence, not per token: the running
+sequences' slots come from one ``allocate_batch`` call (more only after a preemption) and their
+commits from one ``commit_batch``.
 """
 
 from __future__ import annotations
@@ -76,7 +82,8 @@ class Scheduler:
         self.kv = kv_cache
         self.max_model_len = _check_int("max_model_len", max_model_len, 1)
         self.max_num_seqs = _check_int("max_num_seqs", max_num_seqs, 1)
-        self.max_num_batched_tokens = _check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+        self.max_num_batched_tokens = _check_int("max_num_batched_tokens",
+                                                 max_num_batched_tokens, 1)
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens: expected >= max_num_seqs "
                              f"({self.max_num_seqs}) so every running decode fits a step, "
