@@ -399,8 +399,14 @@ def test_impossible_requests_rejected_at_add():
         s.add("too-long", list(range(3)), SamplingParams(max_tokens=18))
     with pytest.raises(ValueError, match=r"'too-wide'.*max_num_seqs=2"):
         s.add("too-wide", [1], SamplingParams(max_tokens=2, n=3))
-    with pytest.raises(ValueError, match="'empty'.*empty"):
+    with pytest.raises(ValueError, match="'empty'.*non-empty"):
         s.add("empty", [], SamplingParams())
+    with pytest.raises(ValueError, match="'neg'.*prompt_token_ids"):
+        s.add("neg", [1, -2], SamplingParams())
+    with pytest.raises(ValueError, match="'float'.*prompt_token_ids"):
+        s.add("float", [1.5, 2], SamplingParams())
+    with pytest.raises(ValueError, match="'2d'.*prompt_token_ids"):
+        s.add("2d", [[1, 2]], SamplingParams())
     with pytest.raises(ValueError, match="already in use"):
         s.add("ok", [1], SamplingParams())
     with pytest.raises(TypeError, match="params"):
@@ -408,8 +414,10 @@ def test_impossible_requests_rejected_at_add():
     with pytest.raises(KeyError):
         s.get_request("too-long")
     model = FakeModel(s)
+    s.add("numpy", np.array([4, 5], dtype=np.int32), SamplingParams(max_tokens=2))
+    assert s.get_request("numpy").prompt_token_ids == (4, 5)
     run(s, model=model)
-    check_finished(s, ["ok"])
+    check_finished(s, ["ok", "numpy"])
     # exactly at the limit is accepted: 16 tokens in 4 blocks of 4
     s.add("edge", list(range(10)), SamplingParams(max_tokens=6, ignore_eos=True))
     run(s, model=model)

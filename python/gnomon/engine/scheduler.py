@@ -59,6 +59,8 @@ import math
 from collections import deque
 from typing import Deque, Dict, Iterable, List, Optional, Tuple
 
+import numpy as np
+
 from .batch import RequestId, ScheduledBatch, ScheduledSequence, StepOutput
 from .kv_cache import KVCacheManager
 from .sampling_params import SamplingParams
@@ -116,14 +118,14 @@ class Scheduler:
         if isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) \
                 or not math.isfinite(arrival_time):
             raise ValueError(f"arrival_time: expected a finite number, got {arrival_time!r}")
-        prompt = tuple(prompt_token_ids)
-        if not prompt:
-            raise ValueError(f"request {request_id!r}: prompt_token_ids is empty; expected at "
-                             "least one token id")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31
-                   for t in prompt):
-            raise ValueError(f"request {request_id!r}: prompt_token_ids must be integers in "
-                             "[0, 2**31)")
+        ids = np.asarray(prompt_token_ids)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError(f"request {request_id!r}: prompt_token_ids: expected a non-empty "
+                             f"1-D sequence of token ids, got shape {ids.shape}")
+        if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= 2**31:
+            raise ValueError(f"request {request_id!r}: prompt_token_ids: expected integers in "
+                             f"[0, 2**31), got dtype {ids.dtype}")
+        prompt = tuple(ids.tolist())
         total = len(prompt) + params.max_tokens
         blocks = -(-total // self.kv.block_size)
         if total > self.max_model_len:
