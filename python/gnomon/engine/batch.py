@@ -1,0 +1,100 @@
+"""The scheduler-to-runner contract: `ScheduledBatch` in, `StepOutput` back (DESIGN.md).
+
+A batch is a frozen dataclass made only of frozen dataclasses, tuples, ints, strings and the
+frozen `SamplingParams`, so two batches compare with ``==`` and nothing in one can be changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple, Union
+
+from .sampling_params import SamplingParams
+
+RequestId = Union[str, int]
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's share of a step.
+
+    ``token_ids`` are the tokens computed this step; they sit at positions
+    ``num_computed_tokens .. num_computed_tokens + len(token_ids) - 1``, and
+    ``num_computed_tokens`` tokens already have KV in the cache before the step.
+    ``block_table`` holds the sequence's block ids after this step's allocation (a token's slot is
+    ``block_table[pos // block_size] * block_size + pos % block_size``).
+    ``is_last_prefill_chunk`` is True when the step computes through the sequence's last known
+    token, so the runner samples one token for it: the last chunk of a prompt, and every decode
+    (a decode is a one-token chunk that finishes what is known). When False (an earlier prompt
+    chunk) the runner samples nothing for the sequence.
+    ``sampling_params`` are the sample's own: for ``n > 1`` each sample carries a seed derived from
+    the request's seed and ``sample_index``.
+    """
+
+    seq_id: int
+    request_id: RequestId
+    sample_index: int
+    token_ids: Tuple[int, ...]
+    num_computed_tokens: int
+    block_table: Tuple[int, ...]
+    is_last_prefill_chunk: bool
+    sampling_params: SamplingParams
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens with KV after the step (cached before plus computed now)."""
+        return self.num_computed_tokens + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """What the runner computes in one step.
+
+    ``block_copies``: copy-on-write ``(src, dst)`` block pairs to copy (K and V, every layer)
+    before the forward. ``finished_seq_ids``: sequences finished since the previous batch; the
+    runner may drop any per-sequence state it keeps for them. A batch can have no sequences and
+    still carry ``finished_seq_ids``.
+    ``num_prefill_tokens`` counts tokens of sequences computing their prompt (a recomputed
+    prompt after preemption included); ``num_decode_tokens`` counts one token per decoding
+    sequence.
+    """
+
+    sequences: Tuple[ScheduledSequence, ...] = ()
+    block_copies: Tuple[Tuple[int, int], ...] = ()
+    finished_seq_ids: Tuple[int, ...] = ()
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.sequences
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What the runner returns for one batch.
+
+    ``sampled_token_ids[i]`` is the token sampled for ``batch.sequences[i]``, or None when that
+    entry is not the last chunk of its prompt (``is_last_prefill_chunk`` False).
+    ``seconds`` is the step's duration and ``breakdown`` its decomposition (op family ->
+    seconds). ``logprobs``, when given, is aligned with the sequences too: each entry is None (no
+    token, or logprobs not requested) or ``(sampled_logprob, ((token_id, logprob), ...))`` with
+    the top ``sampling_params.logprobs`` alternatives, best first.
+    """
+
+    sampled_token_ids: Tuple[Optional[int], ...]
+    seconds: float = 0.0
+    breakdown: Dict[str, float] = field(default_factory=dict)
+    logprobs: Optional[Tuple[object, ...]] = None

@@ -1,0 +1,415 @@
+"""The scheduler: which tokens of which sequences the next step computes.
+
+Policy
+------
+- **Continuous batching.** Every step rebuilds the batch from the running sequences and the
+  waiting queue. A step computes at most ``max_num_batched_tokens`` tokens and at most
+  ``max_num_seqs`` sequences run at once. ``max_num_batched_tokens >= max_num_seqs`` is required,
+  so every running decode always fits the token budget.
+- **Order within a step.** (1) every running decode (one token each), oldest first; (2) the
+  running sequences still computing a prompt ("continuing prefill chunks"), oldest first, each
+  taking ``min(remaining prompt, remaining budget)``; (3) new admissions from the waiting queue in
+  FCFS order while budget and sequence slots remain. Admission stops at the first request that
+  does not fit (no skipping ahead of the head of the queue).
+- **Chunked prefill, mixed with decode.** A prompt larger than the remaining budget is computed
+  in chunks over several steps, in the same batches as the decodes.
+- **Prefix caching** through the allocator: ``lookup`` at admission sizes the first chunk (cached
+  tokens are skipped), ``allocate`` claims the cached blocks and the slots before the forward, and
+  ``update`` commits after it (full blocks then enter the cache).
+- **Preemption by recompute.** When the allocator cannot give a running sequence its slots, the
+  newest running sequence (the last admitted) is freed and put at the FRONT of the waiting queue,
+  its generated tokens kept as part of the prompt it will recompute; then the allocation is
+  retried. Several preemptions in one step keep their age order at the front. A step that
+  preempted admits nothing (the memory is short; this also keeps a victim from being re-admitted
+  in the step that evicted it), unless nothing else is left to run. Admissions never preempt:
+  a request that does not fit waits. The oldest running sequence can always make
+  progress, because every admitted request fits the cache alone (checked at ``add``).
+- **Arrivals.** ``add(request_id, prompt_token_ids, params, arrival_time)``; ``schedule(now)``
+  moves the requests with ``arrival_time <= now`` to the back of the waiting queue, in
+  (arrival_time, add order). ``next_arrival_time()`` tells a virtual clock where to jump when a
+  batch comes back empty.
+- **Stop conditions**, checked on each sampled token in this order: an EOS id (unless
+  ``ignore_eos``) or a stop token id -> finish reason ``"stop"``; ``max_tokens`` generated ->
+  ``"length"``. The stop token is kept in the output. ``abort(request_id)`` -> ``"abort"``.
+- **Parallel sampling (n > 1)** through the allocator's ``fork``: the prompt is computed once by
+  sample 0 up to its last token; then the other samples are forked (sharing every block), and
+  each sample computes the prompt's last token itself (a one-token last chunk, copy-on-write on
+  the shared last block) and samples its own first token with its own seed
+  (`sequence.sample_seed`). From then on each sample decodes and stops on its own. A request
+  reserves ``n`` sequence slots from admission, so forking never exceeds ``max_num_seqs``; a
+  preempted sample comes back as an ordinary single sequence.
+- **Requests that can never fit are refused at ``add``** with a ValueError naming the request:
+  ``ceil((prompt + max_tokens) / block_size) > num_blocks``, ``prompt + max_tokens >
+  max_model_len``, or ``n > max_num_seqs``. Nothing else changes, so the scheduler never loops on
+  one.
+- ``finished_seq_ids`` in a batch lists sequences finished (or aborted) since the previous batch;
+  a preempted sequence keeps its id and is not listed.
+
+The step loop is ``batch = schedule(now)``; ``output = runner.execute(batch)``;
+``update(batch, output)``. A batch with no sequences needs no ``update`` (but may carry
+``finished_seq_ids``). Per step the Python work is per sequence, not per token: the running
+sequences' slots come from one ``allocate_batch`` call (more only after a preemption) and their
+commits from one ``commit_batch``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from typing import Deque, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+
+from .batch import RequestId, ScheduledBatch, ScheduledSequence, StepOutput
+from .kv_cache import KVCacheManager
+from .sampling_params import SamplingParams
+from .sequence import (FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Sequence,
+                       SequenceStatus)
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class Scheduler:
+    """Continuous-batching scheduler over a `KVCacheManager` (policy in the module docstring)."""
+
+    def __init__(self, kv_cache: KVCacheManager, *, max_model_len: int, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, eos_token_ids: Iterable[int] = ()) -> None:
+        if not isinstance(kv_cache, KVCacheManager):
+            raise TypeError(f"kv_cache: expected a KVCacheManager, got {type(kv_cache).__name__}")
+        self.kv = kv_cache
+        self.max_model_len = _check_int("max_model_len", max_model_len, 1)
+        self.max_num_seqs = _check_int("max_num_seqs", max_num_seqs, 1)
+        self.max_num_batched_tokens = _check_int("max_num_batched_tokens",
+                                                 max_num_batched_tokens, 1)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens: expected >= max_num_seqs "
+                             f"({self.max_num_seqs}) so every running decode fits a step, "
+                             f"got {self.max_num_batched_tokens}")
+        eos = tuple(eos_token_ids)
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in eos):
+            raise ValueError(f"eos_token_ids: expected non-negative integers, got {eos!r}")
+        self.eos_token_ids = frozenset(eos)
+        self._requests: Dict[RequestId, Request] = {}
+        self._arrivals: List[Tuple[float, int, Request]] = []   # heap of (arrival, order, req)
+        self._waiting: Deque[Sequence] = deque()
+        self._running: List[Sequence] = []                      # admission order, oldest first
+        self._finished_since_batch: List[int] = []
+        self._outstanding: Optional[ScheduledBatch] = None
+        self._outstanding_now = 0.0
+        self._next_seq_id = 0
+        self._order = 0
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ requests
+    def add(self, request_id: RequestId, prompt_token_ids: Iterable[int], params: SamplingParams,
+            arrival_time: float = 0.0) -> Request:
+        """Queue a request, or refuse it (ValueError naming it) if it can never run."""
+        if not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
+            raise TypeError(f"request_id: expected a str or int, got {type(request_id).__name__}")
+        if request_id in self._requests:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params: expected a SamplingParams, got {type(params).__name__}")
+        if isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) \
+                or not math.isfinite(arrival_time):
+            raise ValueError(f"arrival_time: expected a finite number, got {arrival_time!r}")
+        ids = np.asarray(prompt_token_ids)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError(f"request {request_id!r}: prompt_token_ids: expected a non-empty "
+                             f"1-D sequence of token ids, got shape {ids.shape}")
+        if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= 2**31:
+            raise ValueError(f"request {request_id!r}: prompt_token_ids: expected integers in "
+                             f"[0, 2**31), got dtype {ids.dtype}")
+        prompt = tuple(ids.tolist())
+        total = len(prompt) + params.max_tokens
+        blocks = -(-total // self.kv.block_size)
+        if total > self.max_model_len:
+            raise ValueError(f"request {request_id!r} can never run: prompt ({len(prompt)}) + "
+                             f"max_tokens ({params.max_tokens}) = {total} tokens exceeds "
+                             f"max_model_len={self.max_model_len}")
+        if blocks > self.kv.num_blocks:
+            raise ValueError(f"request {request_id!r} can never run: prompt ({len(prompt)}) + "
+                             f"max_tokens ({params.max_tokens}) = {total} tokens need {blocks} "
+                             f"blocks of {self.kv.block_size}, the KV cache has "
+                             f"{self.kv.num_blocks}")
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"request {request_id!r} can never run: n={params.n} samples "
+                             f"exceed max_num_seqs={self.max_num_seqs}")
+        req = Request(request_id, prompt, params, float(arrival_time), self._order)
+        self._order += 1
+        seq = Sequence(self._new_seq_id(), req, 0, list(prompt))
+        if params.n > 1:
+            seq.prefill_target = len(prompt) - 1
+        req.sequences.append(seq)
+        self._requests[request_id] = req
+        heapq.heappush(self._arrivals, (req.arrival_time, req.order, req))
+        return req
+
+    def abort(self, request_id: RequestId) -> None:
+        """Finish every sample of a request with reason "abort" and free its blocks."""
+        if self._outstanding is not None:
+            raise RuntimeError("abort: a batch is outstanding; call update() first")
+        req = self._requests.get(request_id)
+        if req is None:
+            raise KeyError(f"request_id: unknown request {request_id!r}")
+        if req.finished:
+            return
+        self._arrivals = [a for a in self._arrivals if a[2] is not req]
+        heapq.heapify(self._arrivals)
+        for seq in req.sequences:
+            if seq.status is SequenceStatus.RUNNING:
+                self._running.remove(seq)
+            elif seq.status is SequenceStatus.WAITING and seq in self._waiting:
+                self._waiting.remove(seq)
+            if not seq.is_finished:
+                self._finish(seq, FINISH_ABORT)
+        # samples never forked: finished as aborted without ever existing in the allocator
+        while len(req.sequences) < req.params.n:
+            child = Sequence(self._new_seq_id(), req, len(req.sequences),
+                             list(req.prompt_token_ids))
+            child.status = SequenceStatus.FINISHED
+            child.finish_reason = FINISH_ABORT
+            req.sequences.append(child)
+
+    def get_request(self, request_id: RequestId) -> Request:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise KeyError(f"request_id: unknown request {request_id!r}") from None
+
+    def has_unfinished(self) -> bool:
+        return bool(self._arrivals or self._waiting or self._running)
+
+    def next_arrival_time(self) -> Optional[float]:
+        """The earliest arrival not yet admitted to the waiting queue (for a virtual clock)."""
+        return self._arrivals[0][0] if self._arrivals else None
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting) + len(self._arrivals)
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self, now: float = math.inf) -> ScheduledBatch:
+        """Build the next step's batch (see the module docstring for the policy)."""
+        if self._outstanding is not None:
+            raise RuntimeError("schedule: the previous batch has not been passed to update()")
+        while self._arrivals and self._arrivals[0][0] <= now:
+            req = heapq.heappop(self._arrivals)[2]
+            self._waiting.append(req.sequences[0])
+
+        budget = self.max_num_batched_tokens
+        preemptions_before = self.num_preemptions
+        # (1) decodes, (2) continuing prefill chunks: one allocate_batch for all of them
+        plan: List[List] = []  # [seq, num_tokens, is_decode]
+        prefilling = []
+        for seq in self._running:
+            if seq.is_decoding:
+                plan.append([seq, 1, True])
+            else:
+                prefilling.append(seq)
+        budget -= len(plan)
+        for seq in prefilling:
+            if budget == 0:
+                break
+            k = min(seq.prefill_target - seq.num_computed_tokens, budget)
+            plan.append([seq, k, False])
+            budget -= k
+        start = 0
+        while start < len(plan):
+            part = plan[start:]
+            ids, new_ids, counts, nums = [], [], [], []
+            for seq, k, _ in part:
+                ids.append(seq.seq_id)
+                fresh = seq.token_ids[seq.num_known:]
+                new_ids.extend(fresh)
+                counts.append(len(fresh))
+                nums.append(k)
+            ok = self.kv.allocate_running(ids, new_ids, counts, nums)
+            for seq, _, _ in part[:ok]:
+                seq.num_known = len(seq.token_ids)
+            start += ok
+            if start == len(plan):
+                break
+            victim = self._running[-1]
+            for i, (seq, k, _) in enumerate(plan):
+                if seq is victim:
+                    del plan[i]
+                    budget += k
+                    if i < start:
+                        start -= 1
+                    break
+            self._preempt(victim)
+
+        # (3) admissions, FCFS
+        admitted: List[List] = []
+        slots = self.max_num_seqs - sum(s.width for s in self._running)
+        preempted = self.num_preemptions != preemptions_before and bool(plan)
+        while self._waiting and budget > 0 and not preempted:
+            seq = self._waiting[0]
+            if seq.width > slots:
+                break
+            cached = self.kv.lookup(seq.token_ids)
+            k = min(seq.prefill_target - cached, budget)
+            if not self.kv.allocate_new(seq.seq_id, seq.token_ids, k):
+                break
+            self._waiting.popleft()
+            seq.num_known = len(seq.token_ids)
+            seq.num_computed_tokens = cached
+            seq.status = SequenceStatus.RUNNING
+            self._running.append(seq)
+            slots -= seq.width
+            if k > 0:
+                admitted.append([seq, k, False])
+                budget -= k
+            else:
+                # an n > 1 parent whose prompt up to its last token is all cached: fork now and
+                # give the samples their last prompt token, budget and cache permitting
+                samples = self._fork(seq)
+                take = samples[:budget]
+                ok = self.kv.allocate_running([s.seq_id for s in take], [], [0] * len(take),
+                                              [1] * len(take))
+                for s in take[:ok]:
+                    admitted.append([s, 1, False])
+                budget -= ok
+
+        scheduled = plan + admitted
+        seqs = []
+        num_prefill = num_decode = 0
+        for seq, k, decoding in scheduled:
+            c = seq.num_computed_tokens
+            if decoding:
+                num_decode += k
+            else:
+                num_prefill += k
+            req = seq.request
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            seqs.append(ScheduledSequence(
+                seq_id=seq.seq_id, request_id=req.request_id, sample_index=seq.sample_index,
+                token_ids=tuple(seq.token_ids[c:c + k]), num_computed_tokens=c,
+                block_table=self.kv.block_table(seq.seq_id),
+                is_last_prefill_chunk=(c + k == len(seq.token_ids)),
+                sampling_params=seq.params))
+        batch = ScheduledBatch(sequences=tuple(seqs), block_copies=self.kv.pending_copies(),
+                               finished_seq_ids=tuple(self._finished_since_batch),
+                               num_prefill_tokens=num_prefill, num_decode_tokens=num_decode)
+        self._finished_since_batch = []
+        if seqs:
+            self._outstanding = batch
+            self._outstanding_now = now
+        return batch
+
+    # ------------------------------------------------------------------ update
+    def update(self, batch: ScheduledBatch, output: StepOutput,
+               now: Optional[float] = None) -> Tuple[Request, ...]:
+        """Commit the step's KV, append sampled tokens, apply stop conditions, fork n > 1.
+
+        Returns the requests that made progress (got a token or finished), in batch order.
+        ``now`` stamps first-token and finish times; by default the step's schedule time plus
+        ``output.seconds``.
+        """
+        if batch.is_empty:
+            return ()
+        if batch is not self._outstanding:
+            raise ValueError("batch: expected the batch returned by the last schedule()")
+        if not isinstance(output, StepOutput):
+            raise TypeError(f"output: expected a StepOutput, got {type(output).__name__}")
+        sampled = output.sampled_token_ids
+        if len(sampled) != len(batch.sequences):
+            raise ValueError(f"output.sampled_token_ids: expected {len(batch.sequences)} entries "
+                             f"(one per scheduled sequence), got {len(sampled)}")
+        for s, t in zip(batch.sequences, sampled):
+            if s.is_last_prefill_chunk != (t is not None):
+                raise ValueError(f"output.sampled_token_ids: sequence {s.seq_id} expected "
+                                 f"{'a token' if s.is_last_prefill_chunk else 'None'}, got {t!r}")
+        logprobs = output.logprobs
+        if logprobs is not None and len(logprobs) != len(batch.sequences):
+            raise ValueError(f"output.logprobs: expected {len(batch.sequences)} entries, "
+                             f"got {len(logprobs)}")
+        if now is None:
+            now = self._outstanding_now + float(output.seconds)
+        self._outstanding = None
+
+        seqs = [self._seq_of(s) for s in batch.sequences]
+        self.kv.commit_running([s.seq_id for s in batch.sequences],
+                               [s.context_len for s in batch.sequences])
+        touched: Dict[int, Request] = {}
+        for i, (sched, seq) in enumerate(zip(batch.sequences, seqs)):
+            seq.num_computed_tokens = sched.context_len
+            token = sampled[i]
+            req = seq.request
+            if token is None:
+                if seq.is_unforked_parent and seq.num_computed_tokens == seq.prefill_target:
+                    self._fork(seq)
+                continue
+            token = int(token)
+            seq.token_ids.append(token)
+            if logprobs is not None and logprobs[i] is not None:
+                seq.output_logprobs.append(logprobs[i])
+            if req.first_token_time is None:
+                req.first_token_time = now
+            touched[id(req)] = req
+            params = seq.params
+            if (token in self.eos_token_ids and not params.ignore_eos) \
+                    or token in params.stop_token_ids:
+                reason = FINISH_STOP
+            elif seq.num_output_tokens >= params.max_tokens:
+                reason = FINISH_LENGTH
+            else:
+                continue
+            self._running.remove(seq)
+            self._finish(seq, reason)
+            if req.finished:
+                req.finish_time = now
+        return tuple(touched.values())
+
+    # ------------------------------------------------------------------ internals
+    def _seq_of(self, sched: ScheduledSequence) -> Sequence:
+        for seq in self._requests[sched.request_id].sequences:
+            if seq.seq_id == sched.seq_id:
+                return seq
+        raise KeyError(f"batch: unknown sequence {sched.seq_id}")
+
+    def _new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id - 1
+
+    def _fork(self, parent: Sequence) -> List[Sequence]:
+        """Fork the samples 1..n-1 of ``parent``'s request; all n now end at the prompt's end."""
+        req = parent.request
+        parent.prefill_target = len(parent.token_ids)
+        children = []
+        for i in range(1, req.params.n):
+            child = Sequence(self._new_seq_id(), req, i, list(parent.token_ids))
+            self.kv.fork(parent.seq_id, child.seq_id)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_known = parent.num_known
+            child.status = SequenceStatus.RUNNING
+            req.sequences.append(child)
+            children.append(child)
+        pos = self._running.index(parent) + 1
+        self._running[pos:pos] = children
+        return [parent] + children
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._running.remove(seq)
+        self.kv.free(seq.seq_id)
+        seq.reset_for_recompute()
+        self._waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.seq_id in self.kv:
+            self.kv.free(seq.seq_id)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self._finished_since_batch.append(seq.seq_id)
