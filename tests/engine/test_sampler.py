@@ -302,9 +302,42 @@ def test_bad_input_is_refused_with_a_named_argument():
 
 
 def test_extreme_uniforms_pick_the_first_and_last_kept_tokens(monkeypatch):
-    logits = torch.tensor([[-math.inf, 0.0, 5.0, -math.inf, 1.0, -50.0, -math.inf]] * 2)
+    logits = torch.tensor([[-math.inf, 0.0, 5.0, -math.inf, 1.0, -5.0, -math.inf]] * 2)
     p = SP(temperature=1.0, min_p=1e-30)
     for u, expect in [(0.0, 1), (1.0 - 2.0 ** -53, 5)]:
         monkeypatch.setattr(Sampler, "_uniforms",
                             lambda self, *a, u=u: torch.full((2,), u, dtype=torch.float64))
         assert run(logits, [p, p]).token_ids.tolist() == [expect, expect]
+
+
+def test_wide_nucleus_matches_reference_and_row_by_row():
+    """Top-p-only rows whose nucleus is wider than the sampler's first look (1024 tokens)."""
+    g = torch.Generator().manual_seed(8)
+    vocab = 3000
+    logits = torch.randn(12, vocab, generator=g) * 0.2
+    logits[::3] *= 40  # peaked rows keep a small nucleus; the others need the full sort
+    params = [SP(top_p=[0.95, 0.5, 0.99][i % 3], min_p=[0.0, 0.0, 0.2][i % 3] if i % 4 else 0.0,
+                 seed=100 + i) for i in range(12)]
+    sampler = Sampler(seed=0)
+    for pos in range(3):
+        out = sampler(logits, params, [0] * 12, [pos] * 12)
+        for i in range(12):
+            t = out.token_ids[i].item()
+            assert allowed_set(logits[i].tolist(), params[i], slack=1e-5)[t]
+            assert sampler(logits[i:i + 1], [params[i]], [0], [pos]).token_ids.item() == t
+    # The nucleus of a flat row is about top_p of the vocabulary.
+    flat = torch.zeros(1, vocab)
+    out = run(flat.expand(2000, vocab).contiguous(), [SP(top_p=0.5, seed=1)] * 2000,
+              positions=list(range(2000)))
+    assert 1400 < out.token_ids.max().item() < 1500  # exactly tokens 0..1499 survive
+
+
+def test_wide_nucleus_of_distinct_logits_reaches_past_the_first_look():
+    vocab = 3000
+    logits = (-torch.arange(vocab, dtype=torch.float32) * 1e-4)[None, :]
+    p = SP(top_p=0.5, seed=4)
+    allowed = allowed_set(logits[0].tolist(), p, slack=0.0)
+    edge = int(allowed.sum())
+    assert 1100 < edge < 1600
+    out = run(logits.expand(4000, vocab).contiguous(), [p] * 4000, positions=list(range(4000)))
+    assert edge - 60 < out.token_ids.max().item() < edge

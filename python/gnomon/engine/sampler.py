@@ -55,6 +55,7 @@ from gnomon.engine.sampling_params import SamplingParams
 __all__ = ["Sampler", "SamplerOutput", "TokenLogprobs", "seeded_uniform"]
 
 _M64 = (1 << 64) - 1
+_TOP_P_CAP = 1024  # top-p-only rows look at this many tokens before sorting the whole row
 
 
 def _splitmix64(x: int) -> int:
@@ -201,40 +202,89 @@ class Sampler:
         vocab = logits.shape[1]
         sel = [params[i] for i in rows]
         x = logits[torch.tensor(rows, dtype=torch.int64, device=device)]
-        temperature = torch.tensor([p.temperature for p in sel], dtype=torch.float32, device=device)
-        top_k = torch.tensor([p.top_k for p in sel], dtype=torch.int64, device=device)
-        top_p = torch.tensor([p.top_p for p in sel], dtype=torch.float64, device=device)
-        log_min_p = torch.tensor([math.log(p.min_p) if p.min_p > 0 else -math.inf for p in sel],
-                                 dtype=torch.float32, device=device)
 
         # Temperature, relative to the row maximum: the kept maximum is exactly 0.
-        scaled = (x - x.max(dim=-1, keepdim=True).values) / temperature[:, None]
-        removed = scaled < log_min_p[:, None]  # min-p (all False where min_p == 0)
+        scaled = x - x.max(dim=-1, keepdim=True).values
+        if any(p.temperature != 1 for p in sel):
+            scaled /= torch.tensor([p.temperature for p in sel], dtype=torch.float32,
+                                   device=device)[:, None]
 
-        # Top-k and top-p need the row sorted; only the rows that use them are sorted.
-        sort_rows = [j for j, p in enumerate(sel) if p.top_k > 0 or p.top_p < 1]
-        if sort_rows:
-            sidx = torch.tensor(sort_rows, dtype=torch.int64, device=device)
-            vals, order = torch.sort(scaled[sidx], dim=-1, descending=True, stable=True)
-            rank = torch.arange(vocab, device=device)
-            k = top_k[sidx]
-            k = torch.where(k == 0, torch.full_like(k, vocab), k.clamp(max=vocab))
-            drop = rank[None, :] >= k[:, None]
-            probs = torch.softmax(vals.masked_fill(drop, -math.inf), dim=-1)
-            mass_before = torch.cumsum(probs, dim=-1, dtype=torch.float64) - probs.double()
-            p = top_p[sidx]
-            drop |= (mass_before >= p[:, None]) & (p < 1)[:, None]
-            removed[sidx] |= torch.zeros_like(drop).scatter_(1, order, drop)
+        # Top-k and top-p decide how many of the highest tokens a row keeps.
+        with_k = [j for j, p in enumerate(sel) if p.top_k > 0]
+        only_p = [j for j, p in enumerate(sel) if p.top_k == 0 and p.top_p < 1]
+        if with_k:
+            self._keep_top(scaled, with_k, sel, vocab)
+        if only_p:
+            self._keep_top(scaled, only_p, sel, vocab)
+        if any(p.min_p > 0 for p in sel):  # min-p last, on the ratio exp(scaled) = p_i / p_max
+            log_min_p = torch.tensor([math.log(p.min_p) if p.min_p > 0 else -math.inf
+                                      for p in sel], dtype=torch.float32, device=device)
+            scaled.masked_fill_(scaled < log_min_p[:, None], -math.inf)
 
-        # Inverse-CDF draw from the surviving tokens, in vocabulary order.
-        weights = torch.exp(scaled.double().masked_fill(removed, -math.inf))
-        cdf = torch.cumsum(weights, dim=-1)
+        # Inverse-CDF draw from the surviving tokens, in vocabulary order. (exp underflows to 0
+        # in float32 only for tokens below 1e-44 of the top one.)
+        cdf = torch.cumsum(torch.exp(scaled), dim=-1, dtype=torch.float64)
+        total = cdf[:, -1]
         u = self._uniforms(params, sample_indices, output_positions, rows).to(device)
-        target = (u * cdf[:, -1]).unsqueeze(1)
-        chosen = torch.searchsorted(cdf, target, right=True).squeeze(1)
-        # u * total can round up to total; then take the last token with weight.
-        last = torch.where(weights > 0, torch.arange(vocab, device=device), -1).max(dim=-1).values
-        return torch.minimum(chosen, last)
+        # u * total < total keeps the target below the last token with weight.
+        target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
+
+    @staticmethod
+    def _keep_top(scaled, group, sel, vocab) -> None:
+        """Top-k then top-p for the rows ``group`` of ``scaled`` (in place: dropped -> -inf).
+
+        Each row keeps its ``c`` highest tokens, ties going to the lower id. Mass is summed with
+        sequential cumulative sums in float64, so a row's ``c`` does not depend on the other rows.
+        Rows without top-k look at their ``_TOP_P_CAP`` highest tokens first and sort the whole
+        row only when the nucleus is larger than that; both paths give the same ``c``.
+        """
+        device = scaled.device
+        idx = torch.tensor(group, dtype=torch.int64, device=device)
+        s = scaled[idx]
+        ks = [sel[j].top_k for j in group]
+        k = torch.tensor([min(kk, vocab) if kk > 0 else vocab for kk in ks], device=device)
+        p = torch.tensor([sel[j].top_p for j in group], dtype=torch.float64, device=device)
+        if ks[0] > 0:  # top-k rows: the mass of top-p is the mass of the k survivors
+            vals = torch.topk(s, min(max(ks), vocab), dim=-1, sorted=True).values
+            count = Sampler._top_count(vals, k, p, None)
+        else:  # top-p only: the mass is the whole row's
+            total = torch.cumsum(torch.exp(s), dim=-1, dtype=torch.float64)[:, -1:]
+            width = min(vocab, _TOP_P_CAP)
+            vals = torch.topk(s, width, dim=-1, sorted=True).values
+            count = Sampler._top_count(vals, k, p, total)
+            full = more = None
+            if width < vocab:
+                more = (count >= width).nonzero().flatten()
+                if more.numel():
+                    full = torch.sort(s[more], dim=-1, descending=True).values
+                    count[more] = Sampler._top_count(full, k[more], p[more], total[more])
+        threshold = vals.gather(1, (count.clamp(max=vals.shape[1]) - 1)[:, None])
+        if ks[0] == 0 and full is not None:
+            threshold[more] = full.gather(1, (count[more] - 1)[:, None])
+        # Keep the first `count` of (value descending, id ascending).
+        keep = s >= threshold
+        room = count[:, None] - (s > threshold).sum(dim=-1, keepdim=True)
+        if bool((keep.sum(dim=-1, keepdim=True) > count[:, None]).any()):  # ties at the edge
+            tied = s == threshold
+            keep = (s > threshold) | (tied & (torch.cumsum(tied, dim=-1) <= room))
+        scaled[idx] = s.masked_fill(~keep, -math.inf)
+
+    @staticmethod
+    def _top_count(vals, k, p, total):
+        """How many of the sorted ``vals`` survive top-k (``k``) then top-p (``p``)."""
+        width = vals.shape[1]
+        rank = torch.arange(width, device=vals.device)
+        in_k = rank[None, :] < k[:, None]
+        count = k.clamp(max=width)
+        if not bool((p < 1).any()):
+            return count
+        e = torch.exp(vals).masked_fill(~in_k, 0.0).double()
+        cs = torch.cumsum(e, dim=-1)
+        if total is None:
+            total = cs.gather(1, (count - 1)[:, None])
+        keep = in_k & (((cs - e) < p[:, None] * total) | (p >= 1)[:, None])
+        return keep.sum(dim=-1)
 
     @staticmethod
     def _logprobs(logits, token_ids, params, rows, out) -> None:
