@@ -7,10 +7,12 @@ Order of operations, per row (the order vLLM documents):
 2. **Temperature**: ``scaled = (logits - max(logits)) / temperature``. Subtracting the row max first
    keeps tiny temperatures finite (the kept maximum is exactly 0).
 3. **Top-k** (``top_k > 0``): keep the ``top_k`` highest scaled logits. Ties at the boundary go to
-   the lower token id (a stable descending sort), so exactly ``min(top_k, V)`` tokens survive.
+   the lower token id, so exactly ``min(top_k, V)`` tokens survive (fewer only where the rest are
+   ``-inf``).
 4. **Top-p** (``top_p < 1``): over the softmax of the top-k survivors, sorted by descending
    probability, keep the smallest prefix whose mass is ``>= top_p``, i.e. token ``i`` survives when
-   the mass strictly before it is ``< top_p``. The most likely token always survives.
+   the mass strictly before it is ``< top_p`` (masses summed in float64). Tokens of equal
+   probability are ranked by ascending id. The most likely token always survives.
 5. **Min-p** (``min_p > 0``): drop tokens whose probability is ``< min_p * max probability``. The
    ratio ``p_i / p_max = exp(scaled_i)`` does not change when top-k or top-p renormalise, so this
    is computed on ``scaled`` directly: a token survives when ``scaled_i >= log(min_p)``.
@@ -38,8 +40,14 @@ the sampled token's logprob with no alternatives.
 logit is ``-inf``, raises ``ValueError`` naming the rows. ``-inf`` elsewhere is a legitimate mask.
 
 All filtering and drawing is vectorised over the rows with torch ops. Rows are grouped only by
-what they need (greedy or not; a sort for top-k/top-p or not; logprobs or not), and every op works
-on each row independently, so a row's result is the same in any batch.
+what they need (greedy or not; top-k, top-p only, or neither; logprobs or not), and every op
+works on each row independently, with masses summed by sequential cumulative sums rather than
+width-dependent reductions, so a row's result is bit-identical in any batch. Top-k rows use
+``torch.topk``; top-p-only rows look at their 1,024 highest tokens and sort the whole row only
+when the nucleus is wider than that.
+
+``exp`` of the scaled logits is taken in float32, so a surviving token
+below ``1e-44`` of the top token's probability has weight 0.
 """
 
 from __future__ import annotations
@@ -112,6 +120,7 @@ class Sampler:
                  sample_indices: Sequence[int], output_positions: Sequence[int]) -> SamplerOutput:
         return self.sample(logits, params, sample_indices, output_positions)
 
+    @torch.no_grad()
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                sample_indices: Sequence[int], output_positions: Sequence[int]) -> SamplerOutput:
         """Sample one token for each row of ``logits`` ``[B, V]``.
