@@ -131,7 +131,8 @@ def test_empirical_distribution_matches_filtered_softmax(p):
     df = int((probs > 0).sum()) - 1
     # chi-square critical value at p = 1e-6 for df <= 7 is below 40.
     assert chi_square(counts, probs) < 40.0, (counts, probs)
-    # The test has power: the unfiltered softmax at temperature 1 is rejected, unless it is the target.
+    # The test has power: the unfiltered softmax at temperature 1 is rejected (unless it is the
+    # target).
     plain = np.exp(np.array(logits) - max(logits))
     plain /= plain.sum()
     if not np.allclose(plain, probs):

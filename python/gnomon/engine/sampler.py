@@ -159,7 +159,8 @@ class Sampler:
         if not isinstance(logits, torch.Tensor):
             raise TypeError(f"logits: expected a torch.Tensor [B, V], got {type(logits).__name__}")
         if logits.dim() != 2:
-            raise ValueError(f"logits: expected a 2-D tensor [B, V], got shape {tuple(logits.shape)}")
+            raise ValueError(f"logits: expected a 2-D tensor [B, V], "
+                             f"got shape {tuple(logits.shape)}")
         if not logits.is_floating_point():
             raise ValueError(f"logits: expected a floating-point tensor, got {logits.dtype}")
         num_rows, vocab = logits.shape
@@ -176,7 +177,8 @@ class Sampler:
         for i, p in enumerate(params):
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"params[{i}]: expected a SamplingParams, got {type(p).__name__}")
-        for name, seq in (("sample_indices", sample_indices), ("output_positions", output_positions)):
+        for name, seq in (("sample_indices", sample_indices),
+                          ("output_positions", output_positions)):
             for i, v in enumerate(seq):
                 if not _is_int(v) or v < 0:
                     raise ValueError(f"{name}[{i}]: expected an integer >= 0, got {v!r}")
