@@ -257,6 +257,14 @@ def test_half_precision_logits_are_accepted():
     assert torch.equal(out.token_ids, torch.argmax(logits.float(), dim=-1))
 
 
+def test_numpy_integer_indices_are_accepted():
+    logits = torch.zeros(2, 50)
+    p = [SP(seed=9), SP(seed=9)]
+    a = run(logits, p, sample_indices=[0, 1], positions=[3, 3])
+    b = run(logits, p, sample_indices=list(np.array([0, 1])), positions=list(np.array([3, 3])))
+    assert torch.equal(a.token_ids, b.token_ids)
+
+
 def test_empty_batch():
     out = run(torch.empty(0, 10), [])
     assert out.token_ids.shape == (0,) and out.logprobs == ()
@@ -282,6 +290,8 @@ def test_bad_input_is_refused_with_a_named_argument():
         s(x, ok, [0, 0], [0, -1])
     with pytest.raises(ValueError, match=r"sample_indices\[0\]"):
         s(x, ok, [1.5, 0], [0, 0])
+    with pytest.raises(ValueError, match=r"sample_indices\[1\]"):
+        s(x, ok, [0, True], [0, 0])
     with pytest.raises(TypeError, match=r"params\[1\]"):
         s(x, [SP(), {"temperature": 1.0}], [0, 0], [0, 0])
     with pytest.raises(ValueError, match="seed"):

@@ -53,6 +53,7 @@ below ``1e-44`` of the top token's probability has weight 0.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -180,8 +181,10 @@ class Sampler:
         for name, seq in (("sample_indices", sample_indices),
                           ("output_positions", output_positions)):
             for i, v in enumerate(seq):
-                if not _is_int(v) or v < 0:
+                if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 0:
                     raise ValueError(f"{name}[{i}]: expected an integer >= 0, got {v!r}")
+        sample_indices = [int(v) for v in sample_indices]
+        output_positions = [int(v) for v in output_positions]
         if num_rows and not bool(torch.isfinite(logits).all()):
             bad_nan = torch.isnan(logits).any(dim=-1)
             bad_pinf = (logits == math.inf).any(dim=-1)
