@@ -17,10 +17,12 @@ import torch
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence
 from gnomon.engine.config import ModelConfig, cos_sin_cache
 from gnomon.engine.kv_cache import KVCacheManager
-from gnomon.engine.runner import ModelRunner
+from gnomon.engine.runner import (ModelRunner, kv_cache_bytes_per_block,
+                                  num_kv_blocks_for_budget)
 from gnomon.engine.sampling_params import SamplingParams
 from gnomon.engine.scheduler import Scheduler
 from gnomon.engine.weights import random_weights
+from gnomon.ops import mxfp4_dequantize
 
 ATOL = RTOL = 1e-4
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -70,10 +72,9 @@ def _moe(cfg, W, p, x):
             probs, ids = probs_all.topk(cfg.top_k)
             probs = probs / probs.sum()
         for pr, e in zip(probs.tolist(), ids.tolist()):
-            out[t] += pr * _expert(cfg, W[p + "w13"][e], W[p + "w2"][e],
-                                   W.get(p + "w13_bias", [None] * (e + 1))[e]
-                                   if p + "w13_bias" in W else None,
-                                   W[p + "w2_bias"][e] if p + "w2_bias" in W else None, x[t])
+            b13 = W[p + "w13_bias"][e] if p + "w13_bias" in W else None
+            b2 = W[p + "w2_bias"][e] if p + "w2_bias" in W else None
+            out[t] += pr * _expert(cfg, W[p + "w13"][e], W[p + "w2"][e], b13, b2, x[t])
     return out
 
 
@@ -131,7 +132,7 @@ def reference_greedy(cfg, W, prompt, n):
 
 
 # ---------------------------------------------------------------------------- fixtures
-def _model(name, **overrides):
+def _model(name):
     cfg = ModelConfig.preset(name)
     W = random_weights(cfg, torch.float32, seed=7, mxfp4=False)
     return cfg, W
@@ -202,7 +203,6 @@ def test_chunked_prefill_matches_reference(name):
         assert logits.shape[0] == len(rows)
         for r, sid in enumerate(rows):
             got[sid] = logits[r]
-        out = runner.execute.__self__  # noqa: B018 (runner stays usable)
     assert done == [len(p) for p in prompts]
     for i, p in enumerate(prompts):
         torch.testing.assert_close(got[i], reference_logits(cfg, W, p)[-1], atol=ATOL,
@@ -244,18 +244,29 @@ def test_greedy_decode_with_scheduler_matches_reference(name):
     runner = ModelRunner(cfg, W, num_kv_blocks=48, block_size=block_size)
     for i, p in enumerate(prompts):
         sched.add(i, p, GREEDY)
-    steps = 0
+    steps = mixed = 0
     while sched.has_unfinished():
         batch = sched.schedule()
         if batch.is_empty:
             continue
+        mixed += batch.num_prefill_tokens > 0 and batch.num_decode_tokens > 0
         sched.update(batch, runner.execute(batch))
         steps += 1
         assert steps < 500
+    assert mixed > 0   # some step mixed prefill chunks with decodes
     for i, p in enumerate(prompts):
         ((toks, reason),) = sched.get_request(i).outputs()
         assert reason == "length"
         assert list(toks) == reference_greedy(cfg, W, p, 16), f"request {i}"
+
+
+def test_kv_budget():
+    cfg = ModelConfig.preset("tiny-llama")
+    per = kv_cache_bytes_per_block(cfg, 16, torch.float32)
+    assert per == 2 * 2 * 16 * 2 * 16 * 4
+    assert num_kv_blocks_for_budget(cfg, 10 * per + 5, 16, torch.float32) == 10
+    with pytest.raises(ValueError, match="kv_cache_bytes"):
+        num_kv_blocks_for_budget(cfg, per - 1, 16, torch.float32)
 
 
 def test_bad_arguments_are_named():
@@ -275,3 +286,23 @@ def test_bad_arguments_are_named():
                            num_prefill_tokens=9)
     with pytest.raises(ValueError, match="block_table"):
         runner.execute(short)
+
+
+def test_mxfp4_gpt_oss_matches_reference_on_dequantised_weights():
+    cfg = ModelConfig.preset("tiny-gpt-oss")
+    Wq = random_weights(cfg, torch.float32, seed=9, mxfp4=True)
+    assert Wq["layers.0.w13"].dtype == torch.uint8
+    W = {n: t for n, t in Wq.items() if not n.endswith("_scales")}
+    for i in range(cfg.num_layers):
+        for m in ("w13", "w2"):
+            name = f"layers.{i}.{m}"
+            W[name] = mxfp4_dequantize(Wq[name], Wq[name + "_scales"], dtype=torch.float32)
+    prompts = _prompts(seed=4, lengths=(14, 3))
+    runner = ModelRunner(cfg, Wq, num_kv_blocks=32, block_size=4)
+    tables = _blocks(prompts, 4, 32)
+    batch = ScheduledBatch(sequences=tuple(_seq(i, p, 0, t, True)
+                                           for i, (p, t) in enumerate(zip(prompts, tables))),
+                           num_prefill_tokens=sum(map(len, prompts)))
+    logits, _ = runner.execute_logits(batch)
+    ref = torch.stack([reference_logits(cfg, W, p)[-1] for p in prompts])
+    torch.testing.assert_close(logits, ref, atol=ATOL, rtol=RTOL)

@@ -53,6 +53,25 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
+def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one KV block takes over all layers (K and V)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+def num_kv_blocks_for_budget(config: ModelConfig, kv_cache_bytes: int, block_size: int,
+                             dtype: torch.dtype) -> int:
+    """How many KV blocks fit in `kv_cache_bytes` (all layers; gpt-oss's sliding layers keep
+    full KV too). Raises ValueError when not even one fits."""
+    if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int):
+        raise TypeError(f"kv_cache_bytes: expected an int, got {kv_cache_bytes!r}")
+    per_block = kv_cache_bytes_per_block(config, _positive_int("block_size", block_size), dtype)
+    if kv_cache_bytes < per_block:
+        raise ValueError(f"kv_cache_bytes: {kv_cache_bytes} holds no KV block; one block of "
+                         f"{block_size} tokens takes {per_block} bytes for this model")
+    return kv_cache_bytes // per_block
+
+
 class ModelRunner:
     """Runs a model's forward over paged KV for one scheduled step at a time.
 
@@ -164,7 +183,6 @@ class ModelRunner:
             "seq_lens": torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
             "query_start_loc": torch.from_numpy(qsl.astype(np.int32)).to(dev),
             "sample_rows": torch.from_numpy(sample_rows).to(dev),
-            "sampling": torch.from_numpy(sampling),
         }
 
     # ------------------------------------------------------------------ forward
@@ -245,7 +263,6 @@ class ModelRunner:
         t1 = time.perf_counter()
         logits = self.compute_logits(self.forward(inputs))
         t2 = time.perf_counter()
-        self._last_sampling = inputs["sampling"]
         return logits, {"prepare": t1 - t0, "forward": t2 - t1}
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
@@ -255,7 +272,7 @@ class ModelRunner:
         if batch.is_empty:
             return StepOutput((), time.perf_counter() - t0, breakdown)
         t1 = time.perf_counter()
-        sampling = self._last_sampling.tolist()
+        sampling = [s.is_last_prefill_chunk for s in batch.sequences]
         sample_seqs = [s for s, on in zip(batch.sequences, sampling) if on]
         tokens = [int(t) for t in self.sample(logits, sample_seqs)] if sample_seqs else []
         if len(tokens) != len(sample_seqs):
