@@ -306,3 +306,31 @@ def test_mxfp4_gpt_oss_matches_reference_on_dequantised_weights():
     logits, _ = runner.execute_logits(batch)
     ref = torch.stack([reference_logits(cfg, W, p)[-1] for p in prompts])
     torch.testing.assert_close(logits, ref, atol=ATOL, rtol=RTOL)
+
+
+def test_prefix_cache_fork_and_preemption_match_reference():
+    """Shared prefixes (prefix-cache hits start prompts at num_computed > 0), n=2 samples
+    (fork; the shared last block is copied on write through batch.block_copies) and a cache so
+    small that the scheduler preempts: every greedy output equals the reference's."""
+    cfg, W = _model("tiny-llama")
+    base = _prompts(seed=21, lengths=(13,))[0]
+    prompts = [base + [5, 6, 7], base + [9], base[:8] + [11, 12, 13, 14, 15]]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, n=2)
+    kv = KVCacheManager(num_blocks=14, block_size=4)
+    sched = Scheduler(kv, max_model_len=128, max_num_seqs=6, max_num_batched_tokens=12)
+    runner = ModelRunner(cfg, W, num_kv_blocks=14, block_size=4)
+    for i, p in enumerate(prompts):
+        sched.add(i, p, params)
+    copies = 0
+    while sched.has_unfinished():
+        batch = sched.schedule()
+        copies += len(batch.block_copies)
+        if not batch.is_empty:
+            sched.update(batch, runner.execute(batch))
+        else:
+            runner.execute(batch)
+    assert sched.num_preemptions > 0 and copies > 0
+    for i, p in enumerate(prompts):
+        want = reference_greedy(cfg, W, p, 16)
+        for toks, reason in sched.get_request(i).outputs():
+            assert list(toks) == want and reason == "length", f"request {i}"
