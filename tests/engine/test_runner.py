@@ -334,3 +334,20 @@ def test_prefix_cache_fork_and_preemption_match_reference():
         want = reference_greedy(cfg, W, p, 16)
         for toks, reason in sched.get_request(i).outputs():
             assert list(toks) == want and reason == "length", f"request {i}"
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_bfloat16_runner_tracks_float32(name):
+    """bf16 weights, activations and KV: logits (|logit| <= ~0.7 here) within 0.02 of the
+    float32 runner's (observed ~0.005)."""
+    cfg, W = _model(name)
+    prompts = _prompts()
+    tables = _blocks(prompts, 4, 64)
+    batch = ScheduledBatch(sequences=tuple(_seq(i, p, 0, t, True)
+                                           for i, (p, t) in enumerate(zip(prompts, tables))),
+                           num_prefill_tokens=sum(map(len, prompts)))
+    want, _ = ModelRunner(cfg, W, num_kv_blocks=64, block_size=4).execute_logits(batch)
+    bf16 = ModelRunner(cfg, W, num_kv_blocks=64, block_size=4, dtype=torch.bfloat16)
+    assert bf16.kv_caches[0][0].dtype == torch.bfloat16
+    got, _ = bf16.execute_logits(batch)
+    torch.testing.assert_close(got, want, atol=0.02, rtol=0)
