@@ -286,6 +286,10 @@ def test_bad_arguments_are_named():
                            num_prefill_tokens=9)
     with pytest.raises(ValueError, match="block_table"):
         runner.execute(short)
+    oov = ScheduledBatch(sequences=(_seq(0, [cfg.vocab_size], 0, (0,), True),),
+                         num_prefill_tokens=1)
+    with pytest.raises(ValueError, match="token ids"):
+        runner.execute(oov)
 
 
 def test_mxfp4_gpt_oss_matches_reference_on_dequantised_weights():

@@ -150,6 +150,9 @@ class ModelRunner:
         num_tokens = int(lens.sum())
         tokens = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs),
                              dtype=np.int64, count=num_tokens)
+        if num_tokens and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
+            raise ValueError(f"batch: token ids must lie in [0, {self.config.vocab_size}) (the "
+                             f"vocabulary), got {int(tokens.min())}..{int(tokens.max())}")
         qsl = np.zeros(nb + 1, dtype=np.int64)
         np.cumsum(lens, out=qsl[1:])
         seq_of_token = np.repeat(np.arange(nb), lens)
