@@ -1,0 +1,288 @@
+"""The real model runner: one `ScheduledBatch` in, one `StepOutput` out (DESIGN.md).
+
+`ModelRunner` owns the paged KV cache (per layer, K and V each
+``[num_kv_blocks, block_size, num_kv_heads, head_dim]``) and the RoPE cos/sin table, and runs
+the three supported architectures (Llama, Mixtral, gpt-oss) through `gnomon.ops`:
+
+    embedding
+    per layer: rms_norm (fused residual add from the second norm on) -> QKV matmul (+bias)
+               -> rotary_embedding -> reshape_and_cache -> ONE paged_attention for the whole
+               mixed batch (sliding window on gpt-oss's sliding layers, sinks)
+               -> O matmul (+bias) -> rms_norm (fused residual) -> SwiGLU MLP, or
+               router matmul (+bias) -> topk_routing -> fused_moe
+    final rms_norm and lm_head at the last position of each sequence that samples this step
+    sample(logits, sequences) -> one token per sampling sequence
+
+Inputs are built per step with numpy (per-sequence loops only: nothing per token in Python).
+Sampling is a callable ``sample(logits float32 [R, V], sequences) -> R token ids`` where
+``sequences`` are the R `ScheduledSequence` that sample, in batch order; the default is greedy
+argmax (the sampler module plugs in here).
+
+gpt-oss's sliding-window layers keep full KV (no hybrid allocator yet); paged_attention applies
+the window when reading.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gnomon import ops
+from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
+from gnomon.engine.config import ModelConfig, cos_sin_cache
+from gnomon.engine.weights import weight_shapes
+
+SampleFn = Callable[[torch.Tensor, Sequence[ScheduledSequence]], Sequence[int]]
+
+
+def greedy_sample(logits: torch.Tensor, sequences: Sequence[ScheduledSequence]) -> List[int]:
+    """Argmax per row (ties to the lowest id)."""
+    return logits.argmax(dim=-1).tolist()
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected a positive int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value}")
+    return value
+
+
+def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one KV block takes over all layers (K and V)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+def num_kv_blocks_for_budget(config: ModelConfig, kv_cache_bytes: int, block_size: int,
+                             dtype: torch.dtype) -> int:
+    """How many KV blocks fit in `kv_cache_bytes` (all layers; gpt-oss's sliding layers keep
+    full KV too). Raises ValueError when not even one fits."""
+    if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int):
+        raise TypeError(f"kv_cache_bytes: expected an int, got {kv_cache_bytes!r}")
+    per_block = kv_cache_bytes_per_block(config, _positive_int("block_size", block_size), dtype)
+    if kv_cache_bytes < per_block:
+        raise ValueError(f"kv_cache_bytes: {kv_cache_bytes} holds no KV block; one block of "
+                         f"{block_size} tokens takes {per_block} bytes for this model")
+    return kv_cache_bytes // per_block
+
+
+class ModelRunner:
+    """Runs a model's forward over paged KV for one scheduled step at a time.
+
+    `weights` is the dict `load_weights` / `random_weights` return (gnomon's names, see
+    `gnomon.engine.weights`). Floating weights are cast to `dtype` (default: the embedding's
+    dtype) and everything is moved to `device`; MXFP4 codes and scales stay uint8.
+    `max_position` bounds positions (default: the config's ``max_position_embeddings``).
+    """
+
+    def __init__(self, config: ModelConfig, weights: Dict[str, torch.Tensor], *,
+                 num_kv_blocks: int, block_size: int = 16,
+                 device: Union[str, torch.device] = "cpu",
+                 dtype: Union[None, torch.dtype] = None, sample: Optional[SampleFn] = None,
+                 max_position: Optional[int] = None) -> None:
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
+        if not isinstance(weights, dict):
+            raise TypeError(f"weights: expected a dict of name -> tensor, got "
+                            f"{type(weights).__name__}")
+        self.config = config
+        self.num_kv_blocks = _positive_int("num_kv_blocks", num_kv_blocks)
+        self.block_size = _positive_int("block_size", block_size)
+        self.max_position = _positive_int(
+            "max_position", config.max_position_embeddings if max_position is None
+            else max_position)
+        self.device = torch.device(device)
+        if "embed" not in weights:
+            raise KeyError("weights: missing 'embed' (expected gnomon's weight names, as "
+                           "load_weights / random_weights return)")
+        if dtype is None:
+            dtype = weights["embed"].dtype
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype: expected torch.float32, float16 or bfloat16, got {dtype}")
+        self.dtype = dtype
+        if sample is not None and not callable(sample):
+            raise TypeError(f"sample: expected a callable (logits, sequences) -> token ids, got "
+                            f"{type(sample).__name__}")
+        self.sample: SampleFn = sample or greedy_sample
+
+        mxfp4 = any(n.endswith("_scales") for n in weights)
+        expected = weight_shapes(config, mxfp4=mxfp4)
+        for name, shape in expected.items():
+            if name not in weights:
+                raise KeyError(f"weights: missing {name!r} (shape {shape})")
+            if tuple(weights[name].shape) != tuple(shape):
+                raise ValueError(f"weights[{name!r}]: expected shape {tuple(shape)}, got "
+                                 f"{tuple(weights[name].shape)}")
+        w = {}
+        for name in expected:
+            t = weights[name]
+            if t.dtype == torch.uint8:
+                w[name] = t.to(self.device)
+            elif name.endswith(".sinks"):
+                w[name] = t.to(device=self.device, dtype=torch.float32).contiguous()
+            else:
+                w[name] = t.to(device=self.device, dtype=dtype)
+        self.weights = w
+
+        c = config
+        shape = (self.num_kv_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+        self.kv_caches: List[Tuple[torch.Tensor, torch.Tensor]] = [
+            (torch.zeros(shape, dtype=dtype, device=self.device),
+             torch.zeros(shape, dtype=dtype, device=self.device))
+            for _ in range(c.num_layers)]
+        self.cos_sin_cache = cos_sin_cache(c, self.max_position, device=self.device)
+        self.scale = c.head_dim ** -0.5
+        self._windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+
+    # ------------------------------------------------------------------ inputs
+    def prepare(self, batch: ScheduledBatch) -> Dict[str, torch.Tensor]:
+        """The step's input tensors (vectorised; per-sequence loops only)."""
+        seqs = batch.sequences
+        nb = len(seqs)
+        lens = np.fromiter((len(s.token_ids) for s in seqs), dtype=np.int64, count=nb)
+        computed = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=nb)
+        num_tokens = int(lens.sum())
+        tokens = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs),
+                             dtype=np.int64, count=num_tokens)
+        if num_tokens and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
+            raise ValueError(f"batch: token ids must lie in [0, {self.config.vocab_size}) (the "
+                             f"vocabulary), got {int(tokens.min())}..{int(tokens.max())}")
+        qsl = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(lens, out=qsl[1:])
+        seq_of_token = np.repeat(np.arange(nb), lens)
+        positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(qsl[:-1] - computed, lens)
+        seq_lens = computed + lens
+        if num_tokens and int(seq_lens.max()) > self.max_position:
+            raise ValueError(f"batch: a sequence reaches position {int(seq_lens.max()) - 1}, "
+                             f"beyond max_position {self.max_position}")
+        max_blocks = max((len(s.block_table) for s in seqs), default=0)
+        tables = np.zeros((nb, max(max_blocks, 1)), dtype=np.int32)
+        for i, s in enumerate(seqs):
+            tables[i, :len(s.block_table)] = s.block_table
+        need = (seq_lens + self.block_size - 1) // self.block_size
+        have = np.fromiter((len(s.block_table) for s in seqs), dtype=np.int64, count=nb)
+        if (need > have).any():
+            i = int(np.argmax(need > have))
+            raise ValueError(f"batch: sequence {seqs[i].seq_id} needs {int(need[i])} blocks for "
+                             f"{int(seq_lens[i])} tokens, its block_table has {int(have[i])}")
+        if (tables < 0).any() or (tables >= self.num_kv_blocks).any():
+            raise ValueError(f"batch: block ids must lie in [0, {self.num_kv_blocks})")
+        slots = (tables[seq_of_token, positions // self.block_size].astype(np.int64)
+                 * self.block_size + positions % self.block_size)
+        sampling = np.fromiter((s.is_last_prefill_chunk for s in seqs), dtype=bool, count=nb)
+        sample_rows = (qsl[1:] - 1)[sampling]
+        dev = self.device
+        return {
+            "tokens": torch.from_numpy(tokens).to(dev),
+            "positions": torch.from_numpy(positions).to(dev),
+            "slot_mapping": torch.from_numpy(slots).to(dev),
+            "block_tables": torch.from_numpy(tables).to(dev),
+            "seq_lens": torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
+            "query_start_loc": torch.from_numpy(qsl.astype(np.int32)).to(dev),
+            "sample_rows": torch.from_numpy(sample_rows).to(dev),
+        }
+
+    # ------------------------------------------------------------------ forward
+    def _copy_blocks(self, copies: Sequence[Tuple[int, int]]) -> None:
+        if not copies:
+            return
+        pairs = torch.tensor(copies, dtype=torch.int64)
+        if (pairs < 0).any() or (pairs >= self.num_kv_blocks).any():
+            raise ValueError(f"batch.block_copies: block ids must lie in "
+                             f"[0, {self.num_kv_blocks}), got {list(copies)}")
+        src, dst = pairs[:, 0].to(self.device), pairs[:, 1].to(self.device)
+        for k, v in self.kv_caches:
+            k[dst] = k[src]
+            v[dst] = v[src]
+
+    def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        c, w, p = self.config, self.weights, f"layers.{i}."
+        if not c.is_moe:
+            gate, up = F.linear(x, w[p + "w13"]).chunk(2, dim=-1)
+            return F.linear(F.silu(gate) * up, w[p + "w2"])
+        logits = F.linear(x, w[p + "router"], w.get(p + "router_bias"))
+        topk_w, topk_ids = ops.topk_routing(logits, c.top_k, mode=c.routing)
+        return ops.fused_moe(x, w[p + "w13"], w[p + "w2"], topk_w, topk_ids,
+                             activation=c.activation, gate_up_layout=c.gate_up_layout,
+                             w13_bias=w.get(p + "w13_bias"), w2_bias=w.get(p + "w2_bias"),
+                             w13_scales=w.get(p + "w13_scales"),
+                             w2_scales=w.get(p + "w2_scales"))
+
+    def forward(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """The hidden states after the final norm at the sampling rows, [R, H]."""
+        c, w = self.config, self.weights
+        num_tokens = inputs["tokens"].shape[0]
+        hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
+        h = F.embedding(inputs["tokens"], w["embed"])
+        residual = None
+        for i in range(c.num_layers):
+            p = f"layers.{i}."
+            if residual is None:
+                residual = h
+                x = ops.rms_norm(h, w[p + "attn_norm"], c.rms_norm_eps)
+            else:
+                x = ops.rms_norm(h, w[p + "attn_norm"], c.rms_norm_eps, residual=residual)
+            qkv = F.linear(x, w[p + "qkv"], w.get(p + "qkv_bias"))
+            q = qkv[:, :c.q_size].reshape(num_tokens, hq, d).contiguous()
+            k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(num_tokens, hkv, d).contiguous()
+            v = qkv[:, c.q_size + c.kv_size:].reshape(num_tokens, hkv, d).contiguous()
+            ops.rotary_embedding(inputs["positions"], q, k, self.cos_sin_cache)
+            k_cache, v_cache = self.kv_caches[i]
+            ops.reshape_and_cache(k, v, k_cache, v_cache, inputs["slot_mapping"])
+            attn = ops.paged_attention(q, k_cache, v_cache, inputs["block_tables"],
+                                       inputs["seq_lens"], inputs["query_start_loc"],
+                                       scale=self.scale, sliding_window=self._windows[i],
+                                       sinks=w.get(p + "sinks"))
+            h = F.linear(attn.reshape(num_tokens, hq * d), w[p + "o"], w.get(p + "o_bias"))
+            x = ops.rms_norm(h, w[p + "mlp_norm"], c.rms_norm_eps, residual=residual)
+            h = self._mlp(i, x)
+        rows = inputs["sample_rows"]
+        return ops.rms_norm(h[rows], w["norm"], c.rms_norm_eps,
+                            residual=residual[rows].contiguous())
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """lm_head on final-norm hidden states; float32 [R, V]."""
+        return F.linear(hidden, self.weights["lm_head"]).float()
+
+    # ------------------------------------------------------------------ step
+    @torch.inference_mode()
+    def execute_logits(self, batch: ScheduledBatch) -> Tuple[torch.Tensor, Dict[str, float]]:
+        """Block copies, then the forward; returns the float32 logits of the sequences that
+        sample this step ([R, V], batch order) and the time breakdown so far."""
+        if not isinstance(batch, ScheduledBatch):
+            raise TypeError(f"batch: expected a ScheduledBatch, got {type(batch).__name__}")
+        t0 = time.perf_counter()
+        self._copy_blocks(batch.block_copies)
+        if batch.is_empty:
+            return (torch.empty(0, self.config.vocab_size, dtype=torch.float32),
+                    {"prepare": time.perf_counter() - t0})
+        inputs = self.prepare(batch)
+        t1 = time.perf_counter()
+        logits = self.compute_logits(self.forward(inputs))
+        t2 = time.perf_counter()
+        return logits, {"prepare": t1 - t0, "forward": t2 - t1}
+
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        """Runs one step and samples one token per sequence whose ``is_last_prefill_chunk``."""
+        t0 = time.perf_counter()
+        logits, breakdown = self.execute_logits(batch)
+        if batch.is_empty:
+            return StepOutput((), time.perf_counter() - t0, breakdown)
+        t1 = time.perf_counter()
+        sampling = [s.is_last_prefill_chunk for s in batch.sequences]
+        sample_seqs = [s for s, on in zip(batch.sequences, sampling) if on]
+        tokens = [int(t) for t in self.sample(logits, sample_seqs)] if sample_seqs else []
+        if len(tokens) != len(sample_seqs):
+            raise ValueError(f"sample: returned {len(tokens)} tokens for {len(sample_seqs)} "
+                             f"sampling sequences")
+        it = iter(tokens)
+        sampled = tuple(next(it) if on else None for on in sampling)
+        t2 = time.perf_counter()
+        breakdown["sample"] = t2 - t1
+        return StepOutput(sampled, t2 - t0, breakdown)
