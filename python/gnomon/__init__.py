@@ -9,3 +9,13 @@ from gnomon._C import BlockAllocator
 __version__ = _C.__version__
 
 __all__ = ["BlockAllocator", "__version__"]
+
+_ENGINE_EXPORTS = ("LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput")
+__all__ += list(_ENGINE_EXPORTS)
+
+
+def __getattr__(name):  # lazy, so that importing gnomon does not import torch
+    if name in _ENGINE_EXPORTS:
+        from gnomon import engine
+        return getattr(engine, name)
+    raise AttributeError(f"module 'gnomon' has no attribute {name!r}")

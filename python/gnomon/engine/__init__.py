@@ -1,2 +1,12 @@
 """The engine: model configs and weights, the scheduler, the KV-cache manager, the model runner,
 the sampler, and the serving (`LLMEngine`) and offline (`LLM`) APIs."""
+
+
+def __getattr__(name):  # lazy: importing gnomon.engine does not import torch
+    if name in ("LLM", "LLMEngine", "RequestOutput", "CompletionOutput", "RequestMetrics"):
+        from . import llm
+        return getattr(llm, name)
+    if name == "SamplingParams":
+        from .sampling_params import SamplingParams
+        return SamplingParams
+    raise AttributeError(f"module 'gnomon.engine' has no attribute {name!r}")

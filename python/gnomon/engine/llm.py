@@ -1,0 +1,373 @@
+"""The serving (`LLMEngine`) and offline (`LLM`) APIs.
+
+`LLMEngine` drives the step loop ``schedule(now) -> runner.execute(batch) -> update`` over a
+`Scheduler`, reading time only from its ``clock``. Arrivals are admitted at step boundaries once
+``clock()`` has passed their arrival time.
+
+Runner surface
+--------------
+The engine touches the runner only through ``runner.execute(batch) -> StepOutput`` (and, for
+`LLM.score`, ``runner.execute_logits(batch)``), so a simulated runner answering the same calls
+can stand in for the real `ModelRunner`. ``tests/engine/test_llm.py`` derives this set from this
+file's source and checks the real runner answers it.
+
+Default KV budget: when neither ``num_kv_blocks`` nor ``kv_cache_bytes`` is given, the cache gets
+``DEFAULT_KV_CACHE_BYTES`` (256 MiB), capped at what ``max_num_seqs`` sequences of
+``max_model_len`` tokens could use, and never less than one sequence of ``max_model_len``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .batch import ScheduledBatch, ScheduledSequence, StepOutput
+from .config import PRESETS, ModelConfig
+from .kv_cache import KVCacheManager
+from .sampler import Sampler
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Request
+
+DEFAULT_KV_CACHE_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    """One sample of a request: ``logprobs`` is None unless requested, else one
+    `TokenLogprobs` per generated token."""
+    index: int
+    token_ids: Tuple[int, ...]
+    text: Optional[str]
+    finish_reason: Optional[str]
+    logprobs: Optional[Tuple[object, ...]] = None
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Times on the engine's clock (None until they happen)."""
+    arrival_time: float
+    first_scheduled_time: Optional[float]
+    first_token_time: Optional[float]
+    finish_time: Optional[float]
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: Union[str, int]
+    prompt_token_ids: Tuple[int, ...]
+    outputs: Tuple[CompletionOutput, ...]
+    finished: bool
+    metrics: RequestMetrics
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    return value
+
+
+def _resolve_dtype(dtype, config: ModelConfig) -> torch.dtype:
+    if dtype == "auto" or dtype is None:
+        return config.dtype
+    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if isinstance(dtype, str) and dtype in names:
+        return names[dtype]
+    if dtype in names.values():
+        return dtype
+    raise ValueError(f"dtype: expected 'auto', 'float32', 'float16' or 'bfloat16', got {dtype!r}")
+
+
+class _SamplerAdapter:
+    """The runner's ``sample`` callable: the real `Sampler`, per sequence its params, sample index
+    and output position; keeps the last step's logprobs for the engine to collect."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+        self.last_logprobs: Dict[int, object] = {}
+        self.output_position: Dict[int, int] = {}  # seq_id -> tokens generated so far
+
+    def __call__(self, logits: torch.Tensor, sequences: Sequence[ScheduledSequence]) -> List[int]:
+        params = [s.sampling_params for s in sequences]
+        # the engine registers each sampling sequence's output position before execute
+        positions = [self.output_position.get(s.seq_id, 0) for s in sequences]
+        out = self.sampler(logits, params, [s.sample_index for s in sequences], positions)
+        self.last_logprobs = {s.seq_id: lp for s, lp in zip(sequences, out.logprobs)
+                              if lp is not None}
+        return out.token_ids.tolist()
+
+
+class LLMEngine:
+    """Continuous-batching serving engine (see the module docstring).
+
+    ``runner`` defaults to a real `ModelRunner` over ``model``'s weights; a runner passed in must
+    have been built with the engine's KV geometry (``num_kv_blocks``, ``block_size``).
+    """
+
+    def __init__(self, model, *, clock: Optional[Callable[[], float]] = None, runner=None,
+                 device: str = "cpu", dtype="auto", random_weights: bool = False,
+                 max_model_len: Optional[int] = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, block_size: int = 16,
+                 num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
+                 enable_prefix_caching: bool = True, seed: Optional[int] = 0) -> None:
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock: expected a callable returning seconds, got {clock!r}")
+        self.clock = clock or time.monotonic
+        if isinstance(model, ModelConfig):
+            config, folder = model, None
+        elif isinstance(model, (str, os.PathLike)):
+            name = os.fspath(model)
+            if os.path.isdir(name):
+                folder = name
+            elif name in PRESETS:
+                folder = None
+                if not random_weights and runner is None:
+                    raise ValueError(f"model: {name!r} is a preset with no checkpoint; pass "
+                                     f"random_weights=True, or a model folder")
+            else:
+                raise ValueError(f"model: expected a model folder (config.json + safetensors) or "
+                                 f"a preset ({', '.join(PRESETS)}), got {name!r}")
+            config = ModelConfig.from_model(name)
+        else:
+            raise TypeError(f"model: expected a folder path or preset name, got "
+                            f"{type(model).__name__}")
+        self.config = config
+        self.folder = folder
+        self.dtype = _resolve_dtype(dtype, config)
+        self.block_size = _positive_int("block_size", block_size)
+        self.max_model_len = _positive_int(
+            "max_model_len", config.max_position_embeddings if max_model_len is None
+            else max_model_len)
+        if self.max_model_len > config.max_position_embeddings:
+            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's maximum "
+                             f"position {config.max_position_embeddings}")
+        _positive_int("max_num_seqs", max_num_seqs)
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        per_block = (2 * config.num_layers * self.block_size * config.num_kv_heads
+                     * config.head_dim * elem)
+        if num_kv_blocks is None and kv_cache_bytes is None:
+            per_seq = -(-self.max_model_len // self.block_size)
+            n = min(DEFAULT_KV_CACHE_BYTES // per_block, max_num_seqs * per_seq)
+            num_kv_blocks = max(n, per_seq, 1)
+        self.kv = KVCacheManager.from_budget(
+            num_layers=config.num_layers, num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim, dtype_size=elem, block_size=self.block_size,
+            num_kv_blocks=num_kv_blocks, kv_cache_bytes=kv_cache_bytes,
+            enable_prefix_caching=enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, max_model_len=self.max_model_len,
+                                   max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens,
+                                   eos_token_ids=config.eos_token_ids)
+        self._sample = _SamplerAdapter(Sampler(seed))
+        if runner is None:
+            from .runner import ModelRunner
+            from .weights import load_weights
+            from .weights import random_weights as make_random
+            if random_weights:
+                weights = make_random(config, self.dtype)
+            else:
+                weights = load_weights(folder, config, dtype=self.dtype)
+            runner = ModelRunner(config, weights, num_kv_blocks=self.kv.num_blocks,
+                                 block_size=self.block_size, device=device, dtype=self.dtype,
+                                 sample=self._sample, max_position=self.max_model_len)
+        self.runner = runner
+        self._requests: Dict[object, Request] = {}
+        self.detokenize: Optional[Callable[[Sequence[int]], str]] = None
+
+    # ------------------------------------------------------------------ API
+    def add_request(self, request_id, prompt, params: Optional[SamplingParams] = None,
+                    arrival_time: Optional[float] = None) -> None:
+        """Queue a request (prompt: token ids); arrival defaults to ``clock()``."""
+        params = SamplingParams() if params is None else params
+        if arrival_time is None:
+            arrival_time = float(self.clock())
+        if isinstance(prompt, str):
+            raise TypeError("prompt: LLMEngine takes token ids; tokenize strings first (LLM does)")
+        req = self.scheduler.add(request_id, list(prompt), params, arrival_time)
+        self._requests[request_id] = req
+
+    def abort_request(self, request_id) -> None:
+        self.scheduler.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def next_arrival_time(self) -> Optional[float]:
+        return self.scheduler.next_arrival_time()
+
+    def step(self) -> List[RequestOutput]:
+        """One step: admit arrivals up to ``clock()``, schedule, execute, update. Returns the
+        requests that made progress or finished."""
+        now = float(self.clock())
+        batch = self.scheduler.schedule(now)
+        if batch.is_empty:
+            if batch.finished_seq_ids:
+                self.runner.execute(batch)
+            return []
+        pos = self._sample.output_position
+        for s in batch.sequences:
+            if s.is_last_prefill_chunk:
+                req = self._requests[s.request_id]
+                pos[s.seq_id] = s.context_len - len(req.prompt_token_ids)
+        for sid in batch.finished_seq_ids:
+            pos.pop(sid, None)
+        self._sample.last_logprobs = {}
+        output = self.runner.execute(batch)
+        if output.logprobs is None and self._sample.last_logprobs:
+            lps = self._sample.last_logprobs
+            output = StepOutput(output.sampled_token_ids, output.seconds, output.breakdown,
+                                tuple(lps.get(s.seq_id) for s in batch.sequences))
+        touched = self.scheduler.update(batch, output, now=float(self.clock()))
+        return [self._output(r) for r in touched]
+
+    def get_output(self, request_id) -> RequestOutput:
+        return self._output(self.scheduler.get_request(request_id))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv.num_free_blocks
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.kv.num_blocks
+
+    def _output(self, req: Request) -> RequestOutput:
+        outs = []
+        by_index = {s.sample_index: s for s in req.sequences}
+        for i in range(req.params.n):
+            s = by_index.get(i)
+            ids = s.output_token_ids if s is not None else ()
+            lps = tuple(s.output_logprobs) if (s is not None and req.params.logprobs
+                                               is not None) else None
+            text = self.detokenize(list(ids)) if self.detokenize is not None else None
+            outs.append(CompletionOutput(i, tuple(ids), text,
+                                         s.finish_reason if s is not None else None, lps))
+        m = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time,
+                           req.finish_time)
+        return RequestOutput(req.request_id, tuple(req.prompt_token_ids), tuple(outs),
+                             req.finished, m)
+
+
+class LLM:
+    """Offline batch generation over `LLMEngine` (arguments as in the issue; see `LLMEngine`)."""
+
+    def __init__(self, model, *, device: str = "cpu", dtype="auto", random_weights: bool = False,
+                 max_model_len: Optional[int] = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, block_size: int = 16,
+                 num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
+                 enable_prefix_caching: bool = True) -> None:
+        self.engine = LLMEngine(model, device=device, dtype=dtype, random_weights=random_weights,
+                                max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens,
+                                block_size=block_size, num_kv_blocks=num_kv_blocks,
+                                kv_cache_bytes=kv_cache_bytes,
+                                enable_prefix_caching=enable_prefix_caching)
+        self.tokenizer = None
+        folder = self.engine.folder
+        if folder is not None and os.path.isfile(os.path.join(folder, "tokenizer.json")):
+            from tokenizers import Tokenizer
+            self.tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+            self.engine.detokenize = self.tokenizer.decode
+        self._counter = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.engine.num_free_blocks
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.engine.num_kv_blocks
+
+    def _tokenize(self, prompts) -> List[List[int]]:
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+            raise TypeError("prompts: expected a list of prompts (token-id lists or strings)")
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                if self.tokenizer is None:
+                    raise ValueError(f"prompts[{i}]: a string prompt needs a tokenizer.json in "
+                                     f"the model folder; pass token ids instead")
+                out.append(self.tokenizer.encode(p).ids)
+            else:
+                ids = list(p)
+                if not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                    raise ValueError(f"prompts[{i}]: expected a non-empty list of int token ids")
+                bad = [t for t in ids if not 0 <= t < self.engine.config.vocab_size]
+                if bad:
+                    raise ValueError(f"prompts[{i}]: token ids must lie in [0, "
+                                     f"{self.engine.config.vocab_size}), got {bad[0]}")
+                out.append(ids)
+        return out
+
+    def generate(self, prompts, sampling_params=None, *,
+                 progress: Optional[Callable[[int, int], None]] = None) -> List[RequestOutput]:
+        """Generate for every prompt; outputs in prompt order. ``progress(done, total)`` is
+        called after each step."""
+        ids = self._tokenize(prompts)
+        if sampling_params is None:
+            params = [SamplingParams()] * len(ids)
+        elif isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(ids)
+        elif isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(ids):
+                raise ValueError(f"sampling_params: expected one SamplingParams or one per prompt "
+                                 f"({len(ids)}), got {len(sampling_params)}")
+            params = list(sampling_params)
+        else:
+            raise TypeError(f"sampling_params: expected a SamplingParams or a list of them, got "
+                            f"{type(sampling_params).__name__}")
+        eng = self.engine
+        rids = []
+        added = []
+        try:
+            for p, sp in zip(ids, params):
+                rid = f"llm-{self._counter}"
+                self._counter += 1
+                eng.add_request(rid, p, sp)
+                rids.append(rid)
+                added.append(rid)
+        except Exception:
+            for rid in added:
+                eng.abort_request(rid)
+            while eng.has_unfinished_requests():
+                eng.step()
+            raise
+        done = 0
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                if o.finished:
+                    done += 1
+            if progress is not None:
+                progress(done, len(rids))
+        return [eng.get_output(r) for r in rids]
+
+    @torch.inference_mode()
+    def score(self, prompts) -> torch.Tensor:
+        """Last-position logits of each prompt, float32 ``[B, vocab]`` (one prefill per prompt,
+        with its own temporary KV blocks)."""
+        ids = self._tokenize(prompts)
+        eng = self.engine
+        rows = []
+        for i, p in enumerate(ids):
+            seq_id = 2**31 - 1 - i  # far above the scheduler's ids, which count up from 0
+            cached = min(eng.kv.lookup(p), len(p) - 1)
+            if not eng.kv.allocate_new(seq_id, p, len(p) - cached):
+                raise ValueError(f"prompts[{i}]: {len(p)} tokens do not fit the free KV cache")
+            try:
+                sched = ScheduledSequence(
+                    seq_id=seq_id, request_id=f"score-{i}", sample_index=0,
+                    token_ids=tuple(p[cached:]), num_computed_tokens=cached,
+                    block_table=eng.kv.block_table(seq_id),
+                    is_last_prefill_chunk=True, sampling_params=SamplingParams(temperature=0))
+                batch = ScheduledBatch(sequences=(sched,), block_copies=eng.kv.pending_copies(),
+                                       num_prefill_tokens=len(p) - cached)
+                logits, _ = eng.runner.execute_logits(batch)
+                rows.append(logits[0].float().cpu())
+            finally:
+                eng.kv.free(seq_id)
+        return torch.stack(rows) if rows else torch.empty(0, eng.config.vocab_size)
