@@ -117,6 +117,61 @@ def _run_dash(args) -> int:  # noqa: ANN001
         return 2
 
 
+def _add_generate_parser(commands) -> None:  # noqa: ANN001
+    gen = commands.add_parser("generate", help="generate tokens with the engine")
+    gen.add_argument("--model", required=True, help="a model folder or a preset name")
+    gen.add_argument("--random-weights", action="store_true",
+                     help="random weights (required for presets)")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="a text prompt (needs the folder's tokenizer.json)")
+    prompt.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
+    gen.add_argument("--max-tokens", type=int, default=16, help="tokens to generate (16)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    gen.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    gen.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+
+
+def _run_generate(args) -> int:  # noqa: ANN001
+    try:
+        if args.prompt_ids is not None:
+            try:
+                prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+            except ValueError:
+                raise ValueError(f"--prompt-ids: expected comma-separated integers, "
+                                 f"got {args.prompt_ids!r}") from None
+            if not prompt:
+                raise ValueError("--prompt-ids: expected at least one token id")
+        else:
+            prompt = args.prompt
+        from rich.progress import Progress
+
+        from gnomon.engine.llm import LLM
+        from gnomon.engine.sampling_params import SamplingParams
+
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                seed=args.seed)
+        llm = LLM(args.model, random_weights=args.random_weights, dtype=args.dtype)
+        with Progress(transient=True) as bar:
+            task = bar.add_task("generating", total=args.max_tokens)
+
+            rid = llm.next_request_id  # the id generate() gives the prompt
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=len(llm.engine.get_output(rid).outputs[0].token_ids))
+
+            outputs = llm.generate([prompt], params, progress=progress)
+    except (ValueError, TypeError, KeyError, OSError) as error:
+        msg = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"gnomon: error: {msg}", file=sys.stderr)
+        return 2
+    out = outputs[0].outputs[0]
+    print(f"token_ids: {','.join(map(str, out.token_ids))}")
+    if out.text is not None:
+        print(f"text: {out.text}")
+    print(f"finish_reason: {out.finish_reason}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gnomon", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -124,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     info.add_argument("--json", action="store_true", help="print the build summary as JSON")
     _add_bench_parser(commands)
     _add_dash_parser(commands)
+    _add_generate_parser(commands)
 
     args = parser.parse_args(argv)
     if args.command == "info":
@@ -132,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_bench(args)
     elif args.command == "dash":
         return _run_dash(args)
+    elif args.command == "generate":
+        return _run_generate(args)
     return 0
 
 

@@ -280,6 +280,11 @@ class LLM:
         return self.engine.num_free_blocks
 
     @property
+    def next_request_id(self) -> str:
+        """The id the next prompt passed to `generate` gets."""
+        return f"llm-{self._counter}"
+
+    @property
     def num_kv_blocks(self) -> int:
         return self.engine.num_kv_blocks
 
