@@ -249,4 +249,5 @@ def test_cli_generate():
                           "--random-weights", "--prompt-ids", "1"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2
-    assert bad.stderr.strip().startswith("gnomon: error:") and len(bad.stderr.strip().splitlines()) == 1
+    err = bad.stderr.strip()
+    assert err.startswith("gnomon: error:") and len(err.splitlines()) == 1

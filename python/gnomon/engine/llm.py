@@ -18,7 +18,6 @@ Default KV budget: when neither ``num_kv_blocks`` nor ``kv_cache_bytes`` is give
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -105,8 +104,11 @@ class _SamplerAdapter:
 class LLMEngine:
     """Continuous-batching serving engine (see the module docstring).
 
-    ``runner`` defaults to a real `ModelRunner` over ``model``'s weights; a runner passed in must
-    have been built with the engine's KV geometry (``num_kv_blocks``, ``block_size``).
+    ``runner`` defaults to a real `ModelRunner` over ``model``'s weights whose ``sample`` is the
+    real `Sampler` (per sequence: its params, sample index and output position), with logprobs
+    passed to the outputs. A runner passed in must have been built with the engine's KV geometry
+    (``num_kv_blocks``, ``block_size``) and samples by itself; its ``StepOutput.logprobs`` (if
+    any) reach the outputs. ``seed`` seeds the generator that unseeded random requests draw from.
     """
 
     def __init__(self, model, *, clock: Optional[Callable[[], float]] = None, runner=None,
