@@ -11,6 +11,11 @@ The engine touches the runner only through ``runner.execute(batch) -> StepOutput
 can stand in for the real `ModelRunner`. ``tests/engine/test_llm.py`` derives this set from this
 file's source and checks the real runner answers it.
 
+Time: ``step`` reads ``clock()`` once before scheduling (admissions, first-scheduled times) and
+once after ``execute`` (first-token and finish times). A simulator with a virtual clock advances
+that clock by the step's predicted duration inside its runner's ``execute`` (or between steps),
+and jumps it to ``next_arrival_time()`` when ``step`` returns nothing.
+
 Default KV budget: when neither ``num_kv_blocks`` nor ``kv_cache_bytes`` is given, the cache gets
 ``DEFAULT_KV_CACHE_BYTES`` (256 MiB), capped at what ``max_num_seqs`` sequences of
 ``max_model_len`` tokens could use, and never less than one sequence of ``max_model_len``.
@@ -207,17 +212,17 @@ class LLMEngine:
         requests that made progress or finished."""
         now = float(self.clock())
         batch = self.scheduler.schedule(now)
+        pos = self._sample.output_position
+        for sid in batch.finished_seq_ids:
+            pos.pop(sid, None)
         if batch.is_empty:
-            if batch.finished_seq_ids:
+            if batch.finished_seq_ids:  # lets the runner drop per-sequence state
                 self.runner.execute(batch)
             return []
-        pos = self._sample.output_position
         for s in batch.sequences:
             if s.is_last_prefill_chunk:
                 req = self._requests[s.request_id]
                 pos[s.seq_id] = s.context_len - len(req.prompt_token_ids)
-        for sid in batch.finished_seq_ids:
-            pos.pop(sid, None)
         self._sample.last_logprobs = {}
         output = self.runner.execute(batch)
         if output.logprobs is None and self._sample.last_logprobs:
