@@ -251,3 +251,22 @@ def test_cli_generate():
     assert bad.returncode == 2
     err = bad.stderr.strip()
     assert err.startswith("gnomon: error:") and len(err.splitlines()) == 1
+
+
+def test_stop_token_finishes_with_reason_stop(reference):
+    stop = reference[0][0][3]
+    first = list(reference[0][0]).index(stop)
+    p = SamplingParams(max_tokens=12, temperature=0, stop_token_ids=(stop,))
+    llm = make()
+    out = llm.generate([PROMPTS[0]], p)
+    check_invariants(llm, out, [p])
+    c = out[0].outputs[0]
+    assert c.finish_reason == "stop" and c.token_ids == reference[0][0][:first + 1]
+
+
+def test_lazy_exports_from_gnomon():
+    import gnomon
+    assert gnomon.LLM is LLM and gnomon.LLMEngine is LLMEngine
+    assert gnomon.SamplingParams is SamplingParams
+    with pytest.raises(AttributeError):
+        gnomon.NoSuchThing  # noqa: B018
