@@ -75,7 +75,7 @@ def _gpt_oss():
     return transformers.GptOssForCausalLM(transformers.GptOssConfig(
         **kw, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
         layer_types=["sliding_attention", "full_attention"],
-        rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        rope_scaling={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
                       "truncate": False, "original_max_position_embeddings": 64}))
 
 
@@ -154,6 +154,7 @@ def test_greedy_shared_prefixes(case):
     assert _generate(llm, SHARED) == hf_tokens[len(PROMPTS):]
     # a second pass hits the prefix cache left by the first
     assert _generate(llm, SHARED) == hf_tokens[len(PROMPTS):]
+    assert llm.engine.kv.stats()["hits"] > 0
 
 
 def test_greedy_chunked_prefill(case):
