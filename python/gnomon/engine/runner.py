@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from gnomon import ops
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from gnomon.engine.config import ModelConfig, cos_sin_cache
+from gnomon.engine.kv_cache import kv_bytes_per_block, resolve_num_blocks
 from gnomon.engine.weights import weight_shapes
 
 SampleFn = Callable[[torch.Tensor, Sequence[ScheduledSequence]], Sequence[int]]
@@ -54,22 +55,18 @@ def _positive_int(name: str, value) -> int:
 
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one KV block takes over all layers (K and V)."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+    """Bytes one KV block takes over all layers (K and V), as `kv_cache` sizes the pool."""
+    return kv_bytes_per_block(num_layers=config.num_layers, block_size=block_size,
+                              num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                              dtype_size=torch.empty((), dtype=dtype).element_size())
 
 
 def num_kv_blocks_for_budget(config: ModelConfig, kv_cache_bytes: int, block_size: int,
                              dtype: torch.dtype) -> int:
     """How many KV blocks fit in `kv_cache_bytes` (all layers; gpt-oss's sliding layers keep
     full KV too). Raises ValueError when not even one fits."""
-    if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int):
-        raise TypeError(f"kv_cache_bytes: expected an int, got {kv_cache_bytes!r}")
-    per_block = kv_cache_bytes_per_block(config, _positive_int("block_size", block_size), dtype)
-    if kv_cache_bytes < per_block:
-        raise ValueError(f"kv_cache_bytes: {kv_cache_bytes} holds no KV block; one block of "
-                         f"{block_size} tokens takes {per_block} bytes for this model")
-    return kv_cache_bytes // per_block
+    return resolve_num_blocks(kv_cache_bytes=kv_cache_bytes,
+                              bytes_per_block=kv_cache_bytes_per_block(config, block_size, dtype))
 
 
 class ModelRunner:
