@@ -1,6 +1,12 @@
-"""Prints each suite's ratio against its named baseline at the end of a benchmark run."""
+"""Prints each suite's ratio against its named baseline, and any notes, at the end of a
+benchmark run."""
 
 RATIOS = {}  # suite -> {implementation: median seconds}
+NOTES = []  # lines a benchmark asked to print in the summary
+
+
+def note(line):
+    NOTES.append(line)
 
 
 def record(suite, implementation, benchmark):
@@ -16,6 +22,8 @@ def pytest_terminal_summary(terminalreporter):
         parts = ", ".join(f"{impl} {medians[impl] / medians[fastest]:.1f}x"
                           for impl in sorted(medians, key=medians.get))
         terminalreporter.write_line(f"{suite}: median time relative to {fastest}: {parts}")
+    for line in NOTES:
+        terminalreporter.write_line(line)
 
 
 import time

@@ -20,19 +20,14 @@ norm weight is perturbed, so the logits are spread enough for greedy argmax ties
 matter of rounding, and so that biases and sinks actually matter.
 """
 
-import json
-import shutil
-
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from safetensors.torch import load_file, save_file  # noqa: E402
-
 from gnomon.engine.llm import LLM  # noqa: E402
 from gnomon.engine.sampling_params import SamplingParams  # noqa: E402
-from gnomon.ops import mxfp4_dequantize, mxfp4_quantize  # noqa: E402
+from hf_checkpoints import write_mxfp4_checkpoint  # noqa: E402
 
 ATOL = 1e-4
 RTOL = 1e-4
@@ -182,42 +177,12 @@ def test_greedy_preemption(case):
 
 # ---------------------------------------------------------------- gpt-oss with MXFP4 experts
 
-def _quantise_folder(dense_folder, out_folder):
-    """Rewrite `dense_folder` in the hub's MXFP4 layout; returns the dequantised dense
-    tensors {HF name: tensor} (HF layout) that the MXFP4 checkpoint stands for."""
-    shutil.copytree(dense_folder, out_folder)
-    tensors = load_file(str(dense_folder / "model.safetensors"))
-    out, dequant = {}, {}
-    for name, t in tensors.items():
-        for proj in ("gate_up_proj", "down_proj"):
-            if name.endswith(f"mlp.experts.{proj}"):
-                w = t.transpose(1, 2).contiguous()  # gnomon's w13 [E, 2I, H] / w2 [E, H, I]
-                blocks, scales = mxfp4_quantize(w)
-                e, n, k = w.shape
-                out[f"{name}_blocks"] = blocks.view(e, n, k // 32, 16).contiguous()
-                out[f"{name}_scales"] = scales.contiguous()
-                dq = mxfp4_dequantize(blocks, scales, dtype=torch.float32)
-                dequant[name] = dq.transpose(1, 2).contiguous()
-                break
-        else:
-            out[name] = t
-    (out_folder / "model.safetensors").unlink()
-    save_file(out, str(out_folder / "model.safetensors"), metadata={"format": "pt"})
-    cfg = json.loads((out_folder / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "mxfp4",
-                                  "modules_to_not_convert": ["model.layers.*.self_attn",
-                                                             "model.layers.*.mlp.router",
-                                                             "model.embed_tokens", "lm_head"]}
-    (out_folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    return dequant
-
-
 @pytest.mark.skipif("gpt-oss" not in BUILDERS, reason="this transformers has no gpt-oss")
 def test_gpt_oss_mxfp4(tmp_path):
     model = _build("gpt-oss")
     dense = tmp_path / "dense"
     model.save_pretrained(dense, safe_serialization=True)
-    dequant = _quantise_folder(dense, tmp_path / "mxfp4")
+    dequant = write_mxfp4_checkpoint(dense, tmp_path / "mxfp4")
     with torch.no_grad():
         params = dict(model.named_parameters())
         for name, t in dequant.items():
