@@ -172,6 +172,131 @@ def _run_generate(args) -> int:  # noqa: ANN001
     return 0
 
 
+def _error(error) -> int:
+    msg = error.args[0] if isinstance(error, KeyError) and error.args else error
+    print(f"gnomon: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _add_simulate_parser(commands) -> None:  # noqa: ANN001
+    from gnomon.predict import defaults as sim
+
+    p = commands.add_parser(
+        "simulate", help="predict TTFT, TPOT and throughput of a model on a GPU, without one",
+        description="Runs a workload through gnomon's real scheduler on a simulated runner.")
+    p.add_argument("--model", default=sim.DEFAULT_MODEL,
+                   help=f"a preset or model folder (default {sim.DEFAULT_MODEL})")
+    p.add_argument("--hardware", default=sim.DEFAULT_HARDWARE,
+                   help=f"a GPU name, host, or a .json/.yaml file (default {sim.DEFAULT_HARDWARE})")
+    p.add_argument("--workload", default=sim.DEFAULT_WORKLOAD,
+                   help="chat, long-context or trace:FILE (CSV/JSONL; default chat)")
+    p.add_argument("--rate", type=float, default=sim.DEFAULT_RATE,
+                   help=f"requests/s for chat and long-context (default {sim.DEFAULT_RATE:g})")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help=f"requests (default {sim.DEFAULT_NUM_REQUESTS}; a trace: all rows)")
+    p.add_argument("--predictor", default="roofline",
+                   help=f"{sim.PREDICTOR_FORMS} (default roofline)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="write latency CDFs and KV usage over time to this PNG")
+
+
+def _run_simulate(args) -> int:  # noqa: ANN001
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from gnomon.predict import report as reports
+    from gnomon.predict import simulate as sim
+
+    trace_file = args.workload.startswith("trace:")
+    num = args.num_requests if (args.num_requests is not None or trace_file) \
+        else sim.DEFAULT_NUM_REQUESTS
+    try:
+        with Progress(console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("simulating", total=None)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            report, _ = sim.simulate(args.model, args.hardware, args.workload,
+                                     rate=None if trace_file else args.rate, num_requests=num,
+                                     predictor=args.predictor, tp=args.tp, seed=args.seed,
+                                     progress=progress)
+        if args.out:
+            reports.dump(report, args.out)
+        if args.plot:
+            reports.plot(report, args.plot)
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
+        return _error(error)
+    reports.render_table(report)
+    for path in (args.out, args.plot):
+        if path:
+            print(f"wrote {path}")
+    return 0
+
+
+def _add_calibrate_parser(commands) -> None:  # noqa: ANN001
+    from gnomon.predict import defaults as cal
+
+    p = commands.add_parser(
+        "calibrate", help="fit a step-cost predictor to this machine",
+        description="Runs a bench sweep and a calibration workload through the real engine "
+                    "on this machine and writes the fitted CalibratedPredictor.")
+    p.add_argument("--model", default=cal.CALIBRATION_MODEL,
+                   help=f"a model folder or preset (presets use random weights; default "
+                        f"{cal.CALIBRATION_MODEL})")
+    p.add_argument("--out", default="calibration.json", help="(default calibration.json)")
+    p.add_argument("--bench-suites", default=",".join(cal.CALIBRATION_BENCH_SUITES),
+                   help="gnomon bench suites to sweep, '' for none (default %(default)s)")
+
+
+def _run_calibrate(args) -> int:  # noqa: ANN001
+    import os
+
+    from gnomon.predict import calibrate as cal
+
+    suites = [s for s in args.bench_suites.split(",") if s.strip()]
+    try:
+        predictor = cal.calibrate(args.model, random_weights=not os.path.isdir(args.model),
+                                  bench_suites=suites)
+        predictor.save(args.out)
+    except (ValueError, TypeError, KeyError, OSError) as error:
+        return _error(error)
+    info = predictor.info
+    print(f"fitted on {info['step_rows']} steps and {info['bench_rows']} bench cases; in-sample "
+          f"step error median {info['in_sample_step_ape_median']:.1%}, "
+          f"p90 {info['in_sample_step_ape_p90']:.1%}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _add_validate_parser(commands) -> None:  # noqa: ANN001
+    p = commands.add_parser(
+        "validate", help="measure the calibrated predictor against the real engine here",
+        description="Calibrates on one workload, runs another twice for real and once "
+                    "simulated, and reports per-step and TTFT/TPOT/throughput errors.")
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--num-requests", type=int, default=120, help="(default 120)")
+
+
+def _run_validate(args) -> int:  # noqa: ANN001
+    from gnomon.predict import validate as val
+
+    try:
+        report = val.validate(num_requests=args.num_requests,
+                              progress=lambda stage: print(stage, file=sys.stderr))
+        if args.out:
+            val.dump(report, args.out)
+    except (ValueError, TypeError, KeyError, OSError) as error:
+        return _error(error)
+    val.render(report)
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0 if all(g["met"] for g in report["goal"].values()) else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gnomon", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -180,6 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_bench_parser(commands)
     _add_dash_parser(commands)
     _add_generate_parser(commands)
+    _add_simulate_parser(commands)
+    _add_calibrate_parser(commands)
+    _add_validate_parser(commands)
 
     args = parser.parse_args(argv)
     if args.command == "info":
@@ -190,6 +318,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_dash(args)
     elif args.command == "generate":
         return _run_generate(args)
+    elif args.command == "simulate":
+        return _run_simulate(args)
+    elif args.command == "calibrate":
+        return _run_calibrate(args)
+    elif args.command == "validate":
+        return _run_validate(args)
     return 0
 
 

@@ -2,13 +2,21 @@
 
 Data only. Numbers are dense (no sparsity), per GPU, as listed in ``shared/REFERENCE.md``;
 ``None`` means the GPU has no such math (no FP4 on Hopper or CDNA3). Nothing here is read from a
-runtime: simulated execution configures hardware from this file alone.
+runtime: simulated execution configures hardware from this file alone (or from a user's file,
+`load_file`; ``gnomon.predict`` adds ``host``, this machine as the bench harness measures it).
+
+Interconnect: the per-direction bandwidth one GPU can drive into a ring all-reduce, in GB/s.
+Datasheets quote bidirectional totals; gnomon halves them. On AMD's 8-GPU full mesh it is the
+sum over the 7 links (RCCL runs several rings at once), an upper bound that measured collectives
+stay below; override it with a hardware file or the predictor's efficiencies.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Tuple
+import json
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -20,7 +28,7 @@ class Figure:
 
 
 @dataclass(frozen=True)
-class GPU:
+class Hardware:
     name: str
     vendor: str
     bf16_tflops: Figure
@@ -28,6 +36,7 @@ class GPU:
     fp4_tflops: Figure  # value None where the GPU has no FP4 math
     hbm_tbps: Figure
     hbm_gb: Figure
+    interconnect_gbps: Figure = Figure(None, "not given")  # per direction, see the module doc
     device_names: Tuple[str, ...] = ()  # exact names torch.cuda.get_device_name reports
     aliases: Tuple[str, ...] = ()  # other names gpu() accepts
 
@@ -37,6 +46,8 @@ class GPU:
                   "fp8": self.fp8_tflops, "fp4": self.fp4_tflops}.get(dtype)
         return None if figure is None else figure.value
 
+
+GPU = Hardware  # the name the bench harness knows it by
 
 _NV_H100 = "NVIDIA H100 datasheet"
 _NV_H200 = "NVIDIA H200 datasheet"
@@ -50,12 +61,14 @@ H100_SXM = GPU(
     bf16_tflops=Figure(989, _NV_H100), fp8_tflops=Figure(1979, _NV_H100),
     fp4_tflops=Figure(None, f"{_NV_H100}: no FP4 math (MXFP4 runs weight-only)"),
     hbm_tbps=Figure(3.35, _NV_H100), hbm_gb=Figure(80, _NV_H100),
+    interconnect_gbps=Figure(450, f"{_NV_H100}: NVLink 4, 900 GB/s bidirectional"),
     device_names=("NVIDIA H100 80GB HBM3",), aliases=("H100",))
 H200 = GPU(
     name="H200", vendor="NVIDIA",
     bf16_tflops=Figure(989, _NV_H200), fp8_tflops=Figure(1979, _NV_H200),
     fp4_tflops=Figure(None, f"{_NV_H200}: no FP4 math"),
     hbm_tbps=Figure(4.8, _NV_H200), hbm_gb=Figure(141, _NV_H200),
+    interconnect_gbps=Figure(450, f"{_NV_H200}: NVLink 4, 900 GB/s bidirectional"),
     device_names=("NVIDIA H200",), aliases=("H200 SXM",))
 B200 = GPU(
     name="B200", vendor="NVIDIA",
@@ -63,34 +76,41 @@ B200 = GPU(
     fp4_tflops=Figure(9000, _NV_B200),
     hbm_tbps=Figure(8.0, f"{_NV_B200} (some tools use 7.7)"),
     hbm_gb=Figure(180, f"{_NV_B200}: 180 usable (192 physical)"),
+    interconnect_gbps=Figure(900, f"{_NV_B200}: NVLink 5, 1.8 TB/s bidirectional"),
     device_names=("NVIDIA B200",))
 MI300X = GPU(
     name="MI300X", vendor="AMD",
     bf16_tflops=Figure(1307.4, _AMD_300), fp8_tflops=Figure(2614.9, _AMD_300),
     fp4_tflops=Figure(None, f"{_AMD_300}: CDNA3 has no FP4"),
     hbm_tbps=Figure(5.3, _AMD_300), hbm_gb=Figure(192, _AMD_300),
+    interconnect_gbps=Figure(448, f"{_AMD_300}: 7 Infinity Fabric links x 128 GB/s "
+                                  f"bidirectional"),
     device_names=("AMD Instinct MI300X",))
 MI325X = GPU(
     name="MI325X", vendor="AMD",
     bf16_tflops=Figure(1307.4, _AMD_325), fp8_tflops=Figure(2614.9, _AMD_325),
     fp4_tflops=Figure(None, f"{_AMD_325}: CDNA3 has no FP4"),
     hbm_tbps=Figure(6.0, _AMD_325), hbm_gb=Figure(256, _AMD_325),
+    interconnect_gbps=Figure(448, f"{_AMD_325}: 7 Infinity Fabric links x 128 GB/s "
+                                  f"bidirectional"),
     device_names=("AMD Instinct MI325X",))
 MI355X = GPU(
     name="MI355X", vendor="AMD",
     bf16_tflops=Figure(2516.6, _AMD_355), fp8_tflops=Figure(5033, _AMD_355),
     fp4_tflops=Figure(10066, f"{_AMD_355} (MXFP4/MXFP6; the 20.1 PF headline counts sparsity)"),
     hbm_tbps=Figure(8.0, _AMD_355), hbm_gb=Figure(288, _AMD_355),
+    interconnect_gbps=Figure(537.6, f"{_AMD_355}: 7 Infinity Fabric links x 153.6 GB/s "
+                                    f"bidirectional"),
     device_names=("AMD Instinct MI355X",))
 
-GPUS: Tuple[GPU, ...] = (H100_SXM, H200, B200, MI300X, MI325X, MI355X)
+GPUS: Tuple[Hardware, ...] = (H100_SXM, H200, B200, MI300X, MI325X, MI355X)
 
 
 def _normal(name: str) -> str:
     return " ".join(name.lower().replace("-", " ").replace("_", " ").split())
 
 
-def gpu(name: str) -> GPU:
+def gpu(name: str) -> Hardware:
     """The catalogue entry for `name` (case, spaces, dashes ignored: "h100-sxm", "MI300X")."""
     if isinstance(name, str):
         wanted = _normal(name)
@@ -100,10 +120,82 @@ def gpu(name: str) -> GPU:
     raise ValueError(f"unknown GPU {name!r}; known: {', '.join(g.name for g in GPUS)}")
 
 
-def from_device_name(device_name: str) -> Optional[GPU]:
+def from_device_name(device_name: str) -> Optional[Hardware]:
     """The entry whose reported device name is exactly `device_name`, or None. Exact on
     purpose: an "H100 PCIe" or "H200 NVL" has other clocks and must not borrow SXM figures."""
     for entry in GPUS:
         if device_name.strip() in entry.device_names:
             return entry
     return None
+
+
+_FIGURES = ("bf16_tflops", "fp8_tflops", "fp4_tflops", "hbm_tbps", "hbm_gb", "interconnect_gbps")
+
+
+def load_file(path: "str | os.PathLike") -> Hardware:
+    """A user's hardware entry from a JSON or YAML file (YAML needs PyYAML)::
+
+        name: MI300A               # required, as is vendor
+        vendor: AMD
+        bf16_tflops: 980.6         # required: bf16_tflops, hbm_tbps, hbm_gb
+        fp8_tflops: 1961.2         # optional: fp8_tflops, fp4_tflops, interconnect_gbps
+        hbm_tbps: 5.3
+        hbm_gb: 128
+        interconnect_gbps: 384     # per direction
+        source: AMD MI300A datasheet   # applies to every figure without its own
+        sources: {hbm_gb: "..."}       # optional per-figure sources
+
+    A figure may also be ``{value: ..., source: ...}``. Errors name the file and the field."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"hardware file {path!r} does not exist")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        if path.endswith((".yaml", ".yml")):
+            try:
+                import yaml
+            except ImportError as exc:
+                raise ValueError(f"{path}: reading YAML needs PyYAML (pip install pyyaml); or "
+                                 f"write the file as JSON") from exc
+            raw = yaml.safe_load(text)
+        elif path.endswith(".json"):
+            raw = json.loads(text)
+        else:
+            raise ValueError(f"{path}: expected a .json, .yaml or .yml hardware file")
+    except ValueError:
+        raise
+    except Exception as exc:  # a YAML parser error
+        raise ValueError(f"{path}: cannot parse: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of fields, got {type(raw).__name__}")
+    return _from_mapping(raw, path)
+
+
+def _from_mapping(raw: Dict[str, Any], where: str) -> Hardware:
+    known = {f.name for f in fields(Hardware)} | {"source", "sources"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(sorted(known))}")
+    for key in ("name", "vendor"):
+        if not isinstance(raw.get(key), str) or not raw[key].strip():
+            raise ValueError(f"{where}: {key}: expected a non-empty string")
+    default_source = raw.get("source", f"user file {where}")
+    sources = raw.get("sources") or {}
+    if not isinstance(sources, dict):
+        raise ValueError(f"{where}: sources: expected a mapping of figure name to source")
+    figures = {}
+    for key in _FIGURES:
+        value = raw.get(key)
+        source = sources.get(key, default_source)
+        if isinstance(value, dict):
+            value, source = value.get("value"), value.get("source", source)
+        required = key in ("bf16_tflops", "hbm_tbps", "hbm_gb")
+        if value is None and not required:
+            figures[key] = Figure(None, f"{source}: not given")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{where}: {key}: expected a positive number, got {value!r}")
+        figures[key] = Figure(float(value), str(source))
+    return Hardware(name=raw["name"].strip(), vendor=raw["vendor"].strip(), **figures)

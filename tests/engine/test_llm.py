@@ -221,7 +221,8 @@ def test_bad_inputs():
         make(dtype="int8")
 
 
-def test_runner_surface_is_answered_by_the_real_runner():
+def engine_runner_surface():
+    """The runner attributes the engine's source uses (``runner.x`` / ``self.runner.x``)."""
     src = Path(llm_module.__file__).read_text()  # the engine source actually imported
     used = set()
     for node in ast.walk(ast.parse(src)):
@@ -231,9 +232,13 @@ def test_runner_surface_is_answered_by_the_real_runner():
                     (isinstance(v, ast.Attribute) and v.attr == "runner"):
                 used.add(node.attr)
     assert "execute" in used
+    return used
+
+
+def test_runner_surface_is_answered_by_the_real_runner():
     runner = make().engine.runner
     assert isinstance(runner, ModelRunner)
-    missing = sorted(a for a in used if not hasattr(runner, a))
+    missing = sorted(a for a in engine_runner_surface() if not hasattr(runner, a))
     assert not missing, f"the engine uses runner attributes the ModelRunner lacks: {missing}"
 
 

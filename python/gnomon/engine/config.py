@@ -531,6 +531,13 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     "gpt-oss-20b": _gpt_oss(layers=24, experts=32),
     # openai/gpt-oss-120b config.json (Hugging Face hub); REFERENCE.md "Model shapes".
     "gpt-oss-120b": _gpt_oss(layers=36, experts=128),
+    # A CPU-sized Llama (21M parameters) that `gnomon calibrate` / `validate` run for real.
+    "small-llama": {
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 8192, "hidden_size": 512,
+        "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False, "hidden_act": "silu",
+        "eos_token_id": 2, "bos_token_id": 1, "torch_dtype": "float32"},
     "tiny-llama": _tiny("LlamaForCausalLM"),
     "tiny-mixtral": _tiny("MixtralForCausalLM"),
     "tiny-gpt-oss": _tiny("GptOssForCausalLM"),

@@ -1,0 +1,208 @@
+"""`CalibratedPredictor`: the roofline's features, with coefficients fitted on this machine.
+
+A step's seconds are modelled as ``sum_k theta_k * x_k`` over the features of
+`opcount.step_ops`: FLOPs and bytes per op family, kernel launches, and the engine's per-step
+costs (a constant, one term per sequence, one per token). The coefficients are non-negative,
+fitted by least squares on relative error (each row divided by its measured seconds) over two
+kinds of rows:
+
+- per-op results from ``gnomon bench`` (each case: its family's FLOPs and bytes, one launch);
+- whole steps timed by running the real engine (``gnomon calibrate``); only these reach the
+  per-step terms, which is where the engine overhead, sampling and launch gaps the operator
+  sums miss end up.
+
+The breakdown gives each family its FLOP, byte and launch terms and ``overhead`` the per-step
+terms, all labelled ``fitted``. It refuses what it has not seen: ``tp > 1`` (calibration runs on
+one device), and steps with more tokens, sequences or context than the calibration steps had,
+or whose features exceed the calibrated rows' by more than `HEADROOM`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .cost import FAMILIES, PredictionRefused, StepCost
+from .opcount import step_ops
+from .shapes import StepShape
+
+SCHEMA_VERSION = 1
+ACCEPTED_VERSIONS = (1,)
+KIND = "gnomon.predict.calibration"
+
+COMPUTE_FAMILIES = ("attention", "gemm", "moe", "elementwise", "sampling")
+FEATURES = tuple(f"{f}_{x}" for f in COMPUTE_FAMILIES for x in ("flops", "bytes")) + (
+    "launches", "step", "seqs", "tokens")
+OVERHEAD_FEATURES = ("step", "seqs", "tokens")
+HEADROOM = 1.25
+
+# gnomon bench ops -> the family that op's time belongs to in a step
+BENCH_FAMILIES = {"paged_attention": "attention", "reshape_and_cache": "attention",
+                  "mxfp4_gemm": "gemm", "fused_moe": "moe", "topk_routing": "moe",
+                  "rms_norm": "elementwise", "rotary_embedding": "elementwise"}
+
+
+def step_features(shape: StepShape) -> Tuple[np.ndarray, Dict[str, int]]:
+    """The feature vector (`FEATURES` order) and each family's launches."""
+    x = dict.fromkeys(FEATURES, 0.0)
+    launches: Dict[str, int] = dict.fromkeys(FAMILIES, 0)
+    for op in step_ops(shape):
+        if op.family not in COMPUTE_FAMILIES:
+            raise PredictionRefused(f"a calibrated predictor has no coefficients for "
+                                    f"{op.family} (tp = {shape.tp}; calibration runs at tp 1)")
+        x[f"{op.family}_flops"] += op.flops
+        x[f"{op.family}_bytes"] += op.bytes
+        x["launches"] += op.launches
+        launches[op.family] += op.launches
+    x.update(step=1.0, seqs=float(shape.num_seqs), tokens=float(shape.num_tokens))
+    return np.array([x[k] for k in FEATURES]), launches
+
+
+def bench_rows(results: dict) -> Tuple[np.ndarray, np.ndarray, List[str]]:
+    """Rows from a ``gnomon bench`` results document: per case the median over runs of its
+    per-run medians. Returns (features, seconds, keys); cases of ops no step runs are skipped."""
+    per_case: Dict[str, List[float]] = {}
+    cases: Dict[str, dict] = {}
+    for run in results["runs"]:
+        for case in run["cases"]:
+            if case["op"] in BENCH_FAMILIES:
+                per_case.setdefault(case["key"], []).append(case["stats"]["median"] * 1e-9)
+                cases[case["key"]] = case
+    X, y, keys = [], [], []
+    for key, medians in per_case.items():
+        case = cases[key]
+        family = BENCH_FAMILIES[case["op"]]
+        x = dict.fromkeys(FEATURES, 0.0)
+        x[f"{family}_flops"] = float(case["flops"])
+        x[f"{family}_bytes"] = float(case["bytes"])
+        x["launches"] = 1.0
+        X.append([x[k] for k in FEATURES])
+        y.append(float(np.median(medians)))
+        keys.append(key)
+    return np.array(X).reshape(-1, len(FEATURES)), np.array(y), keys
+
+
+def fit(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares on relative error: min ||(X theta - y) / y||, theta >= 0."""
+    from scipy.optimize import nnls
+
+    if len(y) == 0 or (y <= 0).any():
+        raise ValueError("calibration: expected at least one row, every seconds > 0")
+    A = X / y[:, None]
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    theta, _ = nnls(A / scale, np.ones(len(y)), maxiter=50 * A.shape[1])
+    return theta / scale
+
+
+class CalibratedPredictor:
+    """See the module docstring. Build with `fit_from` or `load`."""
+
+    def __init__(self, coefficients: Sequence[float], domain: Dict[str, float],
+                 info: Optional[dict] = None) -> None:
+        theta = np.asarray(coefficients, dtype=float)
+        if theta.shape != (len(FEATURES),) or not np.isfinite(theta).all() or (theta < 0).any():
+            raise ValueError(f"coefficients: expected {len(FEATURES)} finite non-negative "
+                             f"numbers ({', '.join(FEATURES)})")
+        missing = {"num_tokens", "num_seqs", "max_context", "features"} - set(domain)
+        if missing:
+            raise ValueError(f"domain: missing {sorted(missing)}")
+        self.theta = theta
+        self.domain = domain
+        self.info = info or {}
+        self.name = "calibrated" + (f"({self.info['source']})" if "source" in self.info else "")
+
+    # ---------------------------------------------------------------- fitting
+    @classmethod
+    def fit_from(cls, steps: Iterable[Tuple[StepShape, float]], bench_results: Iterable[dict] = (),
+                 info: Optional[dict] = None) -> "CalibratedPredictor":
+        """Fit on measured ``(shape, seconds)`` steps and ``gnomon bench`` results documents."""
+        steps = list(steps)
+        if not steps:
+            raise ValueError("steps: a calibration needs at least one measured step")
+        X_steps = np.array([step_features(s)[0] for s, _ in steps])
+        y_steps = np.array([float(t) for _, t in steps])
+        X_parts, y_parts, bench_keys = [X_steps], [y_steps], []
+        for doc in bench_results:
+            Xb, yb, keys = bench_rows(doc)
+            X_parts.append(Xb)
+            y_parts.append(yb)
+            bench_keys += keys
+        X, y = np.vstack(X_parts), np.concatenate(y_parts)
+        theta = fit(X, y)
+        domain = {"num_tokens": max(s.num_tokens for s, _ in steps),
+                  "num_seqs": max(s.num_seqs for s, _ in steps),
+                  "max_context": max(s.max_context for s, _ in steps),
+                  "features": dict(zip(FEATURES, X_steps.max(axis=0).tolist()))}
+        rel = np.abs(X_steps @ theta - y_steps) / y_steps
+        meta = dict(info or {})
+        meta.update(step_rows=len(steps), bench_rows=len(bench_keys),
+                    in_sample_step_ape_median=float(np.median(rel)),
+                    in_sample_step_ape_p90=float(np.percentile(rel, 90)))
+        return cls(theta, domain, meta)
+
+    # ---------------------------------------------------------------- predicting
+    def _check_domain(self, shape: StepShape, x: np.ndarray) -> None:
+        if shape.tp != 1:
+            raise PredictionRefused(f"tp = {shape.tp}: calibrated at tp 1 only")
+        d = self.domain
+        for what, value in (("num_tokens", shape.num_tokens), ("num_seqs", shape.num_seqs),
+                            ("max_context", shape.max_context)):
+            if value > d[what]:
+                raise PredictionRefused(f"{what} = {value} is beyond the calibrated range "
+                                        f"(at most {d[what]})")
+        for name, value in zip(FEATURES, x):
+            limit = d["features"][name] * HEADROOM
+            if value > limit and name not in OVERHEAD_FEATURES:
+                raise PredictionRefused(f"{name} = {value:.3g} is beyond the calibrated range "
+                                        f"(at most {limit:.3g})")
+
+    def predict(self, shape: StepShape) -> StepCost:
+        if not isinstance(shape, StepShape):
+            raise TypeError(f"shape: expected a StepShape, got {type(shape).__name__}")
+        x, launches = step_features(shape)
+        self._check_domain(shape, x)
+        terms = dict(zip(FEATURES, x * self.theta))
+        per_launch = self.theta[FEATURES.index("launches")]
+        parts = {f: terms[f"{f}_flops"] + terms[f"{f}_bytes"] + per_launch * launches[f]
+                 for f in COMPUTE_FAMILIES}
+        parts["overhead"] = sum(terms[k] for k in OVERHEAD_FEATURES)
+        return StepCost.from_parts(parts, {f: "fitted" for f in COMPUTE_FAMILIES + ("overhead",)})
+
+    # ---------------------------------------------------------------- files
+    def to_json(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "kind": KIND, "features": list(FEATURES),
+                "coefficients": self.theta.tolist(), "domain": self.domain, "info": self.info}
+
+    def save(self, path) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f, indent=2)
+
+    @classmethod
+    def load(cls, path) -> "CalibratedPredictor":
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"calibration file {path!r} does not exist")
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a JSON calibration file ({exc})") from None
+        if not isinstance(doc, dict) or doc.get("kind") != KIND:
+            raise ValueError(f"{path}: expected a {KIND} document (written by gnomon "
+                             f"calibrate)")
+        if doc.get("schema_version") not in ACCEPTED_VERSIONS:
+            raise ValueError(f"{path}: schema_version {doc.get('schema_version')!r}; this "
+                             f"gnomon reads {ACCEPTED_VERSIONS}")
+        if doc.get("features") != list(FEATURES):
+            raise ValueError(f"{path}: features {doc.get('features')} differ from this "
+                             f"gnomon's {list(FEATURES)}; calibrate again")
+        info = dict(doc.get("info") or {})
+        info.setdefault("source", os.path.basename(path))
+        try:
+            return cls(doc["coefficients"], doc["domain"], info)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: malformed calibration ({exc})") from None

@@ -1,0 +1,120 @@
+"""FLOPs, bytes and kernel launches of every op in one step, the features every predictor uses.
+
+`step_ops(shape)` lists the ops the engine's runner runs for a `StepShape` (per GPU of ``tp``),
+each layer's ops already multiplied by the number of layers that share their cost. Counting:
+
+- activations and weights in the model's dtype; MXFP4 experts 4.25 bits per weight;
+- GEMMs read their weights once and their input and output activations once;
+- attention counts each sequence's own keys: query ``j`` of ``n`` new tokens after ``c`` cached
+  ones attends ``min(c + j + 1, window)`` keys (2 FLOPs per key element for QK and 2 for PV) and
+  reads the KV of the union of its queries' windows;
+- MoE reads the expected number of distinct experts under uniform routing,
+  ``E (1 - (1 - k/E)^T)`` for T tokens, and computes ``k`` experts per token;
+- lm_head, the final norm and sampling run only on the sequences that sample;
+- with ``tp > 1`` two ring all-reduces of the hidden states per layer (after the attention
+  and after the MLP), counted as bytes to move (`Op.comm_bytes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+from .shapes import StepShape, kv_heads_per_gpu
+
+LOGITS_BYTES = 4  # lm_head's output is float32
+
+
+@dataclass(frozen=True)
+class Op:
+    family: str  # one of cost.FAMILIES
+    name: str
+    flops: float
+    bytes: float
+    launches: int
+    compute: str = "bfloat16"  # the math the FLOPs run in: "bfloat16", "fp8" or "fp4"
+    comm_bytes: float = 0.0  # all-reduce payload (communication ops only)
+    collectives: int = 0
+
+
+def attended_keys(n: int, c: int, window) -> int:
+    """Sum over the n new queries of the keys each attends (causal, optional window)."""
+    full = n * c + n * (n + 1) // 2  # keys c+1 .. c+n
+    if window is None or c + n <= window:
+        return full
+    # queries at positions p = c .. c+n-1 attend min(p + 1, window) keys
+    first_capped = max(window - 1 - c, 0)  # queries before this index are not capped
+    uncapped = first_capped * c + first_capped * (first_capped + 1) // 2
+    return uncapped + (n - first_capped) * window
+
+
+def read_keys(n: int, c: int, window) -> int:
+    """Distinct cached-or-new keys the n queries read (the union of their windows)."""
+    total = c + n
+    return total if window is None else min(total, window + n - 1)
+
+
+def step_ops(shape: StepShape) -> List[Op]:
+    spec, c, tp = shape.model, shape.model.config, shape.tp
+    a = spec.dtype_bytes
+    T, R, L, H = shape.num_tokens, shape.num_sampled, c.num_layers, c.hidden_size
+    q = c.q_size // tp
+    kv = kv_heads_per_gpu(c, tp) * c.head_dim
+    hq = c.num_heads // tp
+    d = c.head_dim
+    ops: List[Op] = []
+
+    def gemm(family, name, m, k, n, layers=L, weight_bytes=None, compute="bfloat16"):
+        w = k * n * a if weight_bytes is None else weight_bytes
+        ops.append(Op(family, name, layers * 2.0 * m * k * n,
+                      layers * (w + m * k * a + m * n * a), layers, compute))
+
+    def elementwise(name, nbytes, launches, layers=L):
+        ops.append(Op("elementwise", name, 0.0, layers * nbytes, layers * launches))
+
+    elementwise("embedding", 2 * T * H * a, 1, layers=1)
+    elementwise("rms_norm", 2 * 4 * T * H * a, 2)  # two per layer, residual fused
+    gemm("gemm", "qkv_proj", T, H, q + 2 * kv)
+    elementwise("rotary_embedding", 2 * T * (q + kv) * a, 1)
+
+    windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+    for window in sorted(set(windows), key=lambda w: (w is not None, w or 0)):
+        layers = windows.count(window)
+        keys = sum(attended_keys(n, ctx, window) for n, ctx in shape.requests)
+        kv_read = sum(read_keys(n, ctx, window) for n, ctx in shape.requests)
+        ops.append(Op("attention", "reshape_and_cache", 0.0, layers * 2 * 2 * T * kv * a,
+                      layers))
+        ops.append(Op("attention", "paged_attention" + (f"[window {window}]" if window else ""),
+                      layers * 4.0 * hq * d * keys,
+                      layers * (2 * kv_read * kv * a + 2 * T * q * a), layers))
+    gemm("gemm", "o_proj", T, q, H)
+
+    if c.is_moe:
+        E, k, I = c.num_experts, c.top_k, c.intermediate_size // tp
+        gemm("moe", "router", T, H, E)
+        ops.append(Op("moe", "topk_routing", L * 5.0 * T * E, L * (T * E * a + 2 * T * k * 4),
+                      L))
+        distinct = E * (1.0 - (1.0 - k / E) ** T) if T else 0.0
+        weights = distinct * 3 * H * I * spec.expert_bytes_per_param
+        fp4 = spec.mxfp4_experts
+        ops.append(Op("moe", "fused_moe", L * 2.0 * T * k * 3 * H * I,
+                      L * (weights + 2 * T * H * a + T * k * 3 * I * a), L,
+                      "fp4" if fp4 else "bfloat16"))
+    else:
+        I = c.intermediate_size // tp
+        gemm("gemm", "gate_up_proj", T, H, 2 * I)
+        elementwise("silu_and_mul", 3 * T * I * a, 1)
+        gemm("gemm", "down_proj", T, I, H)
+
+    if tp > 1:
+        payload = T * H * a
+        ops.append(Op("communication", "all_reduce", 0.0, 0.0, 2 * L, comm_bytes=2 * L * payload,
+                      collectives=2 * L))
+    if R:
+        elementwise("final_norm", 4 * R * H * a, 1, layers=1)
+        V = c.vocab_size // tp
+        ops.append(Op("gemm", "lm_head", 2.0 * R * H * V,
+                      H * V * a + R * H * a + R * V * LOGITS_BYTES, 1))
+        ops.append(Op("sampling", "sample", 5.0 * R * c.vocab_size,
+                      3 * R * c.vocab_size * LOGITS_BYTES, 2))
+    return ops

@@ -1,0 +1,133 @@
+"""Running a workload through an `LLMEngine` on a `VirtualClock`, real or simulated.
+
+`simulated_engine` builds the engine over a `SimulatedRunner` (KV blocks from the hardware's
+capacity); `timed_engine` builds it over the real runner wrapped in a `TimedRunner`. Both go
+through `run_workload`, which adds every request with its arrival time, steps the engine, jumps
+the clock to the next arrival whenever a step finds nothing to run, and records what the metrics
+need: every step, every token's time, KV usage after each step, preemptions and prefix hits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+from gnomon.engine.llm import LLMEngine, RequestOutput
+from gnomon.engine.sampling_params import SamplingParams
+
+from .hardware import resolve_hardware
+from .shapes import ModelSpec, check_tp
+from .simulated import SimulatedRunner, StepRecord, TimedRunner, VirtualClock, kv_blocks_for_hardware
+from .workloads import Workload
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """The scheduler's knobs, shared by real and simulated runs."""
+
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: Optional[int] = None
+    enable_prefix_caching: bool = True
+
+    def kwargs(self) -> dict:
+        return dict(block_size=self.block_size, max_num_seqs=self.max_num_seqs,
+                    max_num_batched_tokens=self.max_num_batched_tokens,
+                    max_model_len=self.max_model_len,
+                    enable_prefix_caching=self.enable_prefix_caching)
+
+
+@dataclass
+class RunTrace:
+    """What one run of a workload produced (times on the run's clock)."""
+
+    workload: Workload
+    steps: List[StepRecord]
+    outputs: List[RequestOutput]  # in workload order
+    token_times: Dict[str, List[float]]  # request id -> the clock when each token came out
+    kv_usage: List[Tuple[float, float]]  # (clock after a step, fraction of KV blocks in use)
+    num_kv_blocks: int
+    num_preemptions: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    wall_seconds: float  # how long the run took on this machine
+
+
+def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
+                     args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None
+                     ) -> LLMEngine:
+    """An `LLMEngine` over a `SimulatedRunner` on a fresh `VirtualClock` at 0."""
+    check_tp(model.config, tp)
+    if num_kv_blocks is None:
+        num_kv_blocks = kv_blocks_for_hardware(
+            model, resolve_hardware(hardware), block_size=args.block_size, tp=tp,
+            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+    clock = VirtualClock()
+    runner = SimulatedRunner(model, predictor, clock, tp=tp)
+    return LLMEngine(model.config, clock=clock, runner=runner, dtype=model.dtype,
+                     num_kv_blocks=num_kv_blocks, **args.kwargs())
+
+
+def timed_engine(model: Union[str, ModelSpec], *, random_weights: bool = False,
+                 args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None,
+                 dtype="auto") -> LLMEngine:
+    """A real `LLMEngine` (this machine's CPU) whose runner is wrapped in a `TimedRunner` on a
+    fresh `VirtualClock` at 0."""
+    clock = VirtualClock()
+    source = model.config if isinstance(model, ModelSpec) else model
+    engine = LLMEngine(source, clock=clock, random_weights=random_weights, dtype=dtype,
+                       num_kv_blocks=num_kv_blocks, **args.kwargs())
+    engine.runner = TimedRunner(engine.runner, clock)
+    return engine
+
+
+def run_workload(engine: LLMEngine, workload: Workload, *,
+                 progress: Optional[Callable[[int, int], None]] = None) -> RunTrace:
+    """Run `workload` to completion on `engine` (built by `simulated_engine` or
+    `timed_engine`); ``progress(done, total)`` after each step."""
+    clock, runner = engine.clock, engine.runner
+    if not isinstance(clock, VirtualClock) or not isinstance(runner,
+                                                             (SimulatedRunner, TimedRunner)):
+        raise TypeError("engine: expected one built by simulated_engine or timed_engine "
+                        "(a VirtualClock and a recording runner)")
+    began = time.perf_counter()
+    start = clock()
+    for r in workload.requests:
+        engine.add_request(r.request_id, r.prompt_token_ids,
+                           SamplingParams(max_tokens=r.output_len, temperature=0,
+                                          ignore_eos=True),
+                           arrival_time=start + r.arrival_time)
+    token_times: Dict[str, List[float]] = {r.request_id: [] for r in workload.requests}
+    produced: Dict[str, int] = {}
+    kv_usage: List[Tuple[float, float]] = []
+    done, total = 0, workload.num_requests
+    while engine.has_unfinished_requests():
+        executed = len(runner.steps)
+        outputs = engine.step()
+        now = clock()
+        for out in outputs:
+            n = len(out.outputs[0].token_ids)
+            times = token_times[out.request_id]
+            times.extend([now] * (n - produced.get(out.request_id, 0)))
+            produced[out.request_id] = n
+            done += out.finished
+        if len(runner.steps) == executed:  # nothing could run: skip to the next arrival
+            arrival = engine.next_arrival_time()
+            if arrival is None:
+                break
+            clock.jump_to(arrival)
+            runner.idle()
+        else:
+            kv_usage.append((now, engine.kv.usage))
+        if progress is not None:
+            progress(done, total)
+    stats = engine.kv.stats()
+    return RunTrace(workload=workload, steps=list(runner.steps),
+                    outputs=[engine.get_output(r.request_id) for r in workload.requests],
+                    token_times=token_times, kv_usage=kv_usage,
+                    num_kv_blocks=engine.num_kv_blocks,
+                    num_preemptions=engine.scheduler.num_preemptions,
+                    prefix_queried_tokens=int(stats["queries"]),
+                    prefix_hit_tokens=int(stats["hits"]), wall_seconds=time.perf_counter() - began)

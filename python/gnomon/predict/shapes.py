@@ -1,0 +1,157 @@
+"""What a predictor sees: the model (`ModelSpec`), one step (`StepShape`) and the parallelism.
+
+`StepShape.from_batch` is the one place an engine `ScheduledBatch` becomes a shape: per
+sequence ``(new_tokens, context_len)`` with ``context_len`` the tokens cached before the step.
+The pairs are kept as they are, never averaged: attention cost depends on each one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+from gnomon.engine.batch import ScheduledBatch
+from gnomon.engine.config import ModelConfig
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+MXFP4_BYTES_PER_PARAM = 0.53125  # 4 bits + one E8M0 byte per 32 (REFERENCE.md)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as the predictors count it: `config` (the engine's), the activation / weight
+    `dtype` and whether the experts are MXFP4."""
+
+    name: str
+    config: ModelConfig
+    dtype: str = "bfloat16"
+    mxfp4_experts: bool = False
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, name: str = "model", dtype: Optional[str] = None,
+                    mxfp4_experts: Optional[bool] = None) -> "ModelSpec":
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
+        dtype = config.torch_dtype if dtype is None else dtype
+        if dtype not in _DTYPE_BYTES:
+            raise ValueError(f"dtype: expected one of {', '.join(_DTYPE_BYTES)}, got {dtype!r}")
+        if mxfp4_experts is None:
+            mxfp4_experts = config.quantization == "mxfp4"
+        if mxfp4_experts and not config.is_moe:
+            raise ValueError(f"mxfp4_experts: {name} has no experts")
+        return cls(name, config, dtype, bool(mxfp4_experts))
+
+    @classmethod
+    def from_model(cls, model: Union[str, os.PathLike, ModelConfig],
+                   dtype: Optional[str] = None) -> "ModelSpec":
+        """A preset name, a model folder (its config.json) or a `ModelConfig`."""
+        if isinstance(model, ModelConfig):
+            return cls.from_config(model, dtype=dtype)
+        config = ModelConfig.from_model(model)
+        name = os.path.basename(os.path.normpath(os.fspath(model)))
+        return cls.from_config(config, name=name, dtype=dtype)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return _DTYPE_BYTES[self.dtype]
+
+    @property
+    def expert_bytes_per_param(self) -> float:
+        return MXFP4_BYTES_PER_PARAM if self.mxfp4_experts else self.dtype_bytes
+
+    def weight_bytes(self, tp: int = 1) -> float:
+        """Bytes of weights one of `tp` GPUs holds (embedding and lm_head split by vocab,
+        attention by heads, MLP and experts by intermediate; norms and routers replicated)."""
+        c = self.config
+        a = self.dtype_bytes
+        kv = kv_heads_per_gpu(c, tp) * c.head_dim
+        attn = c.hidden_size * (c.q_size // tp + 2 * kv) + c.q_size // tp * c.hidden_size
+        layer = attn * a + 2 * c.hidden_size * a
+        if c.is_moe:
+            expert = 3 * c.hidden_size * c.intermediate_size // tp
+            layer += c.num_experts * expert * self.expert_bytes_per_param
+            layer += c.num_experts * c.hidden_size * a  # router
+        else:
+            layer += 3 * c.hidden_size * c.intermediate_size // tp * a
+        vocab = c.vocab_size * c.hidden_size // tp * a
+        return c.num_layers * layer + vocab * (1 if c.tie_word_embeddings else 2)
+
+    def kv_bytes_per_token(self, tp: int = 1) -> int:
+        """K and V of one token over all layers on one GPU (sliding layers keep full KV)."""
+        c = self.config
+        return 2 * c.num_layers * kv_heads_per_gpu(c, tp) * c.head_dim * self.dtype_bytes
+
+
+def kv_heads_per_gpu(config: ModelConfig, tp: int) -> int:
+    """KV heads one of `tp` GPUs holds: split when tp divides them, replicated beyond."""
+    return max(config.num_kv_heads // tp, 1)
+
+
+def check_tp(config: ModelConfig, tp) -> int:
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp: expected a positive int, got {tp!r}")
+    if config.num_heads % tp or config.intermediate_size % tp:
+        raise ValueError(f"tp: {tp} does not divide the {config.num_heads} attention heads and "
+                         f"the intermediate size {config.intermediate_size}")
+    if tp > config.num_kv_heads and tp % config.num_kv_heads:
+        raise ValueError(f"tp: {tp} is neither a divisor nor a multiple of the "
+                         f"{config.num_kv_heads} KV heads")
+    return tp
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One step: per sequence ``(new_tokens, context_len)`` in batch order, how many sequences
+    sample a token, the split into prefill and decode tokens, the model and ``tp``."""
+
+    model: ModelSpec
+    requests: Tuple[Tuple[int, int], ...]
+    num_sampled: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    tp: int = 1
+
+    @classmethod
+    def from_batch(cls, batch: ScheduledBatch, model: ModelSpec, tp: int = 1) -> "StepShape":
+        if not isinstance(batch, ScheduledBatch):
+            raise TypeError(f"batch: expected a ScheduledBatch, got {type(batch).__name__}")
+        return cls(model,
+                   tuple((s.num_new_tokens, s.num_computed_tokens) for s in batch.sequences),
+                   sum(1 for s in batch.sequences if s.is_last_prefill_chunk),
+                   batch.num_prefill_tokens, batch.num_decode_tokens, tp)
+
+    @classmethod
+    def of(cls, model: ModelSpec, requests, tp: int = 1, num_sampled: Optional[int] = None
+           ) -> "StepShape":
+        """A shape from ``(new_tokens, context_len)`` pairs: one-token entries with context
+        count as decodes, every sequence samples unless `num_sampled` says otherwise."""
+        pairs = tuple((int(n), int(c)) for n, c in requests)
+        for i, (n, c) in enumerate(pairs):
+            if n < 1 or c < 0:
+                raise ValueError(f"requests[{i}]: expected new_tokens >= 1 and context_len >= "
+                                 f"0, got ({n}, {c})")
+        decode = sum(1 for n, c in pairs if n == 1 and c > 0)
+        total = sum(n for n, _ in pairs)
+        return cls(model, pairs, len(pairs) if num_sampled is None else num_sampled,
+                   total - decode, decode, tp)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.requests)
+
+    @property
+    def max_context(self) -> int:
+        """The longest sequence after the step (cached plus new tokens)."""
+        return max((n + c for n, c in self.requests), default=0)
+
+    @property
+    def kind(self) -> str:
+        """"prefill", "decode" or "mixed" (by the tokens the step computes)."""
+        if self.num_decode_tokens == 0:
+            return "prefill"
+        return "decode" if self.num_prefill_tokens == 0 else "mixed"

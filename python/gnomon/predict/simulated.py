@@ -1,0 +1,178 @@
+"""The simulated runner, the virtual clock, and the real runner on that clock.
+
+`SimulatedRunner` answers the engine's runner surface (``execute``, ``execute_logits``) without
+weights, KV or any device: each step it turns the `ScheduledBatch` into a `StepShape`, asks its
+predictor for the cost, advances the `VirtualClock` by it, and returns a fixed non-EOS token for
+every sequence that samples. Workloads run with ``ignore_eos=True`` and ``max_tokens`` equal to
+each request's output length, so requests end exactly where the workload says.
+
+`TimedRunner` wraps a real `ModelRunner` so a real run keeps time on the same kind of clock: the
+clock advances by the wall time that really passed since the previous step's forward ended
+(scheduling, input prep, forward, sampling, bookkeeping), while idle gaps between arrivals are
+skipped rather than slept through. A real run and a simulation then differ only in where step
+durations come from, which is what makes "same decisions" testable.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from gnomon.engine.batch import ScheduledBatch, StepOutput
+from gnomon.engine.kv_cache import kv_bytes_per_block, resolve_num_blocks
+from gnomon.hardware import Hardware
+
+from .cost import PredictionRefused, StepCost
+from .shapes import ModelSpec, StepShape, check_tp, kv_heads_per_gpu
+
+GPU_MEMORY_UTILIZATION = 0.9  # the share of HBM the engine may use, as vLLM's default
+
+
+class VirtualClock:
+    """Seconds on a clock that only moves when told to (``advance``, ``jump_to``)."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = float(start)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise ValueError(f"seconds: a clock cannot go back or by NaN, got {seconds}")
+        self.now += seconds
+
+    def jump_to(self, t: float) -> None:
+        self.now = max(self.now, float(t))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One executed (non-empty) step: when it started on the clock, the batch, its seconds and
+    breakdown."""
+
+    start: float
+    batch: ScheduledBatch
+    seconds: float
+    breakdown: Dict[str, float] = field(default_factory=dict)
+
+
+def _sampled(batch: ScheduledBatch, token: int):
+    return tuple(token if s.is_last_prefill_chunk else None for s in batch.sequences)
+
+
+def _filler_token(model: ModelSpec) -> int:
+    """The smallest token id that is not an EOS id."""
+    eos = set(model.config.eos_token_ids)
+    return next(t for t in range(len(eos) + 1) if t not in eos)
+
+
+def activation_bytes(model: ModelSpec, *, max_num_batched_tokens: int, max_num_seqs: int,
+                     tp: int = 1) -> float:
+    """An estimate of the peak activation memory of one step on one GPU: a full token budget's
+    hidden states, QKV and MLP intermediates (twice, input and output live at once), and
+    float32 logits for every sequence. vLLM measures this with a profiling forward; a
+    simulation cannot, and says so in its report."""
+    c = model.config
+    inter = (c.top_k if c.is_moe else 1) * 2 * c.intermediate_size // tp
+    per_token = 2 * c.hidden_size + c.q_size // tp + 2 * c.kv_size + inter
+    logits = max_num_seqs * c.vocab_size // tp * 4
+    return 2 * max_num_batched_tokens * per_token * model.dtype_bytes + logits
+
+
+def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: int = 16,
+                           tp: int = 1, max_num_batched_tokens: int = 8192,
+                           max_num_seqs: int = 256,
+                           gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> int:
+    """KV blocks that fit on `hardware` (per GPU, times ``tp`` GPUs in lockstep) after the
+    weights and activations, by the engine's own budget arithmetic
+    (`gnomon.engine.kv_cache`). Raises `PredictionRefused` with the bytes needed and the bytes
+    available when the model does not fit."""
+    c = model.config
+    check_tp(c, tp)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization: expected a fraction in (0, 1], got "
+                         f"{gpu_memory_utilization}")
+    usable = hardware.hbm_gb.value * 1e9 * gpu_memory_utilization
+    weights = model.weight_bytes(tp)
+    acts = activation_bytes(model, max_num_batched_tokens=max_num_batched_tokens,
+                            max_num_seqs=max_num_seqs, tp=tp)
+    per_block = kv_bytes_per_block(num_layers=c.num_layers, block_size=block_size,
+                                   num_kv_heads=kv_heads_per_gpu(c, tp), head_dim=c.head_dim,
+                                   dtype_size=model.dtype_bytes)
+    budget = usable - weights - acts
+    if budget < per_block:
+        raise PredictionRefused(
+            f"{model.name} does not fit on {tp} x {hardware.name}: per GPU it needs "
+            f"{weights / 1e9:.2f} GB of weights + {acts / 1e9:.2f} GB of activations + at "
+            f"least one {per_block / 1e6:.2f} MB KV block, and "
+            f"{usable / 1e9:.2f} GB is available ({gpu_memory_utilization:.0%} of "
+            f"{hardware.hbm_gb.value:g} GB)")
+    return resolve_num_blocks(kv_cache_bytes=int(budget), bytes_per_block=per_block)
+
+
+class SimulatedRunner:
+    """A runner that predicts instead of computing (module docstring). ``steps`` records every
+    non-empty step."""
+
+    def __init__(self, model: ModelSpec, predictor, clock: VirtualClock, *, tp: int = 1) -> None:
+        if not isinstance(model, ModelSpec):
+            raise TypeError(f"model: expected a ModelSpec, got {type(model).__name__}")
+        if not callable(getattr(predictor, "predict", None)):
+            raise TypeError(f"predictor: expected a StepCostPredictor (with predict(shape)), got "
+                            f"{type(predictor).__name__}")
+        self.model, self.predictor, self.clock = model, predictor, clock
+        self.tp = check_tp(model.config, tp)
+        self.token = _filler_token(model)
+        self.steps: List[StepRecord] = []
+        self.costs: List[StepCost] = []
+
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        if batch.is_empty:
+            return StepOutput(())
+        cost = self.predictor.predict(StepShape.from_batch(batch, self.model, self.tp))
+        start = self.clock()
+        self.clock.advance(cost.seconds)
+        breakdown = dict(cost.breakdown)
+        self.steps.append(StepRecord(start, batch, cost.seconds, breakdown))
+        self.costs.append(cost)
+        return StepOutput(_sampled(batch, self.token), cost.seconds, breakdown)
+
+    def idle(self) -> None:
+        """Nothing to reset: predicted steps carry no wall time."""
+
+    def execute_logits(self, batch: ScheduledBatch):
+        raise NotImplementedError("a simulated runner computes no logits (it has no weights); "
+                                  "LLM.score needs a real model")
+
+
+class TimedRunner:
+    """A real runner whose steps advance a `VirtualClock` by the wall time they took (module
+    docstring). ``steps`` records every non-empty step with its measured seconds."""
+
+    def __init__(self, runner, clock: VirtualClock) -> None:
+        self.runner, self.clock = runner, clock
+        self.steps: List[StepRecord] = []
+        self._last_end: Optional[float] = None
+
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        began = time.perf_counter()
+        output = self.runner.execute(batch)
+        end = time.perf_counter()
+        if batch.is_empty:
+            return output
+        # the work since the previous step's forward (its bookkeeping, this step's scheduling)
+        seconds = end - (began if self._last_end is None else self._last_end)
+        self._last_end = end
+        start = self.clock()
+        self.clock.advance(seconds)
+        self.steps.append(StepRecord(start, batch, seconds, dict(output.breakdown)))
+        return StepOutput(output.sampled_token_ids, seconds, output.breakdown, output.logprobs)
+
+    def execute_logits(self, batch: ScheduledBatch):
+        return self.runner.execute_logits(batch)
+
+    def idle(self) -> None:
+        """The driver skipped an idle gap: the next step's time starts at its own forward."""
+        self._last_end = None

@@ -1,0 +1,184 @@
+"""`validate`: how well a held-out `CalibratedPredictor` predicts the real engine on this CPU.
+
+1. Calibrate on the calibration workload and a bench sweep (`calibrate.calibrate`); the
+   validation workload below is drawn from other distributions with another seed.
+2. Run the validation workload for real twice (after a short warm-up run); the spread between
+   the two runs is the machine's noise floor.
+3. Run it through `SimulatedRunner` with the calibrated predictor.
+4. Per-step absolute percentage error of the predictor on every real step of the first run
+   (its own shape, so the errors are the predictor's alone), split into prefill-only,
+   decode-only and mixed steps; and the signed errors of the simulation's mean TTFT, mean TPOT
+   and output throughput against the first real run.
+
+Goal: step median APE <= 5% and TTFT, TPOT and throughput within 5%, or 1.5x the noise floor
+where the noise floor exceeds 3.3%.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .calibrate import (CPU_ENGINE_ARGS, CPU_KV_BLOCKS, calibrate, calibration_workload,
+                        measured_steps, real_run)
+from .calibrated import CalibratedPredictor
+from .cost import PredictionRefused
+from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL
+from .metrics import compute_metrics
+from .serve import RunTrace, run_workload, simulated_engine
+from .shapes import ModelSpec, StepShape
+from .workloads import LengthDist, SyntheticSpec, synthetic
+
+SCHEMA_VERSION = 1
+KIND = "gnomon.predict.validation"
+GOAL = 0.05
+NOISE_THRESHOLD = 0.033
+NOISE_FACTOR = 1.5
+
+
+def validation_workload(vocab_size: int, num_requests: int = 120, seed: int = 7):
+    """Lognormal serving-like lengths at a moderate Poisson rate (another shape and seed than
+    `calibrate.calibration_workload`)."""
+    return synthetic(SyntheticSpec(num_requests=num_requests, rate=25.0,
+                                   prompt_len=LengthDist.lognormal(200, 0.8, 16, 1024),
+                                   output_len=LengthDist.lognormal(64, 0.7, 4, 256),
+                                   vocab_size=vocab_size, seed=seed), name="validation")
+
+
+def _ape_summary(errors: Sequence[float]) -> Dict[str, Optional[float]]:
+    """median / p90 / max of |e| and the mean signed error (bias), as fractions."""
+    e = np.asarray(errors, dtype=float)
+    if e.size == 0:
+        return {"count": 0, "median": None, "p90": None, "max": None, "bias": None}
+    a = np.abs(e)
+    return {"count": int(e.size), "median": float(np.median(a)),
+            "p90": float(np.percentile(a, 90)), "max": float(a.max()), "bias": float(e.mean())}
+
+
+def step_errors(predictor, trace: RunTrace, spec: ModelSpec) -> Dict[str, List[float]]:
+    """Signed relative errors of `predictor` on every step of `trace`, by step kind."""
+    out: Dict[str, List[float]] = {"all": [], "prefill": [], "decode": [], "mixed": []}
+    for shape, seconds in measured_steps(trace, spec):
+        try:
+            predicted = predictor.predict(shape).seconds
+        except PredictionRefused as refused:
+            raise PredictionRefused(f"the calibrated predictor refused a validation step "
+                                    f"({refused.reason})") from None
+        e = (predicted - seconds) / seconds
+        out["all"].append(e)
+        out[shape.kind].append(e)
+    return out
+
+
+def _headline(metrics: dict) -> Dict[str, float]:
+    return {"ttft": metrics["ttft"]["mean"], "tpot": metrics["tpot"]["mean"],
+            "throughput": metrics["throughput"]["output_tokens_per_s"]}
+
+
+def _signed(a: Dict[str, float], b: Dict[str, float]) -> Dict[str, float]:
+    """(a - b) / b per headline figure."""
+    return {f"{k}_error": (a[k] - b[k]) / b[k] for k in b}
+
+
+def noise_step_errors(first: RunTrace, second: RunTrace) -> List[float]:
+    """Relative step-time differences between two real runs, over the steps at the same index
+    that computed the same batch."""
+    return [(b.seconds - a.seconds) / a.seconds for a, b in zip(first.steps, second.steps)
+            if a.batch == b.batch]
+
+
+def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
+             calibration_requests: int = 160,
+             bench_suites: Sequence[str] = CALIBRATION_BENCH_SUITES,
+             progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Runs the whole validation (module docstring) and returns the JSON-ready report."""
+    say = progress or (lambda stage: None)
+    spec = ModelSpec.from_model(model)
+    vocab = spec.config.vocab_size
+    say("calibrating (bench sweep + calibration workload)")
+    predictor: CalibratedPredictor = calibrate(
+        model, bench_suites=bench_suites,
+        workload=calibration_workload(vocab, num_requests=calibration_requests))
+    workload = validation_workload(vocab, num_requests=num_requests)
+    say("warm-up run")
+    real_run(model, validation_workload(vocab, num_requests=max(num_requests // 8, 4), seed=99))
+    say("real run 1")
+    first = real_run(model, workload)
+    say("real run 2")
+    second = real_run(model, workload)
+    say("simulated run")
+    engine = simulated_engine(spec, "host", predictor, args=CPU_ENGINE_ARGS,
+                              num_kv_blocks=CPU_KV_BLOCKS)
+    simulated = run_workload(engine, workload)
+
+    real_metrics, second_metrics = compute_metrics(first), compute_metrics(second)
+    sim_metrics = compute_metrics(simulated)
+    errors = step_errors(predictor, first, spec)
+    step_ape = _ape_summary(errors["all"])
+    report = {
+        "schema_version": SCHEMA_VERSION, "kind": KIND,
+        "setup": {"model": spec.name, "predictor": predictor.name,
+                  "calibration": predictor.info, "workload": workload.description,
+                  "engine": {**CPU_ENGINE_ARGS.kwargs(), "num_kv_blocks": CPU_KV_BLOCKS}},
+        "step_ape": step_ape,
+        "step_ape_by_kind": {k: _ape_summary(errors[k]) for k in ("prefill", "decode", "mixed")},
+        **_signed(_headline(sim_metrics), _headline(real_metrics)),
+        "noise_floor": {"step_ape": _ape_summary(noise_step_errors(first, second)),
+                        **_signed(_headline(second_metrics), _headline(real_metrics))},
+        "real": _headline(real_metrics), "simulated": _headline(sim_metrics),
+        "steps": {"real": len(first.steps), "simulated": len(simulated.steps)},
+        "wall_seconds": {"real_run": first.wall_seconds, "simulated_run": simulated.wall_seconds},
+    }
+    report["goal"] = _goal(report)
+    return report
+
+
+def _goal(report: dict) -> dict:
+    """Each figure's bound (5%, or 1.5x its noise floor where that exceeds 3.3%) and whether it
+    was met."""
+    noise = report["noise_floor"]
+    rows = {"step_ape.median": (report["step_ape"]["median"], noise["step_ape"]["median"])}
+    for k in ("ttft_error", "tpot_error", "throughput_error"):
+        rows[k] = (report[k], noise[k])
+    out = {}
+    for name, (value, floor) in rows.items():
+        floor = abs(floor) if floor is not None else 0.0
+        bound = NOISE_FACTOR * floor if floor > NOISE_THRESHOLD else GOAL
+        out[name] = {"value": value, "noise_floor": floor, "bound": bound,
+                     "met": value is not None and abs(value) <= bound}
+    return out
+
+
+def dump(report: dict, path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1, allow_nan=False)
+        f.write("\n")
+
+
+def render(report: dict, console=None) -> None:
+    """The validation as a `rich` table: each figure, its noise floor, its bound, met or not,
+    then the per-step errors by step kind."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    pct = lambda x: "-" if x is None else f"{x:+.1%}"  # noqa: E731
+    goal = Table(title=f"gnomon validate: {report['setup']['predictor']} on "
+                       f"{report['setup']['model']} (held-out workload)")
+    for col in ("figure", "error", "noise floor", "bound", "met"):
+        goal.add_column(col, justify="left" if col == "figure" else "right")
+    for name, g in report["goal"].items():
+        goal.add_row(name, pct(g["value"]), pct(g["noise_floor"]), f"{g['bound']:.1%}",
+                     "yes" if g["met"] else "NO")
+    console.print(goal)
+    steps = Table(title="per-step absolute percentage error")
+    for col in ("steps", "count", "median", "p90", "max", "bias"):
+        steps.add_column(col, justify="left" if col == "steps" else "right")
+    rows = {"all": report["step_ape"], **report["step_ape_by_kind"],
+            "noise floor": report["noise_floor"]["step_ape"]}
+    for kind, s in rows.items():
+        steps.add_row(kind, str(s["count"]), *(pct(s[k]) for k in ("median", "p90", "max",
+                                                                     "bias")))
+    console.print(steps)

@@ -1,0 +1,118 @@
+"""CalibratedPredictor: the fit recovers a known linear model, refusals, files, bench rows."""
+
+import json
+
+import numpy as np
+import pytest
+
+from gnomon.engine.config import ModelConfig
+from gnomon.predict.calibrated import (FEATURES, CalibratedPredictor, bench_rows, fit,
+                                       step_features)
+from gnomon.predict.cost import FAMILIES, PredictionRefused
+from gnomon.predict.shapes import ModelSpec, StepShape
+
+SPEC = ModelSpec.from_config(ModelConfig.preset("tiny-llama"), name="tiny-llama")
+
+
+def _shapes(seed, count=60):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        decodes = int(rng.integers(0, 8))
+        pairs = [(1, int(rng.integers(1, 200))) for _ in range(decodes)]
+        if rng.random() < 0.6 or not pairs:
+            pairs.append((int(rng.integers(2, 64)), int(rng.integers(0, 100))))
+        out.append(StepShape.of(SPEC, pairs))
+    return out
+
+
+TRUE = dict.fromkeys(FEATURES, 0.0)
+TRUE.update(gemm_flops=2e-10, gemm_bytes=1e-9, attention_flops=5e-10, elementwise_bytes=3e-9,
+            sampling_bytes=2e-9, launches=4e-6, step=2e-4, seqs=1e-5, tokens=2e-7)
+THETA = np.array([TRUE[k] for k in FEATURES])
+
+
+def _truth(shape):
+    return float(step_features(shape)[0] @ THETA)
+
+
+def test_fit_recovers_a_known_linear_model():
+    train = [(s, _truth(s)) for s in _shapes(0)]
+    p = CalibratedPredictor.fit_from(train)
+    assert p.info["in_sample_step_ape_median"] < 1e-6
+    for s in _shapes(1, 20):
+        try:
+            got = p.predict(s)
+        except PredictionRefused:
+            continue
+        assert got.seconds == pytest.approx(_truth(s), rel=1e-4)
+        assert got.seconds == pytest.approx(sum(got.breakdown.values()), rel=1e-12)
+        assert set(got.breakdown) == set(FAMILIES)
+        assert got.provenance["gemm"] == "fitted" and got.provenance["communication"] == \
+            "analytical"
+
+
+def test_fit_is_non_negative_and_relative():
+    X = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    y = np.array([1.0, 100.0, 101.0])
+    theta = fit(X, y)
+    assert (theta >= 0).all()
+    np.testing.assert_allclose(X @ theta, y, rtol=1e-9)
+    with pytest.raises(ValueError, match="seconds > 0"):
+        fit(X, np.array([1.0, 0.0, 1.0]))
+
+
+def test_refuses_outside_the_calibrated_range():
+    p = CalibratedPredictor.fit_from([(s, _truth(s)) for s in _shapes(0)])
+    big = StepShape.of(SPEC, [(p.domain["num_tokens"] + 1, 0)])
+    with pytest.raises(PredictionRefused, match="num_tokens"):
+        p.predict(big)
+    many = StepShape.of(SPEC, [(1, 5)] * (p.domain["num_seqs"] + 1))
+    with pytest.raises(PredictionRefused, match="num_seqs"):
+        p.predict(many)
+    long = StepShape.of(SPEC, [(1, p.domain["max_context"] + 10)])
+    with pytest.raises(PredictionRefused, match="max_context"):
+        p.predict(long)
+    with pytest.raises(PredictionRefused, match="tp"):
+        p.predict(StepShape.of(SPEC, [(1, 5)], tp=2))
+
+
+def test_file_round_trip_and_bad_files(tmp_path):
+    p = CalibratedPredictor.fit_from([(s, _truth(s)) for s in _shapes(0)], info={"model": "x"})
+    path = tmp_path / "cal.json"
+    p.save(path)
+    q = CalibratedPredictor.load(path)
+    shape = _shapes(2, 1)[0]
+    assert q.predict(shape) == p.predict(shape)
+    assert "cal.json" in q.name
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        CalibratedPredictor.load(tmp_path / "nope.json")
+    doc = json.loads(path.read_text())
+    for change, match in [({"kind": "other"}, "gnomon.predict.calibration"),
+                          ({"schema_version": 9}, "schema_version 9"),
+                          ({"features": ["a"]}, "calibrate again"),
+                          ({"coefficients": [-1.0] * len(FEATURES)}, "non-negative")]:
+        (tmp_path / "bad.json").write_text(json.dumps({**doc, **change}))
+        with pytest.raises(ValueError, match=match) as e:
+            CalibratedPredictor.load(tmp_path / "bad.json")
+        assert "bad.json" in str(e.value)
+    (tmp_path / "garbage.json").write_text("{not json")
+    with pytest.raises(ValueError, match="garbage.json"):
+        CalibratedPredictor.load(tmp_path / "garbage.json")
+
+
+def test_bench_rows_take_each_cases_median_over_runs():
+    def case(key, op, median_ns):
+        return {"key": key, "op": op, "flops": 1000, "bytes": 2000,
+                "stats": {"median": median_ns}}
+    doc = {"runs": [{"cases": [case("a", "paged_attention", 100), case("b", "rms_norm", 50),
+                               case("c", "mxfp4_quantize", 10)]},
+                    {"cases": [case("a", "paged_attention", 300), case("b", "rms_norm", 70),
+                               case("c", "mxfp4_quantize", 10)]}]}
+    X, y, keys = bench_rows(doc)
+    assert keys == ["a", "b"]  # quantisation runs in no step
+    np.testing.assert_allclose(y, [200e-9, 60e-9])
+    assert X[0, FEATURES.index("attention_flops")] == 1000
+    assert X[1, FEATURES.index("elementwise_bytes")] == 2000
+    assert X[:, FEATURES.index("launches")].tolist() == [1.0, 1.0]
+    assert X[:, FEATURES.index("step")].tolist() == [0.0, 0.0]

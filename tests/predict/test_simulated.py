@@ -1,0 +1,146 @@
+"""The simulated runner: same decisions as a real run, the engine's runner surface, no
+allocation, and KV sizing from the hardware's capacity."""
+
+import resource
+
+import pytest
+
+from engine.test_llm import engine_runner_surface
+from gnomon.engine.batch import ScheduledBatch, ScheduledSequence
+from gnomon.engine.config import ModelConfig
+from gnomon.engine.kv_cache import kv_bytes_per_block
+from gnomon.engine.sampling_params import SamplingParams
+from gnomon.hardware import gpu
+from gnomon.predict.cost import PredictionRefused, StepCost
+from gnomon.predict.roofline import RooflinePredictor
+from gnomon.predict.serve import EngineArgs, run_workload, simulated_engine, timed_engine
+from gnomon.predict.shapes import ModelSpec, StepShape
+from gnomon.predict.simulated import (GPU_MEMORY_UTILIZATION, SimulatedRunner, VirtualClock,
+                                      activation_bytes, kv_blocks_for_hardware)
+from gnomon.predict.workloads import LengthDist, SyntheticSpec, synthetic
+
+TINY = ModelSpec.from_config(ModelConfig.preset("tiny-llama"), name="tiny-llama")
+# a small token budget (chunked prefill), few slots and a small cache (preemption)
+ARGS = EngineArgs(block_size=4, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128)
+KV_BLOCKS = 20
+
+
+def _workload(n=24, rate=400.0, seed=3):
+    return synthetic(SyntheticSpec(num_requests=n, rate=rate, prompt_len=LengthDist.uniform(3, 30),
+                                   output_len=LengthDist.uniform(1, 12), vocab_size=256,
+                                   seed=seed))
+
+
+class Replay:
+    """Returns recorded step durations in order."""
+
+    name = "replay"
+
+    def __init__(self, seconds):
+        self.seconds = list(seconds)
+        self.calls = 0
+
+    def predict(self, shape):
+        t = self.seconds[self.calls]
+        self.calls += 1
+        return StepCost.from_parts({"overhead": t}, {"overhead": "measured"})
+
+
+def test_same_decisions_as_a_real_run():
+    workload = _workload()
+    engine = timed_engine("tiny-llama", random_weights=True, args=ARGS, num_kv_blocks=KV_BLOCKS)
+    # The real forward runs, but samples the simulation's filler token: the tokens are part of
+    # each batch (decode inputs), and only their timing is under test.
+    filler = SimulatedRunner(TINY, Replay([]), VirtualClock()).token
+    engine.runner.runner.sample = lambda logits, seqs: [filler] * len(seqs)
+    real = run_workload(engine, workload)
+    replay = Replay(s.seconds for s in real.steps)
+    sim = run_workload(simulated_engine(TINY, "H100", replay, args=ARGS,
+                                        num_kv_blocks=KV_BLOCKS), workload)
+    assert replay.calls == len(real.steps)
+    assert [s.batch for s in sim.steps] == [s.batch for s in real.steps]
+    assert [s.start for s in sim.steps] == [s.start for s in real.steps]
+    assert [o.metrics for o in sim.outputs] == [o.metrics for o in real.outputs]
+    assert sim.token_times == real.token_times
+    # the workload exercised what makes decisions interesting
+    assert real.num_preemptions > 0
+    assert any(s.batch.num_prefill_tokens and s.batch.num_decode_tokens for s in real.steps)
+    assert any(not seq.is_last_prefill_chunk for s in real.steps for seq in s.batch.sequences)
+    for o, r in zip(real.outputs, workload.requests):
+        assert o.finished and len(o.outputs[0].token_ids) == r.output_len
+
+
+def test_idle_gaps_jump_to_the_next_arrival():
+    workload = _workload(n=3, rate=0.5)  # seconds apart; steps take microseconds
+    trace = run_workload(simulated_engine(TINY, "H100", RooflinePredictor("H100"), args=ARGS,
+                                          num_kv_blocks=KV_BLOCKS), workload)
+    arrivals = [r.arrival_time for r in workload.requests]
+    firsts = [o.metrics.first_scheduled_time for o in trace.outputs]
+    assert firsts == arrivals  # each admitted the moment it arrived: the clock jumped there
+    assert trace.steps[-1].start > arrivals[-1] > 1.0
+
+
+def test_simulated_runner_answers_the_engine_surface():
+    runner = simulated_engine(TINY, "H100", RooflinePredictor("H100"), args=ARGS,
+                              num_kv_blocks=KV_BLOCKS).runner
+    assert isinstance(runner, SimulatedRunner)
+    missing = sorted(a for a in engine_runner_surface() if not hasattr(runner, a))
+    assert not missing, f"the engine uses runner attributes SimulatedRunner lacks: {missing}"
+
+
+def test_simulation_of_a_120b_model_allocates_nothing():
+    spec = ModelSpec.from_model("gpt-oss-120b")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    engine = simulated_engine(spec, "MI355X", RooflinePredictor("MI355X"))
+    workload = synthetic(SyntheticSpec(num_requests=20, rate=10.0,
+                                       prompt_len=LengthDist.uniform(100, 2000),
+                                       output_len=LengthDist.uniform(10, 50),
+                                       vocab_size=spec.config.vocab_size))
+    trace = run_workload(engine, workload)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 300, f"a simulation grew the process by {grown_mb:.0f} MB"
+    assert engine.num_kv_blocks > 100_000  # the MI355X's capacity, not the engine default
+    assert all(o.finished for o in trace.outputs)
+    assert trace.steps[0].breakdown["moe"] > 0
+
+
+def test_kv_blocks_follow_the_budget_arithmetic():
+    spec = ModelSpec.from_model("llama-3.1-8b")
+    hw = gpu("H100")
+    blocks = kv_blocks_for_hardware(spec, hw, block_size=16)
+    budget = (80e9 * GPU_MEMORY_UTILIZATION - spec.weight_bytes()
+              - activation_bytes(spec, max_num_batched_tokens=8192, max_num_seqs=256))
+    per_block = kv_bytes_per_block(num_layers=32, block_size=16, num_kv_heads=8, head_dim=128,
+                                   dtype_size=2)
+    assert blocks == int(budget) // per_block
+    # two GPUs: half the weights each and half the KV heads per block -> more than 2x blocks
+    assert kv_blocks_for_hardware(spec, hw, block_size=16, tp=2) > 2 * blocks
+
+
+def test_model_that_does_not_fit_is_refused_with_bytes():
+    with pytest.raises(PredictionRefused) as e:
+        kv_blocks_for_hardware(ModelSpec.from_model("llama-3.1-70b"), gpu("H100"))
+    reason = e.value.reason
+    assert "does not fit" in reason and "141.1" in reason and "72.00 GB is available" in reason
+
+
+def test_step_shape_keeps_each_pair():
+    seq = lambda sid, n, c, last: ScheduledSequence(  # noqa: E731
+        seq_id=sid, request_id=str(sid), sample_index=0, token_ids=(1,) * n,
+        num_computed_tokens=c, block_table=(0,), is_last_prefill_chunk=last,
+        sampling_params=SamplingParams())
+    batch = ScheduledBatch(sequences=(seq(0, 1, 40, True), seq(1, 7, 0, False)),
+                           num_prefill_tokens=7, num_decode_tokens=1)
+    shape = StepShape.from_batch(batch, TINY)
+    assert shape.requests == ((1, 40), (7, 0))
+    assert shape.num_sampled == 1 and shape.kind == "mixed" and shape.max_context == 41
+
+
+def test_simulated_runner_refuses_logits_and_bad_predictor():
+    runner = SimulatedRunner(TINY, RooflinePredictor("H100"), VirtualClock())
+    with pytest.raises(NotImplementedError, match="no logits"):
+        runner.execute_logits(ScheduledBatch())
+    with pytest.raises(TypeError, match="predictor"):
+        SimulatedRunner(TINY, object(), VirtualClock())
+    with pytest.raises(ValueError, match="seconds"):
+        VirtualClock().advance(-1.0)
