@@ -140,7 +140,9 @@ class Sampler:
 
         greedy_rows = [i for i, p in enumerate(params) if p.temperature == 0]
         random_rows = [i for i, p in enumerate(params) if p.temperature != 0]
-        if greedy_rows:
+        if len(greedy_rows) == num_rows:
+            token_ids = torch.argmax(logits, dim=-1)
+        elif greedy_rows:
             idx = torch.tensor(greedy_rows, dtype=torch.int64, device=device)
             token_ids[idx] = torch.argmax(logits[idx], dim=-1)
         if random_rows:
@@ -185,7 +187,9 @@ class Sampler:
                     raise ValueError(f"{name}[{i}]: expected an integer >= 0, got {v!r}")
         sample_indices = [int(v) for v in sample_indices]
         output_positions = [int(v) for v in output_positions]
-        if num_rows and not bool(torch.isfinite(logits).all()):
+        # A row's max is finite exactly when the row has no NaN (max propagates it), no +inf,
+        # and is not all -inf: one reduction instead of an elementwise isfinite pass.
+        if num_rows and not bool(torch.isfinite(logits.amax(dim=-1)).all()):
             bad_nan = torch.isnan(logits).any(dim=-1)
             bad_pinf = (logits == math.inf).any(dim=-1)
             bad_all = (logits == -math.inf).all(dim=-1)

@@ -1,0 +1,74 @@
+"""The hardware catalogue's interconnect figures, user hardware files, and ``host``."""
+
+import json
+
+import pytest
+
+from gnomon import hardware
+from gnomon.predict.hardware import resolve_hardware
+
+# per direction, GB/s: datasheets' bidirectional totals halved (REFERENCE.md "Interconnect")
+INTERCONNECT = {"H100 SXM": 450, "H200": 450, "B200": 900, "MI300X": 7 * 64, "MI325X": 7 * 64,
+                "MI355X": 7 * 153.6 / 2}
+
+
+@pytest.mark.parametrize("name", list(INTERCONNECT))
+def test_interconnect_per_direction(name):
+    entry = hardware.gpu(name)
+    assert entry.interconnect_gbps.value == pytest.approx(INTERCONNECT[name])
+    assert "bidirectional" in entry.interconnect_gbps.source
+
+
+def test_json_and_yaml_files(tmp_path):
+    fields = {"name": "MI300A", "vendor": "AMD", "bf16_tflops": 980.6, "fp8_tflops": 1961.2,
+              "hbm_tbps": 5.3, "hbm_gb": 128, "source": "AMD MI300A datasheet",
+              "sources": {"hbm_gb": "AMD MI300A datasheet, unified HBM3"}}
+    (tmp_path / "a.json").write_text(json.dumps(fields))
+    yaml = pytest.importorskip("yaml")
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(fields))
+    for path in (tmp_path / "a.json", tmp_path / "a.yaml"):
+        hw = resolve_hardware(str(path))
+        assert hw.name == "MI300A" and hw.tflops("bfloat16") == 980.6
+        assert hw.tflops("fp4") is None and hw.interconnect_gbps.value is None
+        assert hw.hbm_gb.source == "AMD MI300A datasheet, unified HBM3"
+        assert hw.hbm_tbps.source == "AMD MI300A datasheet"
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"bf16_tflops": -1}, "bf16_tflops: expected a positive number"),
+    ({"hbm_gb": None}, "hbm_gb: expected a positive number"),
+    ({"name": ""}, "name: expected a non-empty string"),
+    ({"clock_mhz": 2100}, "unknown field"),
+    ({"fp8_tflops": "fast"}, "fp8_tflops"),
+])
+def test_bad_hardware_file(tmp_path, change, match):
+    fields = {"name": "X", "vendor": "Y", "bf16_tflops": 1, "hbm_tbps": 1, "hbm_gb": 1}
+    fields.update(change)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(fields))
+    with pytest.raises(ValueError, match=match) as e:
+        resolve_hardware(str(path))
+    assert "bad.json" in str(e.value)
+
+
+def test_missing_and_unparseable_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="gone.json"):
+        resolve_hardware(str(tmp_path / "gone.json"))
+    (tmp_path / "x.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="mapping"):
+        resolve_hardware(str(tmp_path / "x.json"))
+
+
+def test_host_is_measured_here():
+    host = resolve_hardware("host")
+    assert host.vendor == "host" and host.tflops("bfloat16") > 0 and host.hbm_tbps.value > 0
+    assert "measured" in host.bf16_tflops.source
+    assert resolve_hardware("HOST") is host  # measured once per process
+
+
+def test_unknown_name_lists_everything():
+    with pytest.raises(ValueError) as e:
+        resolve_hardware("A100")
+    message = str(e.value)
+    assert all(g.name in message for g in hardware.GPUS) and "host" in message
+    assert ".json" in message
