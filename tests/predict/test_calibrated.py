@@ -27,8 +27,10 @@ def _shapes(seed, count=60):
 
 
 TRUE = dict.fromkeys(FEATURES, 0.0)
-TRUE.update(gemm_flops=2e-10, gemm_bytes=1e-9, attention_flops=5e-10, elementwise_bytes=3e-9,
-            sampling_bytes=2e-9, launches=4e-6, step=2e-4, seqs=1e-5, tokens=2e-7)
+TRUE.update({"gemm_flops@1": 1e-10, "gemm_bytes@1": 1e-9, "gemm_flops@2": 3e-10,
+             "gemm_bytes@4": 2e-9, "gemm_flops@16": 2e-10, "gemm_flops@64": 1e-10},
+            attention_flops=5e-10, elementwise_bytes=3e-9, sampling_bytes=2e-9, launches=4e-6,
+            step=2e-4, seqs=1e-5, tokens=2e-7)
 THETA = np.array([TRUE[k] for k in FEATURES])
 
 
@@ -103,7 +105,7 @@ def test_file_round_trip_and_bad_files(tmp_path):
 
 def test_bench_rows_take_each_cases_median_over_runs():
     def case(key, op, median_ns):
-        return {"key": key, "op": op, "flops": 1000, "bytes": 2000,
+        return {"key": key, "op": op, "flops": 1000, "bytes": 2000, "params": {},
                 "stats": {"median": median_ns}}
     doc = {"runs": [{"cases": [case("a", "paged_attention", 100), case("b", "rms_norm", 50),
                                case("c", "mxfp4_quantize", 10)]},
@@ -116,3 +118,13 @@ def test_bench_rows_take_each_cases_median_over_runs():
     assert X[1, FEATURES.index("elementwise_bytes")] == 2000
     assert X[:, FEATURES.index("launches")].tolist() == [1.0, 1.0]
     assert X[:, FEATURES.index("step")].tolist() == [0.0, 0.0]
+
+
+def test_gemm_rows_are_split_between_neighbouring_knots():
+    from gnomon.predict.calibrated import _knot_weights
+    assert _knot_weights(1) == [(1, 1.0), (2, 0.0)]
+    assert _knot_weights(8) == [(8, 1.0), (16, 0.0)]
+    (lo, w_lo), (hi, w_hi) = _knot_weights(12)
+    assert (lo, hi) == (8, 16) and w_hi == pytest.approx(np.log2(12 / 8)) and w_lo + w_hi == 1
+    with pytest.raises(PredictionRefused, match="M = 20000"):
+        _knot_weights(20000)

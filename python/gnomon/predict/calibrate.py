@@ -17,13 +17,13 @@ from .workloads import LengthDist, SyntheticSpec, synthetic
 # The scheduler settings calibration and validation share: a CPU-sized token budget.
 CPU_ENGINE_ARGS = EngineArgs(block_size=16, max_num_seqs=32, max_num_batched_tokens=512,
                              max_model_len=2048)
-CPU_KV_BLOCKS = 1024
+CPU_KV_BLOCKS = 4096  # 64k tokens, 512 MiB: the sequence cap binds, not the cache
 
 
 def calibration_workload(vocab_size: int, num_requests: int = 160, seed: int = 1):
-    """Wide uniform lengths and a high rate, so steps span prefill, decode and mixed batches
-    up to the token budget and the sequence cap."""
-    return synthetic(SyntheticSpec(num_requests=num_requests, rate=60.0,
+    """Wide uniform lengths arriving faster than they are served, so the steps span prefill,
+    decode and mixed batches up to the token budget and the sequence cap."""
+    return synthetic(SyntheticSpec(num_requests=num_requests, rate=200.0,
                                    prompt_len=LengthDist.uniform(8, 1280),
                                    output_len=LengthDist.uniform(2, 320),
                                    vocab_size=vocab_size, seed=seed), name="calibration")
@@ -35,10 +35,13 @@ def measured_steps(trace: RunTrace, spec: ModelSpec) -> Sequence[Tuple[StepShape
 
 def real_run(model, workload, *, args: EngineArgs = CPU_ENGINE_ARGS,
              num_kv_blocks: int = CPU_KV_BLOCKS, random_weights: bool = True,
+             pace: Optional[RunTrace] = None,
              progress: Optional[Callable[[int, int], None]] = None) -> RunTrace:
-    """The workload through the real engine on this CPU, timed on a virtual clock."""
+    """The workload through the real engine on this CPU, timed on a virtual clock (paced by
+    an earlier run's step times when `pace` is given, to repeat its decisions)."""
     engine = timed_engine(model, random_weights=random_weights, args=args,
-                          num_kv_blocks=num_kv_blocks)
+                          num_kv_blocks=num_kv_blocks,
+                          pace=None if pace is None else [s.seconds for s in pace.steps])
     return run_workload(engine, workload, progress=progress)
 
 

@@ -2,7 +2,10 @@
 
 A step's seconds are modelled as ``sum_k theta_k * x_k`` over the features of
 `opcount.step_ops`: FLOPs and bytes per op family, kernel launches, and the engine's per-step
-costs (a constant, one term per sequence, one per token). The coefficients are non-negative,
+costs (a constant, one term per sequence, one per token). A GEMM's rate depends on its M (on a
+CPU, M = 1 runs as a matrix-vector product at twice the speed of M = 2, and small M is far from
+either roof), so the gemm family's FLOPs and bytes are split over `GEMM_KNOTS` (M = 1, 2, 4, ...)
+with piecewise-linear weights in log2 M: its coefficients are an efficiency curve in M. The coefficients are non-negative,
 fitted by least squares on relative error (each row divided by its measured seconds) over two
 kinds of rows:
 
@@ -34,8 +37,11 @@ ACCEPTED_VERSIONS = (1,)
 KIND = "gnomon.predict.calibration"
 
 COMPUTE_FAMILIES = ("attention", "gemm", "moe", "elementwise", "sampling")
-FEATURES = tuple(f"{f}_{x}" for f in COMPUTE_FAMILIES for x in ("flops", "bytes")) + (
-    "launches", "step", "seqs", "tokens")
+GEMM_KNOTS = tuple(2 ** i for i in range(15))  # M = 1 .. 16384
+FEATURES = tuple(
+    [f"gemm_{x}@{m}" for m in GEMM_KNOTS for x in ("flops", "bytes")]
+    + [f"{f}_{x}" for f in COMPUTE_FAMILIES if f != "gemm" for x in ("flops", "bytes")]
+    + ["launches", "step", "seqs", "tokens"])
 OVERHEAD_FEATURES = ("step", "seqs", "tokens")
 HEADROOM = 1.25
 
@@ -43,6 +49,27 @@ HEADROOM = 1.25
 BENCH_FAMILIES = {"paged_attention": "attention", "reshape_and_cache": "attention",
                   "mxfp4_gemm": "gemm", "fused_moe": "moe", "topk_routing": "moe",
                   "rms_norm": "elementwise", "rotary_embedding": "elementwise"}
+
+
+def _knot_weights(m: int) -> List[Tuple[int, float]]:
+    """(knot, weight) pairs placing M between its two neighbouring knots, linear in log2 M."""
+    if not 1 <= m <= GEMM_KNOTS[-1]:
+        raise PredictionRefused(f"a GEMM with M = {m} is outside the calibrated knots "
+                                f"1..{GEMM_KNOTS[-1]}")
+    position = np.log2(m)
+    low = min(int(position), len(GEMM_KNOTS) - 2)
+    upper = position - low
+    return [(GEMM_KNOTS[low], 1.0 - upper), (GEMM_KNOTS[low + 1], upper)]
+
+
+def _add_op(x: Dict[str, float], family: str, flops: float, nbytes: float, rows: int) -> None:
+    if family == "gemm":
+        for knot, w in _knot_weights(rows):
+            x[f"gemm_flops@{knot}"] += w * flops
+            x[f"gemm_bytes@{knot}"] += w * nbytes
+    else:
+        x[f"{family}_flops"] += flops
+        x[f"{family}_bytes"] += nbytes
 
 
 def step_features(shape: StepShape) -> Tuple[np.ndarray, Dict[str, int]]:
@@ -53,8 +80,7 @@ def step_features(shape: StepShape) -> Tuple[np.ndarray, Dict[str, int]]:
         if op.family not in COMPUTE_FAMILIES:
             raise PredictionRefused(f"a calibrated predictor has no coefficients for "
                                     f"{op.family} (tp = {shape.tp}; calibration runs at tp 1)")
-        x[f"{op.family}_flops"] += op.flops
-        x[f"{op.family}_bytes"] += op.bytes
+        _add_op(x, op.family, op.flops, op.bytes, op.rows)
         x["launches"] += op.launches
         launches[op.family] += op.launches
     x.update(step=1.0, seqs=float(shape.num_seqs), tokens=float(shape.num_tokens))
@@ -74,10 +100,9 @@ def bench_rows(results: dict) -> Tuple[np.ndarray, np.ndarray, List[str]]:
     X, y, keys = [], [], []
     for key, medians in per_case.items():
         case = cases[key]
-        family = BENCH_FAMILIES[case["op"]]
         x = dict.fromkeys(FEATURES, 0.0)
-        x[f"{family}_flops"] = float(case["flops"])
-        x[f"{family}_bytes"] = float(case["bytes"])
+        _add_op(x, BENCH_FAMILIES[case["op"]], float(case["flops"]), float(case["bytes"]),
+                int(case["params"].get("m", 0)))
         x["launches"] = 1.0
         X.append([x[k] for k in FEATURES])
         y.append(float(np.median(medians)))
@@ -167,8 +192,11 @@ class CalibratedPredictor:
         self._check_domain(shape, x)
         terms = dict(zip(FEATURES, x * self.theta))
         per_launch = self.theta[FEATURES.index("launches")]
-        parts = {f: terms[f"{f}_flops"] + terms[f"{f}_bytes"] + per_launch * launches[f]
-                 for f in COMPUTE_FAMILIES}
+        parts = {f: per_launch * launches[f] for f in COMPUTE_FAMILIES}
+        for name, value in terms.items():
+            family = name.split("_", 1)[0]
+            if family in parts:
+                parts[family] += value
         parts["overhead"] = sum(terms[k] for k in OVERHEAD_FEATURES)
         return StepCost.from_parts(parts, {f: "fitted" for f in COMPUTE_FAMILIES + ("overhead",)})
 

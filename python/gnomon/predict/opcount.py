@@ -35,6 +35,7 @@ class Op:
     compute: str = "bfloat16"  # the math the FLOPs run in: "bfloat16", "fp8" or "fp4"
     comm_bytes: float = 0.0  # all-reduce payload (communication ops only)
     collectives: int = 0
+    rows: int = 0  # a GEMM's M (the tokens it multiplies), 0 for other ops
 
 
 def attended_keys(n: int, c: int, window) -> int:
@@ -67,7 +68,7 @@ def step_ops(shape: StepShape) -> List[Op]:
     def gemm(family, name, m, k, n, layers=L, weight_bytes=None, compute="bfloat16"):
         w = k * n * a if weight_bytes is None else weight_bytes
         ops.append(Op(family, name, layers * 2.0 * m * k * n,
-                      layers * (w + m * k * a + m * n * a), layers, compute))
+                      layers * (w + m * k * a + m * n * a), layers, compute, rows=m))
 
     def elementwise(name, nbytes, launches, layers=L):
         ops.append(Op("elementwise", name, 0.0, layers * nbytes, layers * launches))
@@ -114,7 +115,7 @@ def step_ops(shape: StepShape) -> List[Op]:
         elementwise("final_norm", 4 * R * H * a, 1, layers=1)
         V = c.vocab_size // tp
         ops.append(Op("gemm", "lm_head", 2.0 * R * H * V,
-                      H * V * a + R * H * a + R * V * LOGITS_BYTES, 1))
+                      H * V * a + R * H * a + R * V * LOGITS_BYTES, 1, rows=R))
         ops.append(Op("sampling", "sample", 5.0 * R * c.vocab_size,
                       3 * R * c.vocab_size * LOGITS_BYTES, 2))
     return ops

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from gnomon.engine.llm import LLMEngine, RequestOutput
 from gnomon.engine.sampling_params import SamplingParams
@@ -72,14 +72,14 @@ def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
 
 def timed_engine(model: Union[str, ModelSpec], *, random_weights: bool = False,
                  args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None,
-                 dtype="auto") -> LLMEngine:
+                 dtype="auto", pace: Optional[Sequence[float]] = None) -> LLMEngine:
     """A real `LLMEngine` (this machine's CPU) whose runner is wrapped in a `TimedRunner` on a
-    fresh `VirtualClock` at 0."""
+    fresh `VirtualClock` at 0 (`pace`: see `TimedRunner`)."""
     clock = VirtualClock()
     source = model.config if isinstance(model, ModelSpec) else model
     engine = LLMEngine(source, clock=clock, random_weights=random_weights, dtype=dtype,
                        num_kv_blocks=num_kv_blocks, **args.kwargs())
-    engine.runner = TimedRunner(engine.runner, clock)
+    engine.runner = TimedRunner(engine.runner, clock, pace)
     return engine
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from gnomon.engine.batch import ScheduledBatch, StepOutput
 from gnomon.engine.kv_cache import kv_bytes_per_block, resolve_num_blocks
@@ -149,10 +149,16 @@ class SimulatedRunner:
 
 class TimedRunner:
     """A real runner whose steps advance a `VirtualClock` by the wall time they took (module
-    docstring). ``steps`` records every non-empty step with its measured seconds."""
+    docstring). ``steps`` records every non-empty step with its measured seconds.
 
-    def __init__(self, runner, clock: VirtualClock) -> None:
+    With `pace` (the step seconds of an earlier run of the same workload) the clock advances by
+    those instead, so the run repeats the earlier one's decisions exactly while its own step
+    times are measured: two timings of the very same batches, the noise floor of a step."""
+
+    def __init__(self, runner, clock: VirtualClock,
+                 pace: Optional[Sequence[float]] = None) -> None:
         self.runner, self.clock = runner, clock
+        self.pace = None if pace is None else list(pace)
         self.steps: List[StepRecord] = []
         self._last_end: Optional[float] = None
 
@@ -166,7 +172,12 @@ class TimedRunner:
         seconds = end - (began if self._last_end is None else self._last_end)
         self._last_end = end
         start = self.clock()
-        self.clock.advance(seconds)
+        if self.pace is not None:
+            if len(self.steps) >= len(self.pace):
+                raise RuntimeError("pace: the run took more steps than the run it repeats")
+            self.clock.advance(self.pace[len(self.steps)])
+        else:
+            self.clock.advance(seconds)
         self.steps.append(StepRecord(start, batch, seconds, dict(output.breakdown)))
         return StepOutput(output.sampled_token_ids, seconds, output.breakdown, output.logprobs)
 

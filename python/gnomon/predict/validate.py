@@ -2,8 +2,10 @@
 
 1. Calibrate on the calibration workload and a bench sweep (`calibrate.calibrate`); the
    validation workload below is drawn from other distributions with another seed.
-2. Run the validation workload for real twice (after a short warm-up run); the spread between
-   the two runs is the machine's noise floor.
+2. Run the validation workload for real twice (after a short warm-up run): the spread of
+   TTFT, TPOT and throughput between the two is the machine's noise floor for those; and once
+   more paced by the first run's step times (`TimedRunner`), so the very same batches are timed
+   twice: the spread of their step times is the per-step noise floor.
 3. Run it through `SimulatedRunner` with the calibrated predictor.
 4. Per-step absolute percentage error of the predictor on every real step of the first run
    (its own shape, so the errors are the predictor's alone), split into prefill-only,
@@ -82,11 +84,12 @@ def _signed(a: Dict[str, float], b: Dict[str, float]) -> Dict[str, float]:
     return {f"{k}_error": (a[k] - b[k]) / b[k] for k in b}
 
 
-def noise_step_errors(first: RunTrace, second: RunTrace) -> List[float]:
-    """Relative step-time differences between two real runs, over the steps at the same index
-    that computed the same batch."""
-    return [(b.seconds - a.seconds) / a.seconds for a, b in zip(first.steps, second.steps)
-            if a.batch == b.batch]
+def noise_step_errors(first: RunTrace, repeat: RunTrace) -> List[float]:
+    """Relative step-time differences between a real run and its paced repeat (the same
+    batches, `TimedRunner`'s ``pace``)."""
+    if [s.batch for s in first.steps] != [s.batch for s in repeat.steps]:
+        raise RuntimeError("the paced repeat made other decisions than the run it repeats")
+    return [(b.seconds - a.seconds) / a.seconds for a, b in zip(first.steps, repeat.steps)]
 
 
 def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
@@ -97,17 +100,21 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
     say = progress or (lambda stage: None)
     spec = ModelSpec.from_model(model)
     vocab = spec.config.vocab_size
+    # The first real run in a process runs slower (page faults, allocator growth, thread pool
+    # start-up); a warm-up keeps that out of both the calibration and the validation.
+    say("warm-up run")
+    real_run(model, validation_workload(vocab, num_requests=max(num_requests // 8, 4), seed=99))
     say("calibrating (bench sweep + calibration workload)")
     predictor: CalibratedPredictor = calibrate(
         model, bench_suites=bench_suites,
         workload=calibration_workload(vocab, num_requests=calibration_requests))
     workload = validation_workload(vocab, num_requests=num_requests)
-    say("warm-up run")
-    real_run(model, validation_workload(vocab, num_requests=max(num_requests // 8, 4), seed=99))
     say("real run 1")
     first = real_run(model, workload)
     say("real run 2")
     second = real_run(model, workload)
+    say("real run 1 repeated step for step")
+    repeat = real_run(model, workload, pace=first)
     say("simulated run")
     engine = simulated_engine(spec, "host", predictor, args=CPU_ENGINE_ARGS,
                               num_kv_blocks=CPU_KV_BLOCKS)
@@ -125,7 +132,7 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
         "step_ape": step_ape,
         "step_ape_by_kind": {k: _ape_summary(errors[k]) for k in ("prefill", "decode", "mixed")},
         **_signed(_headline(sim_metrics), _headline(real_metrics)),
-        "noise_floor": {"step_ape": _ape_summary(noise_step_errors(first, second)),
+        "noise_floor": {"step_ape": _ape_summary(noise_step_errors(first, repeat)),
                         **_signed(_headline(second_metrics), _headline(real_metrics))},
         "real": _headline(real_metrics), "simulated": _headline(sim_metrics),
         "steps": {"real": len(first.steps), "simulated": len(simulated.steps)},
