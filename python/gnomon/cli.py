@@ -209,6 +209,7 @@ def _run_simulate(args) -> int:  # noqa: ANN001
 
     from gnomon.predict import report as reports
     from gnomon.predict import simulate as sim
+    from gnomon.predict.cost import PredictionRefused
 
     trace_file = args.workload.startswith("trace:")
     num = args.num_requests if (args.num_requests is not None or trace_file) \
@@ -228,7 +229,7 @@ def _run_simulate(args) -> int:  # noqa: ANN001
             reports.dump(report, args.out)
         if args.plot:
             reports.plot(report, args.plot)
-    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError, PredictionRefused) as error:
         return _error(error)
     reports.render_table(report)
     for path in (args.out, args.plot):
@@ -250,6 +251,8 @@ def _add_calibrate_parser(commands) -> None:  # noqa: ANN001
     p.add_argument("--out", default="calibration.json", help="(default calibration.json)")
     p.add_argument("--bench-suites", default=",".join(cal.CALIBRATION_BENCH_SUITES),
                    help="gnomon bench suites to sweep, '' for none (default %(default)s)")
+    p.add_argument("--num-requests", type=int, default=cal.CALIBRATION_REQUESTS,
+                   help="requests in the calibration workload (default %(default)s)")
 
 
 def _run_calibrate(args) -> int:  # noqa: ANN001
@@ -259,8 +262,12 @@ def _run_calibrate(args) -> int:  # noqa: ANN001
 
     suites = [s for s in args.bench_suites.split(",") if s.strip()]
     try:
+        from gnomon.predict.shapes import ModelSpec
+
+        spec = ModelSpec.from_model(args.model)
         predictor = cal.calibrate(args.model, random_weights=not os.path.isdir(args.model),
-                                  bench_suites=suites)
+                                  bench_suites=suites,
+                                  workload=cal.calibration_workload(spec, args.num_requests))
         predictor.save(args.out)
     except (ValueError, TypeError, KeyError, OSError) as error:
         return _error(error)
@@ -283,13 +290,14 @@ def _add_validate_parser(commands) -> None:  # noqa: ANN001
 
 def _run_validate(args) -> int:  # noqa: ANN001
     from gnomon.predict import validate as val
+    from gnomon.predict.cost import PredictionRefused
 
     try:
         report = val.validate(num_requests=args.num_requests,
                               progress=lambda stage: print(stage, file=sys.stderr))
         if args.out:
             val.dump(report, args.out)
-    except (ValueError, TypeError, KeyError, OSError) as error:
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError, PredictionRefused) as error:
         return _error(error)
     val.render(report)
     if args.out:

@@ -9,36 +9,46 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence, Tuple
 
 from .calibrated import CalibratedPredictor
-from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL
+from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
 from .serve import EngineArgs, RunTrace, run_workload, timed_engine
 from .shapes import ModelSpec, StepShape
 from .workloads import LengthDist, SyntheticSpec, synthetic
 
-# The scheduler settings calibration and validation share: a CPU-sized token budget.
-CPU_ENGINE_ARGS = EngineArgs(block_size=16, max_num_seqs=32, max_num_batched_tokens=512,
-                             max_model_len=2048)
-CPU_KV_BLOCKS = 4096  # 64k tokens, 512 MiB: the sequence cap binds, not the cache
+CPU_KV_BLOCKS = 4096  # 64k tokens: the sequence cap binds, not the cache
 
 
-def calibration_workload(vocab_size: int, num_requests: int = 160, seed: int = 1):
-    """Wide uniform lengths arriving faster than they are served, so the steps span prefill,
-    decode and mixed batches up to the token budget and the sequence cap."""
+def cpu_engine_args(spec: ModelSpec) -> EngineArgs:
+    """The scheduler settings calibration and validation share: a CPU-sized token budget and
+    sequences of up to 2048 tokens (fewer where the model's positions end sooner)."""
+    return EngineArgs(block_size=16, max_num_seqs=32, max_num_batched_tokens=512,
+                      max_model_len=min(2048, spec.config.max_position_embeddings))
+
+
+def calibration_workload(spec: ModelSpec, num_requests: int = CALIBRATION_REQUESTS,
+                         seed: int = 1):
+    """Wide uniform lengths (prompts up to 5/8 and outputs up to 5/32 of the sequence limit)
+    arriving faster than they are served, so the steps span prefill, decode and mixed batches
+    up to the token budget and the sequence cap."""
+    limit = cpu_engine_args(spec).max_model_len
     return synthetic(SyntheticSpec(num_requests=num_requests, rate=200.0,
-                                   prompt_len=LengthDist.uniform(8, 1280),
-                                   output_len=LengthDist.uniform(2, 320),
-                                   vocab_size=vocab_size, seed=seed), name="calibration")
+                                   prompt_len=LengthDist.uniform(8, limit * 5 // 8),
+                                   output_len=LengthDist.uniform(2, limit * 5 // 32),
+                                   vocab_size=spec.config.vocab_size, seed=seed),
+                     name="calibration")
 
 
 def measured_steps(trace: RunTrace, spec: ModelSpec) -> Sequence[Tuple[StepShape, float]]:
     return [(StepShape.from_batch(s.batch, spec), s.seconds) for s in trace.steps]
 
 
-def real_run(model, workload, *, args: EngineArgs = CPU_ENGINE_ARGS,
+def real_run(model, workload, *, args: Optional[EngineArgs] = None,
              num_kv_blocks: int = CPU_KV_BLOCKS, random_weights: bool = True,
              pace: Optional[RunTrace] = None,
              progress: Optional[Callable[[int, int], None]] = None) -> RunTrace:
     """The workload through the real engine on this CPU, timed on a virtual clock (paced by
-    an earlier run's step times when `pace` is given, to repeat its decisions)."""
+    an earlier run's step times when `pace` is given, to repeat its decisions). `args`
+    default: `cpu_engine_args`."""
+    args = args or cpu_engine_args(ModelSpec.from_model(model))
     engine = timed_engine(model, random_weights=random_weights, args=args,
                           num_kv_blocks=num_kv_blocks,
                           pace=None if pace is None else [s.seconds for s in pace.steps])
@@ -59,9 +69,10 @@ def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True, workload=
         # the sweep's document stays in memory, so it needs no commit of its own
         docs.append(run_bench(list(bench_suites), quick=True, mode=bench_mode,
                               commit="0" * 40))
-    workload = workload or calibration_workload(spec.config.vocab_size)
+    workload = workload or calibration_workload(spec)
     trace = real_run(model, workload, random_weights=random_weights, progress=progress)
     info = {"model": spec.name, "workload": workload.description,
+            "engine": cpu_engine_args(spec).kwargs(),
             "bench": f"suites {','.join(bench_suites) or 'none'} (quick, {bench_mode})",
             "machine": _machine()}
     return CalibratedPredictor.fit_from(measured_steps(trace, spec), docs, info=info)

@@ -10,3 +10,4 @@ PREDICTOR_FORMS = "roofline, calibrated:FILE or table:FILE"
 
 CALIBRATION_MODEL = "small-llama"
 CALIBRATION_BENCH_SUITES = ("attention", "norm")
+CALIBRATION_REQUESTS = 160

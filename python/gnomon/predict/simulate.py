@@ -64,13 +64,17 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
              workload: Union[str, Workload] = DEFAULT_WORKLOAD, *,
              rate: Optional[float] = DEFAULT_RATE,
              num_requests: Optional[int] = DEFAULT_NUM_REQUESTS,
-             predictor="roofline", tp: int = 1, args: EngineArgs = EngineArgs(),
+             predictor="roofline", tp: int = 1, args: Optional[EngineArgs] = None,
              slo: SLO = SLO(), seed: int = 0,
              progress: Optional[Callable[[int, int], None]] = None):
-    """Run the simulation; returns ``(report, trace)``."""
+    """Run the simulation; returns ``(report, trace)``. `args` default: the scheduler settings
+    a calibrated predictor was calibrated under (its domain), else `EngineArgs()`."""
     spec = model if isinstance(model, ModelSpec) else ModelSpec.from_model(model)
     hw = resolve_hardware(hardware)
     pred = make_predictor(predictor, hw) if isinstance(predictor, str) else predictor
+    if args is None:
+        calibrated_under = getattr(pred, "info", {}).get("engine")
+        args = EngineArgs(**calibrated_under) if calibrated_under else EngineArgs()
     if isinstance(workload, str):
         trace_file = workload.startswith("trace:")
         workload = resolve(workload, num_requests=num_requests,

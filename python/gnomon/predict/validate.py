@@ -23,11 +23,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .calibrate import (CPU_ENGINE_ARGS, CPU_KV_BLOCKS, calibrate, calibration_workload,
+from .calibrate import (CPU_KV_BLOCKS, calibrate, calibration_workload, cpu_engine_args,
                         measured_steps, real_run)
 from .calibrated import CalibratedPredictor
 from .cost import PredictionRefused
-from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL
+from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
 from .metrics import compute_metrics
 from .serve import RunTrace, run_workload, simulated_engine
 from .shapes import ModelSpec, StepShape
@@ -40,13 +40,16 @@ NOISE_THRESHOLD = 0.033
 NOISE_FACTOR = 1.5
 
 
-def validation_workload(vocab_size: int, num_requests: int = 120, seed: int = 7):
+def validation_workload(spec: ModelSpec, num_requests: int = 120, seed: int = 7):
     """Lognormal serving-like lengths at a moderate Poisson rate (another shape and seed than
-    `calibrate.calibration_workload`)."""
-    return synthetic(SyntheticSpec(num_requests=num_requests, rate=25.0,
-                                   prompt_len=LengthDist.lognormal(200, 0.8, 16, 1024),
-                                   output_len=LengthDist.lognormal(64, 0.7, 4, 256),
-                                   vocab_size=vocab_size, seed=seed), name="validation")
+    `calibrate.calibration_workload`): prompts of median 1/10 and at most 1/2 of the sequence
+    limit, outputs of median 1/32 and at most 1/8."""
+    limit = cpu_engine_args(spec).max_model_len
+    return synthetic(SyntheticSpec(
+        num_requests=num_requests, rate=25.0,
+        prompt_len=LengthDist.lognormal(limit // 10, 0.8, 16, limit // 2),
+        output_len=LengthDist.lognormal(limit // 32, 0.7, 4, limit // 8),
+        vocab_size=spec.config.vocab_size, seed=seed), name="validation")
 
 
 def _ape_summary(errors: Sequence[float]) -> Dict[str, Optional[float]]:
@@ -93,22 +96,21 @@ def noise_step_errors(first: RunTrace, repeat: RunTrace) -> List[float]:
 
 
 def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
-             calibration_requests: int = 160,
+             calibration_requests: int = CALIBRATION_REQUESTS,
              bench_suites: Sequence[str] = CALIBRATION_BENCH_SUITES,
              progress: Optional[Callable[[str], None]] = None) -> dict:
     """Runs the whole validation (module docstring) and returns the JSON-ready report."""
     say = progress or (lambda stage: None)
     spec = ModelSpec.from_model(model)
-    vocab = spec.config.vocab_size
     # The first real run in a process runs slower (page faults, allocator growth, thread pool
     # start-up); a warm-up keeps that out of both the calibration and the validation.
     say("warm-up run")
-    real_run(model, validation_workload(vocab, num_requests=max(num_requests // 8, 4), seed=99))
+    real_run(model, validation_workload(spec, num_requests=max(num_requests // 8, 4), seed=99))
     say("calibrating (bench sweep + calibration workload)")
     predictor: CalibratedPredictor = calibrate(
         model, bench_suites=bench_suites,
-        workload=calibration_workload(vocab, num_requests=calibration_requests))
-    workload = validation_workload(vocab, num_requests=num_requests)
+        workload=calibration_workload(spec, num_requests=calibration_requests))
+    workload = validation_workload(spec, num_requests=num_requests)
     say("real run 1")
     first = real_run(model, workload)
     say("real run 2")
@@ -116,7 +118,7 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
     say("real run 1 repeated step for step")
     repeat = real_run(model, workload, pace=first)
     say("simulated run")
-    engine = simulated_engine(spec, "host", predictor, args=CPU_ENGINE_ARGS,
+    engine = simulated_engine(spec, "host", predictor, args=cpu_engine_args(spec),
                               num_kv_blocks=CPU_KV_BLOCKS)
     simulated = run_workload(engine, workload)
 
@@ -128,7 +130,7 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
         "schema_version": SCHEMA_VERSION, "kind": KIND,
         "setup": {"model": spec.name, "predictor": predictor.name,
                   "calibration": predictor.info, "workload": workload.description,
-                  "engine": {**CPU_ENGINE_ARGS.kwargs(), "num_kv_blocks": CPU_KV_BLOCKS}},
+                  "engine": {**cpu_engine_args(spec).kwargs(), "num_kv_blocks": CPU_KV_BLOCKS}},
         "step_ape": step_ape,
         "step_ape_by_kind": {k: _ape_summary(errors[k]) for k in ("prefill", "decode", "mixed")},
         **_signed(_headline(sim_metrics), _headline(real_metrics)),

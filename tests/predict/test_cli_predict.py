@@ -1,0 +1,98 @@
+"""`gnomon simulate`, `gnomon calibrate` and their bad input, through the installed command."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gnomon.predict import report as reports
+
+
+def gnomon(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "gnomon.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_bare_simulate_runs_the_embedded_case():
+    run = gnomon("simulate")
+    assert run.returncode == 0, run.stderr
+    for text in ("gpt-oss-120b", "MI355X", "TTFT", "queueing", "prefill", "TPOT", "goodput",
+                 "KV usage peak", "full KV"):
+        assert text in run.stdout
+
+
+def test_simulate_writes_report_and_plot(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    run = gnomon("simulate", "--model", "llama-3.1-8b", "--hardware", "H100", "--rate", "4",
+                 "--num-requests", "30", "--tp", "2", "--out", str(out), "--plot", str(png))
+    assert run.returncode == 0, run.stderr
+    doc = reports.load(out)
+    assert doc["setup"]["tp"] == 2 and doc["metrics"]["requests"] == 30
+    assert doc["metrics"]["steps"]["breakdown_s"]["communication"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_azure_trace(tmp_path):
+    trace = tmp_path / "azure.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,374,44\n"
+                     "2023-11-16 18:15:50.9951690,396,109\n"
+                     "2023-11-16 18:15:51.2000000,879,20\n")
+    run = gnomon("simulate", "--workload", f"trace:{trace}", "--out", str(tmp_path / "r.json"))
+    assert run.returncode == 0, run.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["metrics"]["requests"] == 3
+    assert doc["metrics"]["throughput"]["output_tokens"] == 44 + 109 + 20
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--hardware", "A100"], ["unknown 'A100'", "H100 SXM", "MI355X", "host"]),
+    (["--model", "gpt-5"], ["gpt-5", "gpt-oss-120b", "llama-3.1-8b"]),
+    (["--predictor", "oracle"], ["oracle", "roofline, calibrated:FILE or table:FILE"]),
+    (["--predictor", "calibrated:/nope/cal.json"], ["/nope/cal.json"]),
+    (["--workload", "trace:/nope/t.csv"], ["/nope/t.csv"]),
+    (["--workload", "burst"], ["burst", "chat", "long-context", "trace:"]),
+    (["--model", "llama-3.1-70b", "--hardware", "H100"], ["does not fit", "GB is available"]),
+    (["--tp", "3"], ["tp: 3"]),
+    (["--rate", "-1"], ["rate"]),
+    (["--num-requests", "0"], ["num_requests"]),
+])
+def test_bad_input_is_one_line_naming_it(args, expected):
+    run = gnomon("simulate", *args, timeout=120)
+    assert run.returncode == 2, run.stdout
+    err = run.stderr.strip()
+    assert err.startswith("gnomon: error:") and len(err.splitlines()) == 1, err
+    for text in expected:
+        assert text in err
+
+
+def test_malformed_trace_row_names_its_line(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0.0,10,5\n0.5,ten,5\n")
+    run = gnomon("simulate", "--workload", f"trace:{trace}", timeout=120)
+    assert run.returncode == 2
+    assert f"{trace}:3:" in run.stderr
+
+
+def test_calibrate_then_simulate_with_it(tmp_path):
+    cal = tmp_path / "cal.json"
+    run = gnomon("calibrate", "--model", "tiny-llama", "--bench-suites", "",
+                 "--num-requests", "40", "--out", str(cal))
+    assert run.returncode == 0, run.stderr
+    assert "fitted on" in run.stdout
+    doc = json.loads(cal.read_text())
+    assert doc["kind"] == "gnomon.predict.calibration" and doc["info"]["bench_rows"] == 0
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps({"arrival_time": 0.01 * i, "prompt_tokens": 20 + i,
+                                           "output_tokens": 8}) for i in range(10)))
+    sim = gnomon("simulate", "--model", "tiny-llama", "--hardware", "host", "--predictor",
+                 f"calibrated:{cal}", "--workload", f"trace:{trace}")
+    assert sim.returncode == 0, sim.stderr
+    assert "calibrated(cal.json)" in sim.stdout
+    # a workload beyond the calibrated range is refused, not extrapolated
+    long = tmp_path / "long.jsonl"  # 500-token sequences; calibration stopped at 320 + 80
+    long.write_text(json.dumps({"arrival_time": 0, "prompt_tokens": 450, "output_tokens": 50}))
+    far = gnomon("simulate", "--model", "tiny-llama", "--hardware", "host", "--predictor",
+                 f"calibrated:{cal}", "--workload", f"trace:{long}")
+    assert far.returncode == 2 and "beyond the calibrated range" in far.stderr

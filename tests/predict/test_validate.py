@@ -1,0 +1,54 @@
+"""A CI-sized `gnomon validate`: the whole pipeline on few requests. The report's structure
+and sanity are asserted; accuracy goals are not (a 2-core CI machine's noise would make them
+flaky), the closing note reports the full run's figures."""
+
+import json
+import math
+
+import pytest
+
+from gnomon.predict import validate as val
+
+FIGURES = ("ttft_error", "tpot_error", "throughput_error")
+
+
+@pytest.fixture(scope="module")
+def report():
+    return val.validate(num_requests=24, calibration_requests=60, bench_suites=("norm",))
+
+
+def test_report_has_the_named_figures(report):
+    for key in ("median", "p90", "max", "bias"):
+        assert math.isfinite(report["step_ape"][key])
+        assert math.isfinite(report["noise_floor"]["step_ape"][key])
+    for key in FIGURES:
+        assert math.isfinite(report[key]) and math.isfinite(report["noise_floor"][key])
+    assert report["step_ape"]["median"] <= report["step_ape"]["p90"] <= report["step_ape"]["max"]
+    json.dumps(report, allow_nan=False)
+
+
+def test_steps_are_counted_by_kind(report):
+    by_kind = report["step_ape_by_kind"]
+    assert sum(by_kind[k]["count"] for k in ("prefill", "decode", "mixed")) == \
+        report["step_ape"]["count"] == report["steps"]["real"]
+    # the paced repeat timed exactly the first run's batches
+    assert report["noise_floor"]["step_ape"]["count"] == report["steps"]["real"]
+
+
+def test_calibration_is_held_out(report):
+    calibration = report["setup"]["calibration"]
+    assert calibration["workload"] != report["setup"]["workload"]
+    assert calibration["bench_rows"] > 0 and calibration["step_rows"] > 0
+
+
+def test_predictions_are_sane(report):
+    # far looser than the goal: a broken feature or fit lands at tens of percent or worse
+    assert report["step_ape"]["median"] < 0.5
+    assert abs(report["throughput_error"]) < 0.5
+
+
+def test_goal_rows_use_the_noise_floor_rule(report):
+    for name, row in report["goal"].items():
+        floor = row["noise_floor"]
+        assert row["bound"] == (1.5 * floor if floor > 0.033 else 0.05)
+        assert row["met"] == (abs(row["value"]) <= row["bound"])
