@@ -19,11 +19,14 @@ def run(logits, params, sample_indices=None, positions=None, sampler=None):
 
 
 def allowed_set(logits_row, p, slack=1e-6):
-    """Reference filter in float64 numpy: the tokens the params permit (with a rounding slack
+    """Reference filter in numpy (float64 masses over float32-scaled logits): the tokens the
+    params permit (with a rounding slack
     at the top-p boundary, where float32 and float64 may disagree)."""
-    x = np.asarray(logits_row, dtype=np.float64)
+    # the scaled logits in float32, as the sampler computes them: two logits that round to the
+    # same scaled value are a tie (broken by id), whatever float64 would say
+    x = np.asarray(logits_row, dtype=np.float32)
     v = x.size
-    s = (x - x.max()) / p.temperature
+    s = ((x - x.max()) / np.float32(p.temperature)).astype(np.float64)
     order = sorted(range(v), key=lambda i: (-s[i], i))
     allowed = np.ones(v, dtype=bool)
     if p.top_k > 0:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
+import numpy as np
+
 from .shapes import StepShape, kv_heads_per_gpu
 
 LOGITS_BYTES = 4  # lm_head's output is float32
@@ -38,21 +40,23 @@ class Op:
     rows: int = 0  # a GEMM's M (the tokens it multiplies), 0 for other ops
 
 
-def attended_keys(n: int, c: int, window) -> int:
-    """Sum over the n new queries of the keys each attends (causal, optional window)."""
+def attended_keys(n, c, window):
+    """Keys the n new queries after c cached tokens attend, summed over the queries (causal,
+    optional window); n and c may be numpy arrays (one entry per sequence)."""
     full = n * c + n * (n + 1) // 2  # keys c+1 .. c+n
-    if window is None or c + n <= window:
+    if window is None:
         return full
-    # queries at positions p = c .. c+n-1 attend min(p + 1, window) keys
-    first_capped = max(window - 1 - c, 0)  # queries before this index are not capped
-    uncapped = first_capped * c + first_capped * (first_capped + 1) // 2
-    return uncapped + (n - first_capped) * window
+    # queries at positions p = c .. c+n-1 attend min(p + 1, window) keys; the first
+    # `uncapped` of them are below the window
+    uncapped = np.clip(window - 1 - c, 0, n)
+    capped = uncapped * c + uncapped * (uncapped + 1) // 2 + (n - uncapped) * window
+    return np.where(c + n <= window, full, capped)
 
 
-def read_keys(n: int, c: int, window) -> int:
+def read_keys(n, c, window):
     """Distinct cached-or-new keys the n queries read (the union of their windows)."""
     total = c + n
-    return total if window is None else min(total, window + n - 1)
+    return total if window is None else np.minimum(total, window + n - 1)
 
 
 def step_ops(shape: StepShape) -> List[Op]:
@@ -79,10 +83,11 @@ def step_ops(shape: StepShape) -> List[Op]:
     elementwise("rotary_embedding", 2 * T * (q + kv) * a, 1)
 
     windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+    new, cached = np.array(shape.requests, dtype=np.int64).reshape(-1, 2).T
     for window in sorted(set(windows), key=lambda w: (w is not None, w or 0)):
         layers = windows.count(window)
-        keys = sum(attended_keys(n, ctx, window) for n, ctx in shape.requests)
-        kv_read = sum(read_keys(n, ctx, window) for n, ctx in shape.requests)
+        keys = int(attended_keys(new, cached, window).sum())
+        kv_read = int(read_keys(new, cached, window).sum())
         ops.append(Op("attention", "reshape_and_cache", 0.0, layers * 2 * 2 * T * kv * a,
                       layers))
         ops.append(Op("attention", "paged_attention" + (f"[window {window}]" if window else ""),
