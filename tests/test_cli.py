@@ -84,5 +84,5 @@ def test_readme_quick_start_has_exactly_two_commands():
     section = readme.read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     commands = [line for line in block.splitlines() if line.strip()]
-    assert commands == ['pip install . && gnomon info',
+    assert commands == ['pip install . && gnomon simulate',
                         'pip install ".[test]" && python -m pytest']

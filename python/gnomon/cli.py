@@ -187,7 +187,8 @@ def _add_simulate_parser(commands) -> None:  # noqa: ANN001
     p.add_argument("--model", default=sim.DEFAULT_MODEL,
                    help=f"a preset or model folder (default {sim.DEFAULT_MODEL})")
     p.add_argument("--hardware", default=sim.DEFAULT_HARDWARE,
-                   help=f"a GPU name, host, or a .json/.yaml file (default {sim.DEFAULT_HARDWARE})")
+                   help=f"a GPU name, host, or a .json/.yaml file "
+                        f"(default {sim.DEFAULT_HARDWARE})")
     p.add_argument("--workload", default=sim.DEFAULT_WORKLOAD,
                    help="chat, long-context or trace:FILE (CSV/JSONL; default chat)")
     p.add_argument("--rate", type=float, default=sim.DEFAULT_RATE,
@@ -209,7 +210,6 @@ def _run_simulate(args) -> int:  # noqa: ANN001
 
     from gnomon.predict import report as reports
     from gnomon.predict import simulate as sim
-    from gnomon.predict.cost import PredictionRefused
 
     trace_file = args.workload.startswith("trace:")
     num = args.num_requests if (args.num_requests is not None or trace_file) \
@@ -229,7 +229,7 @@ def _run_simulate(args) -> int:  # noqa: ANN001
             reports.dump(report, args.out)
         if args.plot:
             reports.plot(report, args.plot)
-    except (ValueError, TypeError, KeyError, OSError, RuntimeError, PredictionRefused) as error:
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
         return _error(error)
     reports.render_table(report)
     for path in (args.out, args.plot):
@@ -262,12 +262,8 @@ def _run_calibrate(args) -> int:  # noqa: ANN001
 
     suites = [s for s in args.bench_suites.split(",") if s.strip()]
     try:
-        from gnomon.predict.shapes import ModelSpec
-
-        spec = ModelSpec.from_model(args.model)
         predictor = cal.calibrate(args.model, random_weights=not os.path.isdir(args.model),
-                                  bench_suites=suites,
-                                  workload=cal.calibration_workload(spec, args.num_requests))
+                                  bench_suites=suites, num_requests=args.num_requests)
         predictor.save(args.out)
     except (ValueError, TypeError, KeyError, OSError) as error:
         return _error(error)
@@ -290,14 +286,13 @@ def _add_validate_parser(commands) -> None:  # noqa: ANN001
 
 def _run_validate(args) -> int:  # noqa: ANN001
     from gnomon.predict import validate as val
-    from gnomon.predict.cost import PredictionRefused
 
     try:
         report = val.validate(num_requests=args.num_requests,
                               progress=lambda stage: print(stage, file=sys.stderr))
         if args.out:
             val.dump(report, args.out)
-    except (ValueError, TypeError, KeyError, OSError, RuntimeError, PredictionRefused) as error:
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
         return _error(error)
     val.render(report)
     if args.out:

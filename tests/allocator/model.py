@@ -7,7 +7,7 @@ test compares every observable with the C++ allocator after every step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 M64 = (1 << 64) - 1
 M32 = (1 << 32) - 1

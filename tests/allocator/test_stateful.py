@@ -12,7 +12,6 @@ import inspect
 import random
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, event, settings, strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule

@@ -20,8 +20,8 @@ def run(logits, params, sample_indices=None, positions=None, sampler=None):
 
 def allowed_set(logits_row, p, slack=1e-6):
     """Reference filter in numpy (float64 masses over float32-scaled logits): the tokens the
-    params permit (with a rounding slack
-    at the top-p boundary, where float32 and float64 may disagree)."""
+    params permit, with a rounding slack at the top-p boundary, where float32 and float64 may
+    disagree."""
     # the scaled logits in float32, as the sampler computes them: two logits that round to the
     # same scaled value are a tie (broken by id), whatever float64 would say
     x = np.asarray(logits_row, dtype=np.float32)

@@ -489,7 +489,7 @@ def test_kv_cache_sizing():
 
 # --------------------------------------------------------------------------- random workloads
 def test_random_workloads_property():
-    hypothesis = pytest.importorskip("hypothesis")
+    pytest.importorskip("hypothesis")
     from hypothesis import given, settings, strategies as st
 
     @settings(max_examples=150, deadline=None, derandomize=True)

@@ -2,7 +2,6 @@
 
 import json
 import math
-import statistics
 import time
 
 import numpy as np

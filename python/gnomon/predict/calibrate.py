@@ -55,12 +55,14 @@ def real_run(model, workload, *, args: Optional[EngineArgs] = None,
     return run_workload(engine, workload, progress=progress)
 
 
-def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True, workload=None,
+def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True,
+              num_requests: int = CALIBRATION_REQUESTS, workload=None,
               bench_suites: Sequence[str] = CALIBRATION_BENCH_SUITES, bench_mode: str = "hot",
               bench_results: Sequence[dict] = (),
               progress: Optional[Callable[[int, int], None]] = None) -> CalibratedPredictor:
     """Bench sweep (skipped when `bench_suites` is empty) plus the calibration workload
-    (default `calibration_workload`) through the real engine; returns the fitted predictor."""
+    (default: `calibration_workload` of `num_requests`) through the real engine; returns the
+    fitted predictor."""
     from gnomon.bench.runner import run_bench
 
     spec = ModelSpec.from_model(model)
@@ -69,7 +71,7 @@ def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True, workload=
         # the sweep's document stays in memory, so it needs no commit of its own
         docs.append(run_bench(list(bench_suites), quick=True, mode=bench_mode,
                               commit="0" * 40))
-    workload = workload or calibration_workload(spec)
+    workload = workload or calibration_workload(spec, num_requests)
     trace = real_run(model, workload, random_weights=random_weights, progress=progress)
     info = {"model": spec.name, "workload": workload.description,
             "engine": cpu_engine_args(spec).kwargs(),

@@ -12,8 +12,9 @@ FAMILIES = ("attention", "gemm", "moe", "elementwise", "sampling", "communicatio
 PROVENANCES = ("measured", "interpolated", "fitted", "analytical")
 
 
-class PredictionRefused(Exception):
-    """The shape is outside the predictor's domain; ``reason`` says how."""
+class PredictionRefused(ValueError):
+    """The shape is outside the predictor's domain; ``reason`` says how. A ValueError, as any
+    other argument a function cannot take."""
 
     def __init__(self, reason: str):
         super().__init__(reason)

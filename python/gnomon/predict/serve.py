@@ -18,7 +18,8 @@ from gnomon.engine.sampling_params import SamplingParams
 
 from .hardware import resolve_hardware
 from .shapes import ModelSpec, check_tp
-from .simulated import SimulatedRunner, StepRecord, TimedRunner, VirtualClock, kv_blocks_for_hardware
+from .simulated import (SimulatedRunner, StepRecord, TimedRunner, VirtualClock,
+                        kv_blocks_for_hardware)
 from .workloads import Workload
 
 

@@ -20,7 +20,6 @@ with one point per combination of axis values.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 from typing import Dict, List, Mapping, Sequence
@@ -28,6 +27,7 @@ from typing import Dict, List, Mapping, Sequence
 import numpy as np
 
 from .cost import FAMILIES, PredictionRefused, StepCost
+from .files import load_document, save_document
 from .shapes import StepShape
 
 SCHEMA_VERSION = 1
@@ -134,24 +134,12 @@ class TablePredictor:
                 "points": points}
 
     def save(self, path) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=2)
+        save_document(self.to_json(), path)
 
     @classmethod
     def load(cls, path) -> "TablePredictor":
+        doc = load_document(path, kind=KIND, accepted=ACCEPTED_VERSIONS, what="table")
         path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"table file {path!r} does not exist")
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a JSON table ({exc})") from None
-        if not isinstance(doc, dict) or doc.get("kind") != KIND:
-            raise ValueError(f"{path}: expected a {KIND} document")
-        if doc.get("schema_version") not in ACCEPTED_VERSIONS:
-            raise ValueError(f"{path}: schema_version {doc.get('schema_version')!r}; this "
-                             f"gnomon reads {ACCEPTED_VERSIONS}")
         try:
             axes = {a: list(v) for a, v in doc["axes"].items()}
             lookup: Dict[tuple, dict] = {tuple(float(x) for x in p["at"]): p["breakdown"]

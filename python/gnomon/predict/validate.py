@@ -18,19 +18,18 @@ where the noise floor exceeds 3.3%.
 
 from __future__ import annotations
 
-import json
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .calibrate import (CPU_KV_BLOCKS, calibrate, calibration_workload, cpu_engine_args,
-                        measured_steps, real_run)
+from .calibrate import CPU_KV_BLOCKS, calibrate, cpu_engine_args, measured_steps, real_run
 from .calibrated import CalibratedPredictor
 from .cost import PredictionRefused
 from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
+from .files import save_document
 from .metrics import compute_metrics
 from .serve import RunTrace, run_workload, simulated_engine
-from .shapes import ModelSpec, StepShape
+from .shapes import ModelSpec
 from .workloads import LengthDist, SyntheticSpec, synthetic
 
 SCHEMA_VERSION = 1
@@ -107,9 +106,8 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
     say("warm-up run")
     real_run(model, validation_workload(spec, num_requests=max(num_requests // 8, 4), seed=99))
     say("calibrating (bench sweep + calibration workload)")
-    predictor: CalibratedPredictor = calibrate(
-        model, bench_suites=bench_suites,
-        workload=calibration_workload(spec, num_requests=calibration_requests))
+    predictor: CalibratedPredictor = calibrate(model, bench_suites=bench_suites,
+                                               num_requests=calibration_requests)
     workload = validation_workload(spec, num_requests=num_requests)
     say("real run 1")
     first = real_run(model, workload)
@@ -161,9 +159,7 @@ def _goal(report: dict) -> dict:
 
 
 def dump(report: dict, path) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=1, allow_nan=False)
-        f.write("\n")
+    save_document(report, path)
 
 
 def render(report: dict, console=None) -> None:

@@ -209,7 +209,8 @@ class LengthDist:
             return f"fixed {self.value}"
         if self.kind == "uniform":
             return f"uniform [{self.low}, {self.high}]"
-        return f"lognormal(median={self.median:g}, sigma={self.sigma:g}) clipped [{self.low}, {self.high}]"
+        return (f"lognormal(median={self.median:g}, sigma={self.sigma:g}) clipped "
+                f"[{self.low}, {self.high}]")
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,8 @@ class SyntheticSpec:
         _check_seed(self.seed)
 
     def describe(self) -> str:
-        rate = "all at t=0" if math.isinf(self.rate) else f"{self.arrival} arrivals at {self.rate:g} req/s"
+        rate = ("all at t=0" if math.isinf(self.rate)
+                else f"{self.arrival} arrivals at {self.rate:g} req/s")
         s = (f"{self.num_requests} requests, {rate}, prompt {self.prompt_len.describe()}, "
              f"output {self.output_len.describe()}")
         if self.shared_prefix_groups:
