@@ -18,9 +18,10 @@ batch's longest prompt, each generating until the batch's longest output. Both a
 the ratio of the two times is the throughput ratio, printed at the end of the run.
 
 Per-step overhead (``test_step_overhead``): 32 requests decoding together on the same model.
-Each step's wall time is split into schedule, input prep, forward (the model through
-``lm_head``), sample, and update (the scheduler's bookkeeping and the request outputs);
-the overhead is everything but the forward. extra_info holds the medians over the steps that
+Each step's wall time is split into schedule, input prep (the runner's ``overhead``), forward
+(its attention, gemm, moe and elementwise time: the model through ``lm_head``), sample, and
+update (the scheduler's bookkeeping and the request outputs); the overhead is everything but the
+forward. extra_info holds the medians over the steps that
 decode all 32 sequences, in µs and as a share of the step.
 
 Under ``--benchmark-disable`` (CI) everything runs once on the tiny test configs with a
@@ -44,6 +45,7 @@ from hf_checkpoints import write_mxfp4_checkpoint  # noqa: E402
 
 HF_BATCH = 16
 OVERHEAD_BATCH = 32
+FORWARD_FAMILIES = ("attention", "gemm", "moe", "elementwise")
 
 _ATTENTION = dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
                   num_key_value_heads=4, head_dim=64, vocab_size=32000, rms_norm_eps=1e-5,
@@ -188,7 +190,10 @@ class StepTimer:
                 if key == "schedule":
                     self._current["batch"] = result
                 elif key == "execute":
-                    self._current.update(result.breakdown)
+                    b = result.breakdown
+                    self._current.update(
+                        prepare=b["overhead"], sample=b["sampling"],
+                        forward=sum(b[f] for f in FORWARD_FAMILIES))
                 return result
             return wrapper
 

@@ -96,3 +96,12 @@ def test_calibrate_then_simulate_with_it(tmp_path):
     far = gnomon("simulate", "--model", "tiny-llama", "--hardware", "host", "--predictor",
                  f"calibrated:{cal}", "--workload", f"trace:{long}")
     assert far.returncode == 2 and "beyond the calibrated range" in far.stderr
+
+
+def test_cli_defaults_import_no_torch_and_exports_resolve():
+    code = ("import sys, gnomon.predict.defaults; assert 'torch' not in sys.modules; "
+            "import gnomon.predict as p; "
+            "assert all(getattr(p, n).__name__ == n for n in p.__all__)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr

@@ -20,6 +20,12 @@ argmax (the sampler module plugs in here).
 
 gpt-oss's sliding-window layers keep full KV (no hybrid allocator yet); paged_attention applies
 the window when reading.
+
+`StepOutput.breakdown` is the step's time by op family (DESIGN.md): ``overhead`` (block copies
+and input prep), ``attention`` (reshape_and_cache, paged_attention), ``gemm`` (the projections,
+dense MLP and lm_head), ``moe`` (router, topk_routing, fused_moe), ``elementwise`` (embedding,
+norms, rotary, activation) and ``sampling``. Each op group is timed with the host clock as it
+returns, which is its run time on the CPU; on an asynchronous device it would be launch time.
 """
 
 from __future__ import annotations
@@ -39,6 +45,20 @@ from gnomon.engine.kv_cache import kv_bytes_per_block, resolve_num_blocks
 from gnomon.engine.weights import weight_shapes
 
 SampleFn = Callable[[torch.Tensor, Sequence[ScheduledSequence]], Sequence[int]]
+FAMILIES = ("overhead", "attention", "gemm", "moe", "elementwise", "sampling")
+
+
+class _FamilyTimer:
+    """Charges the time since the previous charge to a family."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(FAMILIES, 0.0)
+        self._last = time.perf_counter()
+
+    def __call__(self, family: str) -> None:
+        now = time.perf_counter()
+        self.seconds[family] += now - self._last
+        self._last = now
 
 
 def greedy_sample(logits: torch.Tensor, sequences: Sequence[ScheduledSequence]) -> List[int]:
@@ -198,21 +218,31 @@ class ModelRunner:
             k[dst] = k[src]
             v[dst] = v[src]
 
-    def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, i: int, x: torch.Tensor, tick: _FamilyTimer) -> torch.Tensor:
         c, w, p = self.config, self.weights, f"layers.{i}."
         if not c.is_moe:
             gate, up = F.linear(x, w[p + "w13"]).chunk(2, dim=-1)
-            return F.linear(F.silu(gate) * up, w[p + "w2"])
+            tick("gemm")
+            act = F.silu(gate) * up
+            tick("elementwise")
+            out = F.linear(act, w[p + "w2"])
+            tick("gemm")
+            return out
         logits = F.linear(x, w[p + "router"], w.get(p + "router_bias"))
         topk_w, topk_ids = ops.topk_routing(logits, c.top_k, mode=c.routing)
-        return ops.fused_moe(x, w[p + "w13"], w[p + "w2"], topk_w, topk_ids,
-                             activation=c.activation, gate_up_layout=c.gate_up_layout,
-                             w13_bias=w.get(p + "w13_bias"), w2_bias=w.get(p + "w2_bias"),
-                             w13_scales=w.get(p + "w13_scales"),
-                             w2_scales=w.get(p + "w2_scales"))
+        out = ops.fused_moe(x, w[p + "w13"], w[p + "w2"], topk_w, topk_ids,
+                            activation=c.activation, gate_up_layout=c.gate_up_layout,
+                            w13_bias=w.get(p + "w13_bias"), w2_bias=w.get(p + "w2_bias"),
+                            w13_scales=w.get(p + "w13_scales"),
+                            w2_scales=w.get(p + "w2_scales"))
+        tick("moe")
+        return out
 
-    def forward(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
-        """The hidden states after the final norm at the sampling rows, [R, H]."""
+    def forward(self, inputs: Dict[str, torch.Tensor],
+                tick: Optional[_FamilyTimer] = None) -> torch.Tensor:
+        """The hidden states after the final norm at the sampling rows, [R, H]; `tick`
+        charges each op group's time to its family."""
+        tick = tick or _FamilyTimer()
         c, w = self.config, self.weights
         num_tokens = inputs["tokens"].shape[0]
         hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
@@ -225,23 +255,31 @@ class ModelRunner:
                 x = ops.rms_norm(h, w[p + "attn_norm"], c.rms_norm_eps)
             else:
                 x = ops.rms_norm(h, w[p + "attn_norm"], c.rms_norm_eps, residual=residual)
+            tick("elementwise")
             qkv = F.linear(x, w[p + "qkv"], w.get(p + "qkv_bias"))
+            tick("gemm")
             q = qkv[:, :c.q_size].reshape(num_tokens, hq, d).contiguous()
             k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(num_tokens, hkv, d).contiguous()
             v = qkv[:, c.q_size + c.kv_size:].reshape(num_tokens, hkv, d).contiguous()
             ops.rotary_embedding(inputs["positions"], q, k, self.cos_sin_cache)
+            tick("elementwise")
             k_cache, v_cache = self.kv_caches[i]
             ops.reshape_and_cache(k, v, k_cache, v_cache, inputs["slot_mapping"])
             attn = ops.paged_attention(q, k_cache, v_cache, inputs["block_tables"],
                                        inputs["seq_lens"], inputs["query_start_loc"],
                                        scale=self.scale, sliding_window=self._windows[i],
                                        sinks=w.get(p + "sinks"))
+            tick("attention")
             h = F.linear(attn.reshape(num_tokens, hq * d), w[p + "o"], w.get(p + "o_bias"))
+            tick("gemm")
             x = ops.rms_norm(h, w[p + "mlp_norm"], c.rms_norm_eps, residual=residual)
-            h = self._mlp(i, x)
+            tick("elementwise")
+            h = self._mlp(i, x, tick)
         rows = inputs["sample_rows"]
-        return ops.rms_norm(h[rows], w["norm"], c.rms_norm_eps,
-                            residual=residual[rows].contiguous())
+        out = ops.rms_norm(h[rows], w["norm"], c.rms_norm_eps,
+                           residual=residual[rows].contiguous())
+        tick("elementwise")
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """lm_head on final-norm hidden states; float32 [R, V]."""
@@ -251,19 +289,20 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_logits(self, batch: ScheduledBatch) -> Tuple[torch.Tensor, Dict[str, float]]:
         """Block copies, then the forward; returns the float32 logits of the sequences that
-        sample this step ([R, V], batch order) and the time breakdown so far."""
+        sample this step ([R, V], batch order) and the time by family so far."""
         if not isinstance(batch, ScheduledBatch):
             raise TypeError(f"batch: expected a ScheduledBatch, got {type(batch).__name__}")
-        t0 = time.perf_counter()
+        tick = _FamilyTimer()
         self._copy_blocks(batch.block_copies)
         if batch.is_empty:
-            return (torch.empty(0, self.config.vocab_size, dtype=torch.float32),
-                    {"prepare": time.perf_counter() - t0})
+            tick("overhead")
+            return torch.empty(0, self.config.vocab_size, dtype=torch.float32), tick.seconds
         inputs = self.prepare(batch)
-        t1 = time.perf_counter()
-        logits = self.compute_logits(self.forward(inputs))
-        t2 = time.perf_counter()
-        return logits, {"prepare": t1 - t0, "forward": t2 - t1}
+        tick("overhead")
+        hidden = self.forward(inputs, tick)
+        logits = self.compute_logits(hidden)
+        tick("gemm")
+        return logits, tick.seconds
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         """Runs one step and samples one token per sequence whose ``is_last_prefill_chunk``."""
@@ -281,5 +320,5 @@ class ModelRunner:
         it = iter(tokens)
         sampled = tuple(next(it) if on else None for on in sampling)
         t2 = time.perf_counter()
-        breakdown["sample"] = t2 - t1
+        breakdown["sampling"] = t2 - t1
         return StepOutput(sampled, t2 - t0, breakdown)

@@ -135,6 +135,11 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
         "noise_floor": {"step_ape": _ape_summary(noise_step_errors(first, repeat)),
                         **_signed(_headline(second_metrics), _headline(real_metrics))},
         "real": _headline(real_metrics), "simulated": _headline(sim_metrics),
+        # busy seconds by family: the real runner's timings (the scheduler's share is
+        # "unattributed") against the calibrated predictor's split
+        "breakdown_s": {name: {**m["steps"]["breakdown_s"],
+                               "unattributed": m["steps"]["unattributed_s"]}
+                        for name, m in (("real", real_metrics), ("simulated", sim_metrics))},
         "steps": {"real": len(first.steps), "simulated": len(simulated.steps)},
         "wall_seconds": {"real_run": first.wall_seconds, "simulated_run": simulated.wall_seconds},
     }
@@ -187,3 +192,10 @@ def render(report: dict, console=None) -> None:
         steps.add_row(kind, str(s["count"]), *(pct(s[k]) for k in ("median", "p90", "max",
                                                                      "bias")))
     console.print(steps)
+    split = Table(title="busy seconds by op family, first real run against the simulation")
+    for col in ("family", "real", "simulated"):
+        split.add_column(col, justify="left" if col == "family" else "right")
+    real, sim = report["breakdown_s"]["real"], report["breakdown_s"]["simulated"]
+    for family in sorted(set(real) | set(sim)):
+        split.add_row(family, *(f"{b.get(family, 0.0):.2f}" for b in (real, sim)))
+    console.print(split)
