@@ -271,7 +271,8 @@ const TensorView* maybe(const std::optional<TensorView>& view) {
 }
 
 TensorView make_view(uintptr_t data, int32_t dtype, std::vector<int64_t> shape,
-                     std::vector<int64_t> strides, int32_t device, int32_t device_index) {
+                     std::vector<int64_t> strides, int32_t device, int32_t device_index,
+                     uintptr_t stream) {
   if (dtype < 0 || dtype > static_cast<int32_t>(DType::Int64)) {
     raise<ValueError>("dtype: unknown dtype code ", dtype);
   }
@@ -292,6 +293,7 @@ TensorView make_view(uintptr_t data, int32_t dtype, std::vector<int64_t> shape,
   view.strides = std::move(strides);
   view.device = static_cast<DeviceType>(device);
   view.device_index = device_index;
+  view.stream = stream;
   if (view.data == nullptr && view.numel() > 0) raise<ValueError>("data: null pointer");
   return view;
 }
@@ -300,9 +302,10 @@ TensorView make_view(uintptr_t data, int32_t dtype, std::vector<int64_t> shape,
 void bind_ops(py::module_& m) {
   py::class_<TensorView>(m, "TensorView",
                          "A borrowed tensor: data pointer, dtype code, shape, strides (elements), "
-                         "device code and index. Built by gnomon.ops; never owns memory.")
+                         "device code and index, and the GPU stream to run on (0 on the CPU). "
+                         "Built by gnomon.ops; never owns memory.")
       .def(py::init(&make_view), "data"_a, "dtype"_a, "shape"_a, "strides"_a, "device"_a,
-           "device_index"_a)
+           "device_index"_a, "stream"_a = 0)
       .def_readonly("shape", &TensorView::shape)
       .def_readonly("strides", &TensorView::strides)
       .def("__repr__", &TensorView::describe);
@@ -391,7 +394,8 @@ PYBIND11_MODULE(_C, m) {
     return py::dict("version"_a = info.version, "compiler"_a = info.compiler,
                     "build_type"_a = info.build_type, "cxx_flags"_a = info.cxx_flags,
                     "sanitizers"_a = info.sanitizers, "simd_compiled"_a = info.simd_compiled,
-                    "simd_cpu"_a = info.simd_cpu, "gpu_backends"_a = info.gpu_backends);
+                    "simd_cpu"_a = info.simd_cpu, "gpu_backends"_a = info.gpu_backends,
+                    "gpu_architectures"_a = info.gpu_architectures);
   });
   m.def("num_threads", &gnomon::num_threads);
   m.def("set_num_threads", &gnomon::set_num_threads, "n"_a);

@@ -4,6 +4,14 @@
 
 #include "core/errors.h"
 #include "cpu/kernels.h"
+#if defined(GNOMON_HAS_GPU)
+#include "kernels.h"  // hip/kernels.h: the GPU launchers
+
+// One op call on the lead tensor's device; `call` is the op with its arguments.
+#define GNOMON_RUN(on_gpu, call) ((on_gpu) ? gpu::call : cpu::call)
+#else
+#define GNOMON_RUN(on_gpu, call) ((void)(on_gpu), cpu::call)
+#endif
 
 namespace gnomon {
 namespace {
@@ -11,17 +19,27 @@ namespace {
 constexpr std::initializer_list<DType> kFloating = {DType::Float32, DType::BFloat16,
                                                      DType::Float16};
 
-// Every tensor of one call must sit on `lead`'s device; only CPU kernels are built so far.
-void check_devices(const char* lead_arg, const TensorView& lead,
+#if defined(GNOMON_WITH_CUDA)
+constexpr DeviceType kGpuDevice = DeviceType::CUDA;
+#elif defined(GNOMON_WITH_HIP)
+constexpr DeviceType kGpuDevice = DeviceType::HIP;
+#endif
+
+// Every tensor of one call must sit on `lead`'s device, a CPU or the build's GPU backend.
+// Returns whether the call runs on the GPU. Checks that read index tensors' contents on the
+// host run only for CPU calls (see hip/kernels.h for what the GPU kernels do instead).
+bool check_devices(const char* lead_arg, const TensorView& lead,
                    std::initializer_list<std::pair<const char*, const TensorView*>> others) {
   for (const auto& [arg, view] : others) {
     if (view != nullptr) check_same_device(*view, arg, lead, lead_arg);
   }
-  if (lead.device != DeviceType::CPU) {
-    raise<ValueError>(lead_arg, ": this build of gnomon has CPU kernels only and cannot run on ",
-                      device_name(lead.device),
-                      " tensors; pass CPU tensors (see `gnomon info` for the backends built)");
-  }
+  if (lead.device == DeviceType::CPU) return false;
+#if defined(GNOMON_HAS_GPU)
+  if (lead.device == kGpuDevice) return true;
+#endif
+  raise<ValueError>(lead_arg, ": this build of gnomon has no kernels for ",
+                    device_name(lead.device),
+                    " tensors; see `gnomon info` for the backends built");
 }
 
 void check_same_dtype(const TensorView& t, const char* arg, const TensorView& reference,
@@ -89,7 +107,7 @@ void check_kv_caches(const TensorView& key_cache, const TensorView& value_cache,
 
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping) {
-  check_devices("key", key, {{"value", &value}, {"key_cache", &key_cache},
+  const bool on_gpu = check_devices("key", key, {{"value", &value}, {"key_cache", &key_cache},
                              {"value_cache", &value_cache}, {"slot_mapping", &slot_mapping}});
   check_dense(key, "key", kFloating, 3);
   check_dense(value, "value", kFloating, 3);
@@ -100,24 +118,59 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
   check_dense(slot_mapping, "slot_mapping", {DType::Int64}, 1);
   check_shape(slot_mapping, "slot_mapping", {key.size(0)});
   const int64_t num_slots = key_cache.size(0) * key_cache.size(1);
-  for (int64_t t = 0; t < slot_mapping.size(0); ++t) {
+  for (int64_t t = 0; !on_gpu && t < slot_mapping.size(0); ++t) {
     const int64_t slot = int_at(slot_mapping, t);
     if (slot < -1 || slot >= num_slots) {
       raise<ValueError>("slot_mapping: entry ", t, " = ", slot, " is outside [-1, ", num_slots,
                         ") (-1 skips a padding token)");
     }
   }
-  cpu::reshape_and_cache(key, value, key_cache, value_cache, slot_mapping);
+  GNOMON_RUN(on_gpu, reshape_and_cache(key, value, key_cache, value_cache, slot_mapping));
 }
+
+namespace {
+
+void check_attention_indices(const TensorView& query_start_loc, const TensorView& seq_lens,
+                             const TensorView& block_tables, const TensorView& key_cache,
+                             int64_t batch, int64_t num_tokens) {
+  if (int_at(query_start_loc, 0) != 0 || int_at(query_start_loc, batch) != num_tokens) {
+    raise<ValueError>("query_start_loc: must start at 0 and end at the number of query tokens (",
+                      num_tokens, ")");
+  }
+  const int64_t block_size = key_cache.size(1), num_blocks = key_cache.size(0);
+  const int64_t capacity = block_tables.size(1) * block_size;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t q_len = int_at(query_start_loc, b + 1) - int_at(query_start_loc, b);
+    if (q_len < 0) {
+      raise<ValueError>("query_start_loc: must be non-decreasing; entry ", b + 1, " is below entry ", b);
+    }
+    const int64_t seq_len = int_at(seq_lens, b);
+    if (seq_len < q_len || seq_len > capacity) {
+      raise<ValueError>("seq_lens: entry ", b, " = ", seq_len, " must count the sequence's ",
+                        q_len, " new tokens and fit the block table's capacity of ", capacity,
+                        " tokens");
+    }
+    const int32_t* table = block_tables.ptr<const int32_t>() + b * block_tables.size(1);
+    for (int64_t i = 0; i < (seq_len + block_size - 1) / block_size; ++i) {
+      if (table[i] < 0 || table[i] >= num_blocks) {
+        raise<ValueError>("block_tables: entry [", b, ", ", i, "] = ", table[i],
+                          " is outside [0, ", num_blocks, ")");
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void paged_attention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
                      const TensorView& value_cache, const TensorView& block_tables,
                      const TensorView& seq_lens, const TensorView& query_start_loc, double scale,
                      int64_t sliding_window, const TensorView* sinks) {
-  check_devices("query", query, {{"out", &out}, {"key_cache", &key_cache},
-                                 {"value_cache", &value_cache}, {"block_tables", &block_tables},
-                                 {"seq_lens", &seq_lens}, {"query_start_loc", &query_start_loc},
-                                 {"sinks", sinks}});
+  const bool on_gpu = check_devices(
+      "query", query,
+      {{"out", &out}, {"key_cache", &key_cache}, {"value_cache", &value_cache},
+       {"block_tables", &block_tables}, {"seq_lens", &seq_lens},
+       {"query_start_loc", &query_start_loc}, {"sinks", sinks}});
   check_dense(query, "query", kFloating, 3);
   const int64_t num_tokens = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
   if (head_dim < 1 || head_dim > kMaxHeadDim) {
@@ -151,40 +204,19 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
     raise<ValueError>("sliding_window: expected None or a positive integer, got ", sliding_window);
   }
 
-  if (int_at(query_start_loc, 0) != 0 || int_at(query_start_loc, batch) != num_tokens) {
-    raise<ValueError>("query_start_loc: must start at 0 and end at the number of query tokens (",
-                      num_tokens, ")");
+  if (!on_gpu) {
+    check_attention_indices(query_start_loc, seq_lens, block_tables, key_cache, batch, num_tokens);
   }
-  const int64_t block_size = key_cache.size(1), num_blocks = key_cache.size(0);
-  const int64_t capacity = block_tables.size(1) * block_size;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t q_len = int_at(query_start_loc, b + 1) - int_at(query_start_loc, b);
-    if (q_len < 0) {
-      raise<ValueError>("query_start_loc: must be non-decreasing; entry ", b + 1, " is below entry ", b);
-    }
-    const int64_t seq_len = int_at(seq_lens, b);
-    if (seq_len < q_len || seq_len > capacity) {
-      raise<ValueError>("seq_lens: entry ", b, " = ", seq_len, " must count the sequence's ",
-                        q_len, " new tokens and fit the block table's capacity of ", capacity,
-                        " tokens");
-    }
-    const int32_t* table = block_tables.ptr<const int32_t>() + b * block_tables.size(1);
-    for (int64_t i = 0; i < (seq_len + block_size - 1) / block_size; ++i) {
-      if (table[i] < 0 || table[i] >= num_blocks) {
-        raise<ValueError>("block_tables: entry [", b, ", ", i, "] = ", table[i],
-                          " is outside [0, ", num_blocks, ")");
-      }
-    }
-  }
-  cpu::paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-                       scale, sliding_window, sinks);
+  GNOMON_RUN(on_gpu, paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
+                                     query_start_loc, scale, sliding_window, sinks));
 }
 
 // ---- normalisation and rotary embedding -----------------------------------------------------
 
 void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weight, double eps,
               const TensorView* residual) {
-  check_devices("x", x, {{"out", &out}, {"weight", &weight}, {"residual", residual}});
+  const bool on_gpu =
+      check_devices("x", x, {{"out", &out}, {"weight", &weight}, {"residual", residual}});
   check_dense(x, "x", kFloating, 2);
   check_dense(weight, "weight", kFloating, 1);
   check_shape(weight, "weight", {x.size(1)});
@@ -199,13 +231,13 @@ void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weig
   }
   check_finite(eps, "eps");
   if (eps < 0) raise<ValueError>("eps: expected a number >= 0, got ", eps);
-  cpu::rms_norm(out, x, weight, eps, residual);
+  GNOMON_RUN(on_gpu, rms_norm(out, x, weight, eps, residual));
 }
 
 void rotary_embedding(const TensorView& positions, const TensorView& query, const TensorView& key,
                       const TensorView& cos_sin_cache, bool is_neox) {
-  check_devices("query", query, {{"positions", &positions}, {"key", &key},
-                                 {"cos_sin_cache", &cos_sin_cache}});
+  const bool on_gpu = check_devices("query", query, {{"positions", &positions}, {"key", &key},
+                                                     {"cos_sin_cache", &cos_sin_cache}});
   check_dense(query, "query", kFloating, 3);
   check_dense(key, "key", kFloating, 3);
   check_same_dtype(key, "key", query, "query");
@@ -218,14 +250,14 @@ void rotary_embedding(const TensorView& positions, const TensorView& query, cons
     raise<ValueError>("cos_sin_cache: rotary dim (its second size) must be even, >= 2 and at most "
                       "the head dim ", query.size(2), ", got ", cos_sin_cache.describe());
   }
-  for (int64_t t = 0; t < positions.size(0); ++t) {
+  for (int64_t t = 0; !on_gpu && t < positions.size(0); ++t) {
     const int64_t pos = int_at(positions, t);
     if (pos < 0 || pos >= cos_sin_cache.size(0)) {
       raise<ValueError>("positions: entry ", t, " = ", pos, " is outside cos_sin_cache's [0, ",
                         cos_sin_cache.size(0), ")");
     }
   }
-  cpu::rotary_embedding(positions, query, key, cos_sin_cache, is_neox);
+  GNOMON_RUN(on_gpu, rotary_embedding(positions, query, key, cos_sin_cache, is_neox));
 }
 
 // ---- mixture of experts ---------------------------------------------------------------------
@@ -233,8 +265,8 @@ void rotary_embedding(const TensorView& positions, const TensorView& query, cons
 void topk_routing(const TensorView& topk_weights, const TensorView& topk_ids,
                   const TensorView& router_logits, int64_t top_k, RoutingMode mode,
                   bool renormalize) {
-  check_devices("router_logits", router_logits,
-                {{"topk_weights", &topk_weights}, {"topk_ids", &topk_ids}});
+  const bool on_gpu = check_devices("router_logits", router_logits,
+                                    {{"topk_weights", &topk_weights}, {"topk_ids", &topk_ids}});
   check_dense(router_logits, "router_logits", kFloating, 2);
   const int64_t num_experts = router_logits.size(1);
   if (top_k < 1 || top_k > num_experts || top_k > kMaxTopK) {
@@ -245,7 +277,7 @@ void topk_routing(const TensorView& topk_weights, const TensorView& topk_ids,
   check_shape(topk_weights, "topk_weights", {router_logits.size(0), top_k});
   check_dense(topk_ids, "topk_ids", {DType::Int32}, 2);
   check_shape(topk_ids, "topk_ids", {router_logits.size(0), top_k});
-  cpu::topk_routing(topk_weights, topk_ids, router_logits, top_k, mode, renormalize);
+  GNOMON_RUN(on_gpu, topk_routing(topk_weights, topk_ids, router_logits, top_k, mode, renormalize));
 }
 
 void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView& w13,
@@ -253,7 +285,7 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
                Activation activation, GateUpLayout gate_up_layout, const TensorView* w13_bias,
                const TensorView* w2_bias, const TensorView* w13_scales,
                const TensorView* w2_scales) {
-  check_devices("hidden", hidden,
+  const bool on_gpu = check_devices("hidden", hidden,
                 {{"out", &out}, {"w13", &w13}, {"w2", &w2}, {"topk_weights", &topk_weights},
                  {"topk_ids", &topk_ids}, {"w13_bias", w13_bias}, {"w2_bias", w2_bias},
                  {"w13_scales", w13_scales}, {"w2_scales", w2_scales}});
@@ -310,15 +342,15 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
   check_dense(out, "out", kFloating, 2);
   check_shape(out, "out", {num_tokens, hidden_size});
   check_same_dtype(out, "out", hidden, "hidden");
-  for (int64_t i = 0; i < topk_ids.numel(); ++i) {
+  for (int64_t i = 0; !on_gpu && i < topk_ids.numel(); ++i) {
     const int64_t id = topk_ids.ptr<const int32_t>()[i];
     if (id < 0 || id >= num_experts) {
       raise<ValueError>("topk_ids: entry [", i / top_k, ", ", i % top_k, "] = ", id,
                         " is outside [0, ", num_experts, ")");
     }
   }
-  cpu::fused_moe(out, hidden, w13, w2, topk_weights, topk_ids, activation, gate_up_layout,
-                 w13_bias, w2_bias, w13_scales, w2_scales);
+  GNOMON_RUN(on_gpu, fused_moe(out, hidden, w13, w2, topk_weights, topk_ids, activation,
+                               gate_up_layout, w13_bias, w2_bias, w13_scales, w2_scales));
 }
 
 // ---- MXFP4 ----------------------------------------------------------------------------------
@@ -342,24 +374,25 @@ void check_k(int64_t k, const char* arg) {
 
 void mxfp4_quantize(const TensorView& packed, const TensorView& scales, const TensorView& x,
                     ScaleRule scale_rule) {
-  check_devices("x", x, {{"packed", &packed}, {"scales", &scales}});
+  const bool on_gpu = check_devices("x", x, {{"packed", &packed}, {"scales", &scales}});
   check_dense(x, "x", kFloating, 2);
   check_k(x.size(1), "x");
   check_mxfp4_operand(packed, "packed", scales, "scales", x.size(0), x.size(1));
-  cpu::mxfp4_quantize(packed, scales, x, scale_rule);
+  GNOMON_RUN(on_gpu, mxfp4_quantize(packed, scales, x, scale_rule));
 }
 
 void mxfp4_dequantize(const TensorView& out, const TensorView& packed, const TensorView& scales) {
-  check_devices("packed", packed, {{"out", &out}, {"scales", &scales}});
+  const bool on_gpu = check_devices("packed", packed, {{"out", &out}, {"scales", &scales}});
   check_dense(out, "out", kFloating, 2);
   check_k(out.size(1), "out");
   check_mxfp4_operand(packed, "packed", scales, "scales", out.size(0), out.size(1));
-  cpu::mxfp4_dequantize(out, packed, scales);
+  GNOMON_RUN(on_gpu, mxfp4_dequantize(out, packed, scales));
 }
 
 void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
                 const TensorView& w_scales, const TensorView* bias) {
-  check_devices("a", a, {{"out", &out}, {"w", &w}, {"w_scales", &w_scales}, {"bias", bias}});
+  const bool on_gpu =
+      check_devices("a", a, {{"out", &out}, {"w", &w}, {"w_scales", &w_scales}, {"bias", bias}});
   check_dense(a, "a", kFloating, 2);
   check_k(a.size(1), "a");
   check_dense(w, "w", {DType::UInt8}, 2);
@@ -371,7 +404,7 @@ void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
   }
   check_dense(out, "out", kFloating, 2);
   check_shape(out, "out", {a.size(0), n});
-  cpu::mxfp4_gemm(out, a, w, w_scales, bias);
+  GNOMON_RUN(on_gpu, mxfp4_gemm(out, a, w, w_scales, bias));
 }
 
 }  // namespace gnomon

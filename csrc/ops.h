@@ -1,7 +1,8 @@
 #pragma once
 // One entry per op. Each checks every invariant it relies on — dtypes, shapes, devices,
-// contiguity and the index values it will dereference — then dispatches on the device. The CPU
-// kernels (cpu/kernels.h) and the GPU launchers take exactly the same arguments.
+// contiguity and, for CPU tensors, the index values it will dereference — then dispatches on the
+// device. The CPU kernels (cpu/kernels.h) and the GPU launchers (hip/kernels.h) take exactly the
+// same arguments; the GPU ones run on the stream the lead tensor's view carries.
 #include <cstdint>
 #include <string>
 

@@ -72,9 +72,14 @@ std::vector<std::string> gpu_backends() {
 
 }  // namespace
 
+#if !defined(GNOMON_GPU_ARCHS)
+#define GNOMON_GPU_ARCHS ""
+#endif
+
 BuildInfo build_info() {
   return BuildInfo{GNOMON_VERSION, compiler_name(), GNOMON_BUILD_TYPE, GNOMON_CXX_FLAGS,
-                   sanitizers(),   simd_compiled(),  simd_cpu(),       gpu_backends()};
+                   sanitizers(),   simd_compiled(),  simd_cpu(),       gpu_backends(),
+                   GNOMON_GPU_ARCHS};
 }
 
 }  // namespace gnomon

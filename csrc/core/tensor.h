@@ -22,6 +22,7 @@ struct TensorView {
   std::vector<int64_t> strides;
   DeviceType device = DeviceType::CPU;
   int32_t device_index = 0;
+  uintptr_t stream = 0;  // the GPU stream to run on (torch's current stream); 0 on the CPU
 
   int64_t dim() const { return static_cast<int64_t>(shape.size()); }
   int64_t size(int64_t d) const { return shape[d < 0 ? d + dim() : d]; }

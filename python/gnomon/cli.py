@@ -31,7 +31,8 @@ def _print_info(as_json: bool) -> None:
     print(f"build:        {info['build_type']} ({info['cxx_flags']}); sanitizers: {sanitizers}")
     print(f"simd:         compiled for {info['simd_compiled']}; "
           f"this cpu has {', '.join(info['simd_cpu']) or 'none detected'}")
-    print(f"gpu backends: {', '.join(info['gpu_backends']) or 'none (CPU-only build)'}")
+    backends = ", ".join(info["gpu_backends"])
+    print(f"gpu backends: {backends + ' for ' + info['gpu_architectures'] if backends else 'none (CPU-only build)'}")
     print(f"threads:      {info['num_threads']}")
 
 

@@ -72,13 +72,13 @@ def view(t: Optional[torch.Tensor]) -> Optional[_C.TensorView]:
                         f"{_dtype_names(_DTYPE_CODES)}")
     device = t.device
     if device.type == "cpu":
-        kind = _CPU
-    elif device.type == "cuda":
-        kind = _HIP if torch.version.hip else _CUDA
-    else:
+        return _C.TensorView(t.data_ptr(), code, tuple(t.shape), t.stride(), _CPU, 0)
+    if device.type != "cuda":
         raise ValueError(f"tensor on {device}: gnomon has kernels for cpu, cuda and hip tensors")
-    return _C.TensorView(t.data_ptr(), code, tuple(t.shape), t.stride(), kind,
-                         device.index or 0)
+    # GPU ops run on torch's current stream of the tensor's device
+    return _C.TensorView(t.data_ptr(), code, tuple(t.shape), t.stride(),
+                         _HIP if torch.version.hip else _CUDA, device.index or 0,
+                         torch.cuda.current_stream(device).cuda_stream)
 
 
 _explicit_threads: Optional[int] = None
