@@ -58,8 +58,8 @@ if(_gpu STREQUAL "cuda")
   target_compile_definitions(_C PRIVATE GNOMON_HAS_GPU GNOMON_WITH_CUDA
                              GNOMON_GPU_ARCHS="${CMAKE_CUDA_ARCHITECTURES}")
 elseif(_gpu STREQUAL "hip")
-  find_package(hip-lang CONFIG QUIET)
-  if(hip-lang_FOUND)  # a full ROCm install: CMake's HIP language
+  check_language(HIP)  # tries enable_language(HIP) in a scratch project
+  if(CMAKE_HIP_COMPILER)  # a full ROCm install: CMake's HIP language
     if(NOT DEFINED CMAKE_HIP_ARCHITECTURES)
       set(CMAKE_HIP_ARCHITECTURES "gfx90a;gfx942;gfx950")
     endif()
@@ -67,7 +67,7 @@ elseif(_gpu STREQUAL "hip")
     set_source_files_properties(${GNOMON_GPU_SOURCES} PROPERTIES LANGUAGE HIP)
     target_sources(_C PRIVATE ${GNOMON_GPU_SOURCES})
     set_target_properties(_C PROPERTIES HIP_ARCHITECTURES "${CMAKE_HIP_ARCHITECTURES}")
-  else()  # Debian's hipcc has no hip-lang package: compile each kernel file with hipcc itself
+  else()  # Debian's hipcc has no working hip-lang package: compile each kernel file with hipcc
     if(NOT DEFINED CMAKE_HIP_ARCHITECTURES)
       set(CMAKE_HIP_ARCHITECTURES "gfx90a")
     endif()
@@ -87,10 +87,12 @@ elseif(_gpu STREQUAL "hip")
         COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/hip
         COMMAND ${CMAKE_COMMAND} -E env HIP_PLATFORM=amd ${GNOMON_HIPCC} -x hip ${_offload}
                 -fPIC -O3 -std=c++17 -DGNOMON_HAS_GPU -DGNOMON_WITH_HIP
+                "-DGNOMON_GPU_ARCHS=\"${CMAKE_HIP_ARCHITECTURES}\""
                 -I${CMAKE_CURRENT_SOURCE_DIR}/csrc -I${CMAKE_CURRENT_SOURCE_DIR}/hip
                 -c ${_src} -o ${_obj}
         DEPENDS ${_src} ${_headers}
-        COMMENT "hipcc ${_name}.hip")
+        COMMENT "hipcc ${_name}.hip"
+        VERBATIM)
       list(APPEND _objects ${_obj})
     endforeach()
     set_source_files_properties(${_objects} PROPERTIES EXTERNAL_OBJECT TRUE GENERATED TRUE)

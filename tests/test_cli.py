@@ -29,7 +29,10 @@ def test_info_json_has_every_field(capsys):
     cli.main(["info", "--json"])
     info = json.loads(capsys.readouterr().out)
     assert set(info) == {"version", "compiler", "build_type", "cxx_flags", "sanitizers",
-                         "simd_compiled", "simd_cpu", "gpu_backends", "num_threads"}
+                         "simd_compiled", "simd_cpu", "gpu_backends", "gpu_architectures",
+                         "num_threads"}
+    # a CPU-only build names no architectures; a GPU build names the ones compiled in
+    assert bool(info["gpu_backends"]) == bool(info["gpu_architectures"])
     assert info["version"] == metadata.version("gnomon")
     assert info["num_threads"] >= 1
 

@@ -32,7 +32,8 @@ def _print_info(as_json: bool) -> None:
     print(f"simd:         compiled for {info['simd_compiled']}; "
           f"this cpu has {', '.join(info['simd_cpu']) or 'none detected'}")
     backends = ", ".join(info["gpu_backends"])
-    print(f"gpu backends: {backends + ' for ' + info['gpu_architectures'] if backends else 'none (CPU-only build)'}")
+    gpus = f"{backends} for {info['gpu_architectures']}" if backends else "none (CPU-only build)"
+    print(f"gpu backends: {gpus}")
     print(f"threads:      {info['num_threads']}")
 
 
