@@ -36,7 +36,8 @@ using hipError_t = cudaError_t;
 namespace gnomon::gpu {
 
 // Warp (wavefront) size as a compile-time constant of the target: 64 on CDNA, 32 on NVIDIA.
-// Device code uses kWarpSize; host code asks `warp_size()` (the host pass sees no target).
+// Device code uses kWarpSize; host code must not size launches by it (the host pass of an AMD
+// build sees no target and takes 64).
 #if defined(GNOMON_GPU_AMD)
 #if defined(__GFX9__) || !defined(__HIP_DEVICE_COMPILE__)
 constexpr int kWarpSize = 64;
