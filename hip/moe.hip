@@ -447,6 +447,12 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
   const int64_t tokens = hidden.size(0), H = hidden.size(1), top_k = topk_ids.size(1);
   const int64_t E = w13.size(0), I = w13.size(1) / 2;
   if (tokens == 0 || H == 0) return;
+  // moe_combine_kernel orders a token's pairs in shared arrays of kMaxTopK entries; the host
+  // checks do not bound fused_moe's top_k (only topk_routing's), so refuse more here.
+  if (top_k > kMaxTopK) {
+    raise<ValueError>("topk_ids: the GPU kernels take at most ", kMaxTopK,
+                      " experts per token (its second size), got ", top_k);
+  }
   const bool mxfp4 = w13.dtype == DType::UInt8;
   const hipStream_t stream = stream_of(hidden.stream);
 
