@@ -308,6 +308,7 @@ void bind_ops(py::module_& m) {
            "device_index"_a, "stream"_a = 0)
       .def_readonly("shape", &TensorView::shape)
       .def_readonly("strides", &TensorView::strides)
+      .def_readonly("stream", &TensorView::stream)
       .def("__repr__", &TensorView::describe);
 
   using View = const TensorView&;
