@@ -193,14 +193,19 @@ def _add_simulate_parser(commands) -> None:  # noqa: ANN001
                         f"(default {sim.DEFAULT_HARDWARE})")
     p.add_argument("--workload", default=sim.DEFAULT_WORKLOAD,
                    help="chat, long-context or trace:FILE (CSV/JSONL; default chat)")
-    p.add_argument("--rate", type=float, default=sim.DEFAULT_RATE,
-                   help=f"requests/s for chat and long-context (default {sim.DEFAULT_RATE:g})")
+    p.add_argument("--rate", default=str(sim.DEFAULT_RATE),
+                   help=f"requests/s for chat and long-context (default {sim.DEFAULT_RATE:g}); "
+                        f"a comma-separated list (2,4,8,16) sweeps them and prints one row each")
     p.add_argument("--num-requests", type=int, default=None,
                    help=f"requests (default {sim.DEFAULT_NUM_REQUESTS}; a trace: all rows)")
     p.add_argument("--predictor", default="roofline",
                    help=f"{sim.PREDICTOR_FORMS} (default roofline)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--slo-ttft-ms", type=float, default=2000.0,
+                   help="goodput's TTFT bound in ms (default 2000)")
+    p.add_argument("--slo-tpot-ms", type=float, default=100.0,
+                   help="goodput's TPOT bound in ms (default 100)")
     p.add_argument("--out", default=None, help="write the JSON report here")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="write latency CDFs and KV usage over time to this PNG")
@@ -213,31 +218,57 @@ def _run_simulate(args) -> int:  # noqa: ANN001
     from gnomon.predict import report as reports
     from gnomon.predict import simulate as sim
 
+    from gnomon.predict.metrics import SLO
+
     trace_file = args.workload.startswith("trace:")
     num = args.num_requests if (args.num_requests is not None or trace_file) \
         else sim.DEFAULT_NUM_REQUESTS
     try:
+        rates = [None] if trace_file else _rates(args.rate)
+        if len(rates) > 1 and args.plot:
+            raise ValueError("--plot: draws one run; pass a single --rate")
+        slo = SLO(ttft_s=args.slo_ttft_ms / 1e3, tpot_s=args.slo_tpot_ms / 1e3)
+        done_reports = []
         with Progress(console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task("simulating", total=None)
+            for rate in rates:
+                task = bar.add_task(f"simulating{'' if rate is None else f' {rate:g} req/s'}",
+                                    total=None)
 
-            def progress(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
+                def progress(done: int, total: int, task=task) -> None:
+                    bar.update(task, completed=done, total=total)
 
-            report, _ = sim.simulate(args.model, args.hardware, args.workload,
-                                     rate=None if trace_file else args.rate, num_requests=num,
-                                     predictor=args.predictor, tp=args.tp, seed=args.seed,
-                                     progress=progress)
+                report, _ = sim.simulate(args.model, args.hardware, args.workload, rate=rate,
+                                         num_requests=num, predictor=args.predictor,
+                                         tp=args.tp, seed=args.seed, slo=slo,
+                                         progress=progress)
+                done_reports.append(report)
         if args.out:
-            reports.dump(report, args.out)
+            if len(done_reports) == 1:
+                reports.dump(done_reports[0], args.out)
+            else:
+                reports.dump_sweep(done_reports, args.out)
         if args.plot:
-            reports.plot(report, args.plot)
+            reports.plot(done_reports[0], args.plot)
     except (ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
         return _error(error)
-    reports.render_table(report)
+    if len(done_reports) == 1:
+        reports.render_table(done_reports[0])
+    else:
+        reports.render_sweep(done_reports)
     for path in (args.out, args.plot):
         if path:
             print(f"wrote {path}")
     return 0
+
+
+def _rates(text: str) -> list:
+    try:
+        rates = [float(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise ValueError(f"--rate: expected a number or a comma-separated list, got {text!r}")
+    if not rates:
+        raise ValueError("--rate: expected at least one rate")
+    return rates
 
 
 def _add_calibrate_parser(commands) -> None:  # noqa: ANN001

@@ -105,3 +105,30 @@ def test_cli_defaults_import_no_torch_and_exports_resolve():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_rate_sweep_and_slo(tmp_path):
+    out = tmp_path / "sweep.json"
+    run = gnomon("simulate", "--rate", "2,16", "--num-requests", "40", "--slo-tpot-ms", "0.001",
+                 "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "rate sweep" in run.stdout and "TPOT <= 0.001 ms" in run.stdout
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "gnomon.predict.sweep"
+    assert [r["setup"]["workload"]["rate"] for r in doc["reports"]] == [2.0, 16.0]
+    for r in doc["reports"]:
+        reports.validate(r)
+        assert r["metrics"]["goodput"]["fraction"] == 0.0  # no TPOT meets 1 µs
+    # the same requests, arriving faster: queueing can only grow
+    slow, fast = (r["metrics"]["queueing"]["p99"] for r in doc["reports"])
+    assert fast >= slow
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--rate", "2,x"], "--rate: expected a number or a comma-separated list"),
+    (["--rate", "2,4", "--plot", "p.png"], "--plot: draws one run"),
+    (["--slo-ttft-ms", "0"], "ttft_s"),
+])
+def test_bad_sweep_and_slo_flags(args, expected):
+    run = gnomon("simulate", "--num-requests", "5", *args, timeout=120)
+    assert run.returncode == 2 and expected in run.stderr, run.stderr

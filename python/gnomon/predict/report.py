@@ -25,6 +25,7 @@ from typing import Any, List, Optional
 
 SCHEMA_VERSION = 1
 KIND = "gnomon.predict.report"
+SWEEP_KIND = "gnomon.predict.sweep"
 ACCEPTED_VERSIONS = (1,)
 
 _TOP = {"schema_version": int, "kind": str, "created_with": dict, "setup": dict,
@@ -71,8 +72,21 @@ def dump(report: dict, path) -> None:
     """Validates and writes `report` as JSON (no NaN or infinity: JSON has none)."""
     path = Path(path)
     validate(report, str(path))
+    _write(report, path)
+
+
+def dump_sweep(reports: List[dict], path) -> None:
+    """Writes a rate sweep: ``{"schema_version", "kind": SWEEP_KIND, "reports": [report, ...]}``,
+    each report valid on its own."""
+    path = Path(path)
+    for i, report in enumerate(reports):
+        validate(report, f"{path} reports[{i}]")
+    _write({"schema_version": SCHEMA_VERSION, "kind": SWEEP_KIND, "reports": reports}, path)
+
+
+def _write(doc: dict, path: Path) -> None:
     try:
-        text = json.dumps(report, indent=1, allow_nan=False)
+        text = json.dumps(doc, indent=1, allow_nan=False)
     except (TypeError, ValueError) as error:
         raise ReportError(f"{path}: the report is not JSON-ready: {error}") from None
     path.write_text(text + "\n")
@@ -173,6 +187,34 @@ def render_table(report: dict, console=None) -> None:
         console.print("Limits:")
         for limit in report["limits"]:
             console.print(f"  • {escape(limit)}", soft_wrap=True, highlight=False)
+
+
+def render_sweep(reports: List[dict], console=None) -> None:
+    """One row per report of a rate sweep (same model, hardware and workload shape): where the
+    latencies bend and the KV cache runs out as the load grows."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    first = reports[0]["setup"]
+    table = Table(box=box.SIMPLE, title=f"{first['model']} on {first['tp']} x {first['hardware']}, "
+                        f"{first['predictor']}: rate sweep (req/s; latencies in ms)")
+    for name in ("rate", "TTFT\np50", "TTFT\np99", "queue\np99", "TPOT\np50", "TPOT\np99",
+                 "out\ntok/s", "good-\nput", "KV\npeak", "pre-\nempt"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for r in reports:
+        m = r["metrics"]
+        table.add_row(_num(r["setup"]["workload"].get("rate")), _ms(m["ttft"]["p50"]),
+                      _ms(m["ttft"]["p99"]), _ms(m["queueing"]["p99"]), _ms(m["tpot"]["p50"]),
+                      _ms(m["tpot"]["p99"]), _num(m["throughput"]["output_tokens_per_s"], "{:.0f}"),
+                      _pct(m["goodput"]["fraction"]), _pct(m["kv"]["peak_usage"]),
+                      str(m["preemptions"]))
+    console.print(table)
+    slo = reports[0]["metrics"]["goodput"]["slo"]
+    console.print(f"goodput SLO: TTFT <= {slo['ttft_s'] * 1e3:g} ms, TPOT <= "
+                  f"{slo['tpot_s'] * 1e3:g} ms; workload {first['workload']['name']}, "
+                  f"{first['workload']['num_requests']} requests per rate", highlight=False)
 
 
 # --------------------------------------------------------------------------- plot

@@ -65,7 +65,7 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
              rate: Optional[float] = DEFAULT_RATE,
              num_requests: Optional[int] = DEFAULT_NUM_REQUESTS,
              predictor="roofline", tp: int = 1, args: Optional[EngineArgs] = None,
-             slo: SLO = SLO(), seed: int = 0,
+             slo: Optional[SLO] = None, seed: int = 0,
              progress: Optional[Callable[[int, int], None]] = None):
     """Run the simulation; returns ``(report, trace)``. `args` default: the scheduler settings
     a calibrated predictor was calibrated under (its domain), else `EngineArgs()`."""
@@ -75,17 +75,18 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
     if args is None:
         calibrated_under = getattr(pred, "info", {}).get("engine")
         args = EngineArgs(**calibrated_under) if calibrated_under else EngineArgs()
+    synthetic_rate = None  # a trace or a given Workload carries its own arrivals
     if isinstance(workload, str):
-        trace_file = workload.startswith("trace:")
-        workload = resolve(workload, num_requests=num_requests,
-                           rate=None if trace_file else rate,
+        synthetic_rate = None if workload.startswith("trace:") else rate
+        workload = resolve(workload, num_requests=num_requests, rate=synthetic_rate,
                            vocab_size=spec.config.vocab_size, seed=seed)
     engine = simulated_engine(spec, hw, pred, tp=tp, args=args)
     trace: RunTrace = run_workload(engine, workload, progress=progress)
     setup = {"model": spec.name, "hardware": hw.name, "predictor": pred.name, "tp": tp,
              "workload": {"name": workload.name, "description": workload.description,
-                          "num_requests": workload.num_requests},
+                          "num_requests": workload.num_requests,
+                          "rate": synthetic_rate},
              "engine": {**args.kwargs(), "num_kv_blocks": trace.num_kv_blocks}}
-    report = build_report(trace=trace, metrics=compute_metrics(trace, slo), setup=setup,
+    report = build_report(trace=trace, metrics=compute_metrics(trace, slo or SLO()), setup=setup,
                           limits=limits_for(spec, pred, hw))
     return report, trace
