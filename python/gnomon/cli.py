@@ -131,6 +131,7 @@ def _add_generate_parser(commands) -> None:  # noqa: ANN001
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     gen.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
     gen.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+    gen.add_argument("--device", default="cpu", help="cpu or cuda[:N] (a GPU build; default cpu)")
 
 
 def _run_generate(args) -> int:  # noqa: ANN001
@@ -152,7 +153,8 @@ def _run_generate(args) -> int:  # noqa: ANN001
 
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 seed=args.seed)
-        llm = LLM(args.model, random_weights=args.random_weights, dtype=args.dtype)
+        llm = LLM(args.model, random_weights=args.random_weights, dtype=args.dtype,
+                  device=args.device)
         with Progress(transient=True) as bar:
             task = bar.add_task("generating", total=args.max_tokens)
 

@@ -3,6 +3,7 @@
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gnomon import _C
 from gnomon.engine.config import ModelConfig, preset_json
 from gnomon.engine import llm as llm_module
 from gnomon.engine.llm import LLM, LLMEngine
@@ -275,3 +277,20 @@ def test_lazy_exports_from_gnomon():
     assert gnomon.SamplingParams is SamplingParams
     with pytest.raises(AttributeError):
         gnomon.NoSuchThing  # noqa: B018
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("tpu", "device: expected 'cpu' or 'cuda[:N]'"),
+    ("mps", "device: gnomon runs on 'cpu' or 'cuda[:N]'"),
+])
+def test_unusable_device_is_refused_naming_it(device, expected):
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        LLM("tiny-llama", random_weights=True, device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and bool(_C.build_info()["gpu_backends"]),
+                    reason="this machine can run gnomon on a GPU")
+def test_gpu_device_without_a_gpu_build_or_gpu_is_refused():
+    with pytest.raises(ValueError, match=r"device: 'cuda', but (this build of gnomon has no GPU "
+                                         r"kernels|torch .* sees no GPU)"):
+        LLM("tiny-llama", random_weights=True, device="cuda")

@@ -125,6 +125,9 @@ class LLMEngine:
         if clock is not None and not callable(clock):
             raise TypeError(f"clock: expected a callable returning seconds, got {clock!r}")
         self.clock = clock or time.monotonic
+        if runner is None:  # refuse a device gnomon cannot run on before building weights
+            from .runner import resolve_device
+            resolve_device(device)
         if isinstance(model, ModelConfig):
             config, folder = model, None
         elif isinstance(model, (str, os.PathLike)):

@@ -74,6 +74,32 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
+def resolve_device(device) -> torch.device:
+    """`device` as a torch.device gnomon can run on: the CPU, or a GPU that torch sees when
+    this build of gnomon has GPU kernels (ROCm GPUs are "cuda" to torch). Raises ValueError
+    naming what is missing."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"device: gnomon runs on 'cpu' or 'cuda[:N]' (ROCm GPUs are 'cuda' to "
+                         f"torch), got {device!r}")
+    from gnomon import _C
+
+    if not _C.build_info()["gpu_backends"]:
+        raise ValueError(f"device: {device!r}, but this build of gnomon has no GPU kernels; "
+                         f"rebuild with -C cmake.define.GNOMON_GPU=cuda (or hip), see "
+                         f"`gnomon info`")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r}, but torch {torch.__version__} sees no GPU")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device: {device!r}, but torch sees {torch.cuda.device_count()} GPU(s)")
+    return dev
+
+
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one KV block takes over all layers (K and V), as `kv_cache` sizes the pool."""
     return kv_bytes_per_block(num_layers=config.num_layers, block_size=block_size,
@@ -114,7 +140,7 @@ class ModelRunner:
         self.max_position = _positive_int(
             "max_position", config.max_position_embeddings if max_position is None
             else max_position)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         if "embed" not in weights:
             raise KeyError("weights: missing 'embed' (expected gnomon's weight names, as "
                            "load_weights / random_weights return)")
