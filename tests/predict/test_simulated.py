@@ -2,6 +2,7 @@
 allocation, and KV sizing from the hardware's capacity."""
 
 import resource
+from dataclasses import replace
 
 import pytest
 
@@ -17,7 +18,7 @@ from gnomon.predict.serve import EngineArgs, run_workload, simulated_engine, tim
 from gnomon.predict.shapes import ModelSpec, StepShape
 from gnomon.predict.simulated import (GPU_MEMORY_UTILIZATION, SimulatedRunner, VirtualClock,
                                       activation_bytes, kv_blocks_for_hardware)
-from gnomon.predict.workloads import LengthDist, SyntheticSpec, synthetic
+from gnomon.predict.workloads import LengthDist, SyntheticSpec, Workload, synthetic
 
 TINY = ModelSpec.from_config(ModelConfig.preset("tiny-llama"), name="tiny-llama")
 # a small token budget (chunked prefill), few slots and a small cache (preemption)
@@ -47,7 +48,13 @@ class Replay:
 
 
 def test_same_decisions_as_a_real_run():
-    workload = _workload()
+    # A burst of 12 at t=0 (four long sequences at once overflow the 20 blocks: preemption,
+    # whatever the machine's speed), then arrivals spaced like the steps (admission depends on
+    # the clock).
+    spaced = _workload()
+    workload = Workload(spaced.name, tuple(
+        replace(r, arrival_time=0.0) if i < 12 else r for i, r in enumerate(spaced.requests)),
+        spaced.description)
     engine = timed_engine("tiny-llama", random_weights=True, args=ARGS, num_kv_blocks=KV_BLOCKS)
     # The real forward runs, but samples the simulation's filler token: the tokens are part of
     # each batch (decode inputs), and only their timing is under test.

@@ -17,12 +17,13 @@ each layer's ops already multiplied by the number of layers that share their cos
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 
-from .shapes import StepShape, kv_heads_per_gpu
+from .shapes import ModelSpec, StepShape, kv_heads_per_gpu
 
 LOGITS_BYTES = 4  # lm_head's output is float32
 
@@ -60,13 +61,42 @@ def read_keys(n, c, window):
 
 
 def step_ops(shape: StepShape) -> List[Op]:
+    """Every op of the step: `dense_ops` (which depend only on the token counts) and
+    `attention_ops` (which depend on each sequence's context)."""
+    return list(dense_ops(shape.model, shape.num_tokens, shape.num_sampled, shape.tp)) + \
+        attention_ops(shape)
+
+
+def attention_ops(shape: StepShape) -> List[Op]:
     spec, c, tp = shape.model, shape.model.config, shape.tp
-    a = spec.dtype_bytes
-    T, R, L, H = shape.num_tokens, shape.num_sampled, c.num_layers, c.hidden_size
+    a, T = spec.dtype_bytes, shape.num_tokens
     q = c.q_size // tp
     kv = kv_heads_per_gpu(c, tp) * c.head_dim
-    hq = c.num_heads // tp
-    d = c.head_dim
+    hq, d = c.num_heads // tp, c.head_dim
+    ops: List[Op] = []
+    windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+    new, cached = np.array(shape.requests, dtype=np.int64).reshape(-1, 2).T
+    for window in sorted(set(windows), key=lambda w: (w is not None, w or 0)):
+        layers = windows.count(window)
+        keys = int(attended_keys(new, cached, window).sum())
+        kv_read = int(read_keys(new, cached, window).sum())
+        ops.append(Op("attention", "reshape_and_cache", 0.0, layers * 2 * 2 * T * kv * a,
+                      layers))
+        ops.append(Op("attention", "paged_attention" + (f"[window {window}]" if window else ""),
+                      layers * 4.0 * hq * d * keys,
+                      layers * (2 * kv_read * kv * a + 2 * T * q * a), layers))
+    return ops
+
+
+@functools.lru_cache(maxsize=4096)
+def dense_ops(spec: ModelSpec, T: int, R: int, tp: int) -> Tuple[Op, ...]:
+    """The ops that depend only on the step's token count T and sampled rows R (cached: decode
+    steps repeat the same few)."""
+    c = spec.config
+    a = spec.dtype_bytes
+    L, H = c.num_layers, c.hidden_size
+    q = c.q_size // tp
+    kv = kv_heads_per_gpu(c, tp) * c.head_dim
     ops: List[Op] = []
 
     def gemm(family, name, m, k, n, layers=L, weight_bytes=None, compute="bfloat16"):
@@ -81,18 +111,6 @@ def step_ops(shape: StepShape) -> List[Op]:
     elementwise("rms_norm", 2 * 4 * T * H * a, 2)  # two per layer, residual fused
     gemm("gemm", "qkv_proj", T, H, q + 2 * kv)
     elementwise("rotary_embedding", 2 * T * (q + kv) * a, 1)
-
-    windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
-    new, cached = np.array(shape.requests, dtype=np.int64).reshape(-1, 2).T
-    for window in sorted(set(windows), key=lambda w: (w is not None, w or 0)):
-        layers = windows.count(window)
-        keys = int(attended_keys(new, cached, window).sum())
-        kv_read = int(read_keys(new, cached, window).sum())
-        ops.append(Op("attention", "reshape_and_cache", 0.0, layers * 2 * 2 * T * kv * a,
-                      layers))
-        ops.append(Op("attention", "paged_attention" + (f"[window {window}]" if window else ""),
-                      layers * 4.0 * hq * d * keys,
-                      layers * (2 * kv_read * kv * a + 2 * T * q * a), layers))
     gemm("gemm", "o_proj", T, q, H)
 
     if c.is_moe:
@@ -123,4 +141,4 @@ def step_ops(shape: StepShape) -> List[Op]:
                       H * V * a + R * H * a + R * V * LOGITS_BYTES, 1, rows=R))
         ops.append(Op("sampling", "sample", 5.0 * R * c.vocab_size,
                       3 * R * c.vocab_size * LOGITS_BYTES, 2))
-    return ops
+    return tuple(ops)

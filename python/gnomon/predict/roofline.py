@@ -25,7 +25,7 @@ from gnomon.hardware import Hardware
 
 from .cost import FAMILIES, PredictionRefused, StepCost
 from .hardware import resolve_hardware
-from .opcount import step_ops
+from .opcount import attention_ops, dense_ops
 from .shapes import StepShape
 
 _BF16 = {"H100 SXM": 0.80, "H200": 0.80, "B200": 0.78, "MI300X": 0.51, "MI325X": 0.60,
@@ -90,6 +90,7 @@ class RooflinePredictor:
         self.hardware = resolve_hardware(hardware)
         self.efficiencies = Efficiencies.coerce(efficiencies, self.hardware)
         self.name = f"roofline({self.hardware.name})"
+        self._dense_seconds: Dict[tuple, Dict[str, float]] = {}  # (model, T, R, tp) -> parts
 
     def _peak_flops(self, compute: str) -> float:
         hw, eff = self.hardware, self.efficiencies
@@ -119,7 +120,16 @@ class RooflinePredictor:
         if not isinstance(shape, StepShape):
             raise TypeError(f"shape: expected a StepShape, got {type(shape).__name__}")
         self._ring_factor = 2 * (shape.tp - 1) / shape.tp
-        parts: Dict[str, float] = {f: 0.0 for f in FAMILIES}
-        for op in step_ops(shape):
+        key = (shape.model, shape.num_tokens, shape.num_sampled, shape.tp)
+        dense = self._dense_seconds.get(key)
+        if dense is None:  # decode steps repeat the same few token counts
+            dense = dict.fromkeys(FAMILIES, 0.0)
+            for op in dense_ops(*key):
+                dense[op.family] += self.op_seconds(op)
+            if len(self._dense_seconds) > 65536:
+                self._dense_seconds.clear()
+            self._dense_seconds[key] = dense
+        parts = dict(dense)
+        for op in attention_ops(shape):
             parts[op.family] += self.op_seconds(op)
         return StepCost.from_parts(parts, {f: "analytical" for f in FAMILIES})
