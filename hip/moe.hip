@@ -25,6 +25,22 @@
 //                  it in float32 too: no rounding before the down projection).
 //   5. moe_gemm<down>: the same over w2[e] with A as the activations: Y[s, H] = w2 @ a + b2 in
 //                  float32.
+//   4'/5'. decode path (MXFP4 weights, n <= kGemvMaxTokens = 64 tokens in the chunk, 16-byte
+//                  aligned w13/w2; dense weights always take the grouped GEMM): moe_gemv<gate/up>
+//                  and moe_gemv<down> replace the two grouped GEMMs, whose 32-position tiles are
+//                  mostly empty at decode. Grid (column block, expert); blocks of experts without
+//                  pairs leave at once. 256 threads = 16 groups of 16 lanes (any warp width); each
+//                  group owns two weight rows of its expert: gate/up, column j's gate row and up
+//                  row (per the layout); down, rows h and h + 16 of a 32-row block. The block goes
+//                  over its expert's positions in chunks of up to MT pairs (MT = 1, 4 or 16, from
+//                  n on the host; any count is correct, more pairs just mean more chunks, each
+//                  re-reading the rows), and per K chunk of 512 elements each lane does one 16-byte
+//                  load of one MX block's codes (plus its scale byte) per row, issued a chunk ahead,
+//                  decodes the nibbles in registers (element 2i is byte i's low nibble) and
+//                  multiplies code * scale with the chunk's activations of the MT pairs (hidden rows
+//                  or A rows as float32, staged in shared memory). So each weight byte is read once
+//                  per pair chunk. The 16 lanes' sums are reduced with xor shuffles; the bias,
+//                  activation and A / Y writes are those of moe_gemm (same float32 epilogue).
 //   6. moe_combine: out[t] = sum over the token's valid pairs, in position order (expert
 //                  ascending, then slot: the CPU's accumulation order), of weight * Y[s], in
 //                  float32 and without atomics, rounded to the element type once.
@@ -381,6 +397,178 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gemm_kernel(GemmArgs args) {
   }
 }
 
+// ---- fused MoE: the decode path (MXFP4 GEMV over each expert's pairs) -------------------------------
+
+constexpr int kMxBlock = math::kMxfp4BlockSize;        // elements per MX block (32)
+constexpr int kGemvThreads = 256;
+constexpr int kGemvLanes = 16;                              // lanes per group (any warp width)
+constexpr int kGemvGroups = kGemvThreads / kGemvLanes;      // groups per block, 2 rows each
+constexpr int kGemvChunkBlocks = kGemvLanes;                // one MX block per lane per K chunk
+constexpr int kGemvChunk = kGemvChunkBlocks * kMxBlock;     // K elements per chunk
+// Shared slot of one MX block of one pair's activations: 32 floats and 4 of padding, so the
+// float4 reads of the 16 lanes (on 16 different blocks) spread over the banks.
+constexpr int kGemvSlot = kMxBlock + 4;
+constexpr int kGemvRowFloats = kGemvChunkBlocks * kGemvSlot;
+constexpr int64_t kGemvMaxTokens = 64;  // the host takes the decode path up to this many tokens
+
+// The E2M1 code in the low nibble of `nibble` (upper bits ignored) as a float, the values of
+// math::e2m1_to_float by bit assembly (as hip/mxfp4.hip's decode_e2m1): exponent field e >= 1 is
+// 2^(e-1) * (1 + m/2), bits ((e,m) << 22) + (126 << 23); magnitudes 0 and 0.5 are special-cased;
+// bit 3 is the sign (code 8 is -0.0).
+__device__ __forceinline__ float moe_decode_e2m1(uint32_t nibble) {
+  const uint32_t magnitude = nibble & 7u;
+  uint32_t bits = (magnitude << 22) + 0x3f000000u;
+  bits = magnitude < 2u ? magnitude * 0x3f000000u : bits;
+  bits |= (nibble & 8u) << 28;
+  return math::bits_to_float(bits);
+}
+
+// acc[m] += sum_e (code_e * scale) * x[m][e] over the lane's MX block (element 2i is the low
+// nibble of byte i, so element e sits at bit 4e of the 16 bytes) for the first m_rows pairs, one
+// 32-bit word (8 elements) at a time to keep few decoded weights live. The weights are code *
+// scale as in moe_gemm_kernel (exact barring float over/underflow).
+template <int MT>
+__device__ __forceinline__ void moe_gemv_block(const uint4& codes, uint8_t scale_byte,
+                                               const float* x_slot, int m_rows, float (&acc)[MT]) {
+  const float scale = math::e8m0_to_float(scale_byte);
+  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = moe_decode_e2m1(words[q] >> (4 * i)) * scale;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      if (m < m_rows) {
+        const float4 lo = *reinterpret_cast<const float4*>(x_slot + m * kGemvRowFloats + 8 * q);
+        const float4 hi = *reinterpret_cast<const float4*>(x_slot + m * kGemvRowFloats + 8 * q + 4);
+        float s0 = w[0] * lo.x, s1 = w[1] * lo.y;
+        s0 = fmaf(w[2], lo.z, s0);
+        s1 = fmaf(w[3], lo.w, s1);
+        s0 = fmaf(w[4], hi.x, s0);
+        s1 = fmaf(w[5], hi.y, s1);
+        s0 = fmaf(w[6], hi.z, s0);
+        s1 = fmaf(w[7], hi.w, s1);
+        acc[m] += s0 + s1;
+      }
+    }
+  }
+}
+
+// Block (column block, expert e): each 16-lane group owns two weight rows of expert e and
+// streams them once per chunk of up to MT of e's pairs. Gate/up: group g owns column
+// j = blockIdx.x * kGemvGroups + g (its gate row and its up row) and writes A[s, j] for e's
+// positions s; down: rows h = blockIdx.x * 2 * kGemvGroups + g and h + kGemvGroups, writing
+// Y[s, h]. Per K chunk of kGemvChunk elements each lane loads one MX block of each row (one
+// 16-byte load of codes and the scale byte; the next chunk's loads are issued before this
+// chunk's activations are staged), the chunk's activations of the MT pairs are staged in
+// shared memory as float32, and the 16 lanes' sums are reduced with xor shuffles at the end.
+// Needs K % 32 == 0 and 16-byte aligned weights (rows are K/2 bytes, a multiple of 16).
+template <typename T, typename In, int MT, bool kGateUp>
+__global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(GemmArgs args) {
+  __shared__ __align__(16) float xs[MT * kGemvRowFloats];
+  __shared__ int64_t x_row[MT];
+  const int64_t e = blockIdx.y;
+  const int64_t s_begin = args.offsets[e], s_end = args.offsets[e + 1];
+  if (s_begin == s_end) return;  // no pairs: the whole block leaves
+  const int tid = threadIdx.x, sub = tid % kGemvLanes, group = tid / kGemvLanes;
+  const int64_t K = args.K, row_blocks = K / kMxBlock;
+  const int64_t chunks = (row_blocks + kGemvChunkBlocks - 1) / kGemvChunkBlocks;
+
+  int64_t col0, col1, row0, row1;  // the group's output columns and weight rows
+  if (kGateUp) {
+    const int64_t j = static_cast<int64_t>(blockIdx.x) * kGemvGroups + group;
+    col0 = col1 = j;
+    row0 = args.interleaved ? 2 * j : j;                  // gate
+    row1 = args.interleaved ? 2 * j + 1 : args.cols + j;  // up
+  } else {
+    col0 = row0 = static_cast<int64_t>(blockIdx.x) * (2 * kGemvGroups) + group;
+    col1 = row1 = col0 + kGemvGroups;
+  }
+  const bool ok0 = col0 < args.cols, ok1 = col1 < args.cols;
+  const int64_t wr0 = e * args.rows + (ok0 ? row0 : 0), wr1 = e * args.rows + (ok1 ? row1 : 0);
+  const uint4* w0 = static_cast<const uint4*>(args.w) + wr0 * (K / 32);  // 16 bytes a block
+  const uint4* w1 = static_cast<const uint4*>(args.w) + wr1 * (K / 32);
+  const uint8_t* sc0 = args.scales + wr0 * row_blocks;
+  const uint8_t* sc1 = args.scales + wr1 * row_blocks;
+  const In* x = static_cast<const In*>(args.x);
+  const T* bias = static_cast<const T*>(args.bias);
+
+  for (int64_t p0 = s_begin; p0 < s_end; p0 += MT) {
+    const int m_rows = static_cast<int>(s_end - p0 < MT ? s_end - p0 : MT);
+    // x_row is last read before the previous pair chunk's final __syncthreads below.
+    if (tid < MT) {
+      const int64_t s = p0 + (tid < m_rows ? tid : 0);
+      x_row[tid] = kGateUp ? args.sorted_pair[s] / args.top_k : s;
+    }
+    float acc0[MT], acc1[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc0[m] = acc1[m] = 0.0f;
+    auto has = [&](int64_t c) { return c * kGemvChunkBlocks + sub < row_blocks; };
+    uint4 c0 = make_uint4(0, 0, 0, 0), c1 = make_uint4(0, 0, 0, 0);
+    uint8_t s0 = 0, s1 = 0;
+    if (has(0)) {
+      if (ok0) { c0 = w0[sub]; s0 = sc0[sub]; }
+      if (ok1) { c1 = w1[sub]; s1 = sc1[sub]; }
+    }
+    for (int64_t c = 0; c < chunks; ++c) {
+      // The next chunk's weights first, so they are in flight while the activations load.
+      uint4 n0 = make_uint4(0, 0, 0, 0), n1 = make_uint4(0, 0, 0, 0);
+      uint8_t t0 = 0, t1 = 0;
+      if (has(c + 1)) {
+        const int64_t b = (c + 1) * kGemvChunkBlocks + sub;
+        if (ok0) { n0 = w0[b]; t0 = sc0[b]; }
+        if (ok1) { n1 = w1[b]; t1 = sc1[b]; }
+      }
+      __syncthreads();  // x_row is written; the previous chunk's reads of xs are done
+      const int64_t k0 = c * kGemvChunk;
+      for (int i = tid; i < m_rows * kGemvChunk; i += kGemvThreads) {
+        const int m = i / kGemvChunk, jj = i % kGemvChunk;
+        const float v = k0 + jj < K ? to_float(x[x_row[m] * K + k0 + jj]) : 0.0f;
+        xs[m * kGemvRowFloats + (jj / kMxBlock) * kGemvSlot + jj % kMxBlock] = v;
+      }
+      __syncthreads();
+      if (has(c)) {
+        if (ok0) moe_gemv_block<MT>(c0, s0, xs + sub * kGemvSlot, m_rows, acc0);
+        if (ok1) moe_gemv_block<MT>(c1, s1, xs + sub * kGemvSlot, m_rows, acc1);
+      }
+      c0 = n0; c1 = n1; s0 = t0; s1 = t1;
+    }
+    // Sum over the group's 16 lanes (xor offsets below 16 stay inside the group and the warp).
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+      for (int offset = kGemvLanes / 2; offset > 0; offset /= 2) {
+        acc0[m] += shfl_xor(acc0[m], offset);
+        acc1[m] += shfl_xor(acc1[m], offset);
+      }
+    }
+    // Lane m of the group writes pair p0 + m (every lane holds the sums).
+    if (kGateUp) {
+      if (ok0) {
+        const float gate_bias = bias ? to_float(bias[e * args.rows + row0]) : 0.0f;
+        const float up_bias = bias ? to_float(bias[e * args.rows + row1]) : 0.0f;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          if (m != sub || m >= m_rows) continue;
+          const float g = acc0[m] + gate_bias, u = acc1[m] + up_bias;
+          args.out[(p0 + m) * args.cols + col0] =
+              args.swiglu_oai ? math::swiglu_oai(g, u) : math::silu_and_mul(g, u);
+        }
+      }
+    } else {
+      const float b0 = bias && ok0 ? to_float(bias[e * args.rows + row0]) : 0.0f;
+      const float b1 = bias && ok1 ? to_float(bias[e * args.rows + row1]) : 0.0f;
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m != sub || m >= m_rows) continue;
+        if (ok0) args.out[(p0 + m) * args.cols + col0] = acc0[m] + b0;
+        if (ok1) args.out[(p0 + m) * args.cols + col1] = acc1[m] + b1;
+      }
+    }
+  }
+}
+
 // ---- fused MoE: combining the pairs ------------------------------------------------------------------
 
 constexpr int kCombineThreads = 256;
@@ -414,6 +602,20 @@ __global__ void moe_combine_kernel(T* __restrict__ out, const float* __restrict_
   float acc = 0.0f;
   for (int r = 0; r < valid; ++r) acc = fmaf(order_w[r], y[order_pos[r] * H + h], acc);
   out[t * H + h] = from_float<T>(acc);
+}
+
+// The decode path's two launches: grid (column blocks, experts); experts without pairs leave.
+template <typename T, int MT>
+void launch_moe_gemv(const GemmArgs& up, const GemmArgs& down, hipStream_t stream) {
+  const dim3 up_grid(static_cast<unsigned>(std::max<int64_t>(1, ceil_div(up.cols, kGemvGroups))),
+                     static_cast<unsigned>(up.experts));
+  moe_gemv_kernel<T, T, MT, true><<<up_grid, kGemvThreads, 0, stream>>>(up);
+  check_launch("fused_moe (gate/up)");
+  const dim3 down_grid(
+      static_cast<unsigned>(std::max<int64_t>(1, ceil_div(down.cols, 2 * kGemvGroups))),
+      static_cast<unsigned>(down.experts));
+  moe_gemv_kernel<T, float, MT, false><<<down_grid, kGemvThreads, 0, stream>>>(down);
+  check_launch("fused_moe (down)");
 }
 
 constexpr int64_t kChunkBytes = int64_t{256} << 20;  // float32 A and Y per token chunk
@@ -454,6 +656,9 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
                       " experts per token (its second size), got ", top_k);
   }
   const bool mxfp4 = w13.dtype == DType::UInt8;
+  // The decode path (moe_gemv_kernel): MXFP4, few tokens, 16-byte aligned weights (uint4 loads).
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool gemv_ok = mxfp4 && E <= 65535 && aligned16(w13.data) && aligned16(w2.data);
   const hipStream_t stream = stream_of(hidden.stream);
 
   // Token chunks bound the float32 buffers A [P, I] and Y [P, H].
@@ -500,6 +705,7 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
             sorted_pair, pair_pos, ids, offsets, pairs);
         check_launch("fused_moe (sort)");
 
+        const bool decode = gemv_ok && n <= kGemvMaxTokens;
         // Every expert with pairs adds at most one partial tile.
         const int64_t max_tiles = ceil_div(pairs, kBM) + std::min(E, pairs);
         GemmArgs up{};
@@ -518,15 +724,6 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
         up.out = a_buf;
         up.interleaved = gate_up_layout == GateUpLayout::Interleaved;
         up.swiglu_oai = activation == Activation::SwigluOai;
-        const dim3 up_grid(static_cast<unsigned>(max_tiles),
-                           static_cast<unsigned>(ceil_div(I, kBN / 2)));
-        if (mxfp4) {
-          moe_gemm_kernel<T, T, true, true><<<up_grid, kGemmThreads, 0, stream>>>(up);
-        } else {
-          moe_gemm_kernel<T, T, false, true><<<up_grid, kGemmThreads, 0, stream>>>(up);
-        }
-        check_launch("fused_moe (gate/up)");
-
         GemmArgs down = up;
         down.x = a_buf;
         down.sorted_pair = nullptr;
@@ -537,14 +734,35 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
         down.K = I;
         down.cols = H;
         down.out = y_buf;
-        const dim3 down_grid(static_cast<unsigned>(max_tiles),
-                             static_cast<unsigned>(ceil_div(H, kBN)));
-        if (mxfp4) {
-          moe_gemm_kernel<T, float, true, false><<<down_grid, kGemmThreads, 0, stream>>>(down);
+        if (decode) {
+          // Up to kGemvMaxTokens tokens: MT bounds the pairs per chunk (an expert's pairs are
+          // usually at most the tokens; more go through in further chunks in the kernel).
+          if (n <= 1) {
+            launch_moe_gemv<T, 1>(up, down, stream);
+          } else if (n <= 4) {
+            launch_moe_gemv<T, 4>(up, down, stream);
+          } else {
+            launch_moe_gemv<T, 16>(up, down, stream);
+          }
         } else {
-          moe_gemm_kernel<T, float, false, false><<<down_grid, kGemmThreads, 0, stream>>>(down);
+          const dim3 up_grid(static_cast<unsigned>(max_tiles),
+                             static_cast<unsigned>(ceil_div(I, kBN / 2)));
+          if (mxfp4) {
+            moe_gemm_kernel<T, T, true, true><<<up_grid, kGemmThreads, 0, stream>>>(up);
+          } else {
+            moe_gemm_kernel<T, T, false, true><<<up_grid, kGemmThreads, 0, stream>>>(up);
+          }
+          check_launch("fused_moe (gate/up)");
+
+          const dim3 down_grid(static_cast<unsigned>(max_tiles),
+                               static_cast<unsigned>(ceil_div(H, kBN)));
+          if (mxfp4) {
+            moe_gemm_kernel<T, float, true, false><<<down_grid, kGemmThreads, 0, stream>>>(down);
+          } else {
+            moe_gemm_kernel<T, float, false, false><<<down_grid, kGemmThreads, 0, stream>>>(down);
+          }
+          check_launch("fused_moe (down)");
         }
-        check_launch("fused_moe (down)");
       }
       const dim3 combine_grid(static_cast<unsigned>(n),
                               static_cast<unsigned>(ceil_div(H, kCombineThreads)));
