@@ -196,6 +196,18 @@ __device__ __forceinline__ Fp16 from_float<Fp16>(float f) {
   return Fp16{math::float_to_fp16(f)};
 }
 
+// The E2M1 code in the low nibble of `nibble` (upper bits ignored) as a float, with the same
+// values as math::e2m1_to_float, by bit assembly: codes with an exponent field e >= 1 are the
+// float 2^(e-1) * (1 + m/2), i.e. bits ((e,m) << 22) + (126 << 23); magnitude codes 0 and 1 (0
+// and 0.5) are special-cased; bit 3 is the sign (code 8 is -0.0, as on the CPU).
+__device__ __forceinline__ float decode_e2m1(uint32_t nibble) {
+  const uint32_t magnitude = nibble & 7u;
+  uint32_t bits = (magnitude << 22) + 0x3f000000u;
+  bits = magnitude < 2u ? magnitude * 0x3f000000u : bits;
+  bits |= (nibble & 8u) << 28;
+  return math::bits_to_float(bits);
+}
+
 // Calls fn(T{}) with T the element type of `dtype` (float32, bfloat16 or float16).
 template <typename Fn>
 void dispatch_floating(DType dtype, Fn&& fn) {

@@ -411,18 +411,6 @@ constexpr int kGemvSlot = kMxBlock + 4;
 constexpr int kGemvRowFloats = kGemvChunkBlocks * kGemvSlot;
 constexpr int64_t kGemvMaxTokens = 64;  // the host takes the decode path up to this many tokens
 
-// The E2M1 code in the low nibble of `nibble` (upper bits ignored) as a float, the values of
-// math::e2m1_to_float by bit assembly (as hip/mxfp4.hip's decode_e2m1): exponent field e >= 1 is
-// 2^(e-1) * (1 + m/2), bits ((e,m) << 22) + (126 << 23); magnitudes 0 and 0.5 are special-cased;
-// bit 3 is the sign (code 8 is -0.0).
-__device__ __forceinline__ float moe_decode_e2m1(uint32_t nibble) {
-  const uint32_t magnitude = nibble & 7u;
-  uint32_t bits = (magnitude << 22) + 0x3f000000u;
-  bits = magnitude < 2u ? magnitude * 0x3f000000u : bits;
-  bits |= (nibble & 8u) << 28;
-  return math::bits_to_float(bits);
-}
-
 // acc[m] += sum_e (code_e * scale) * x[m][e] over the lane's MX block (element 2i is the low
 // nibble of byte i, so element e sits at bit 4e of the 16 bytes) for the first m_rows pairs, one
 // 32-bit word (8 elements) at a time to keep few decoded weights live. The weights are code *
@@ -436,7 +424,7 @@ __device__ __forceinline__ void moe_gemv_block(const uint4& codes, uint8_t scale
   for (int q = 0; q < 4; ++q) {
     float w[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = moe_decode_e2m1(words[q] >> (4 * i)) * scale;
+    for (int i = 0; i < 8; ++i) w[i] = decode_e2m1(words[q] >> (4 * i)) * scale;
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       if (m < m_rows) {

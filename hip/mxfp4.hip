@@ -35,18 +35,6 @@ constexpr int kBlockBytes = kMxfp4BlockSize / 2;
 
 // ---- shared helpers --------------------------------------------------------------------------
 
-// The E2M1 code in the low nibble of `nibble` (upper bits ignored) as a float, with the same
-// values as math::e2m1_to_float, by bit assembly: codes with an exponent field e >= 1 are the
-// float 2^(e-1) * (1 + m/2), i.e. bits ((e,m) << 22) + (126 << 23); magnitude codes 0 and 1 (0
-// and 0.5) are special-cased; bit 3 is the sign (code 8 is -0.0, as on the CPU).
-__device__ __forceinline__ float decode_e2m1(uint32_t nibble) {
-  const uint32_t magnitude = nibble & 7u;
-  uint32_t bits = (magnitude << 22) + 0x3f000000u;
-  bits = magnitude < 2u ? magnitude * 0x3f000000u : bits;
-  bits |= (nibble & 8u) << 28;
-  return math::bits_to_float(bits);
-}
-
 // out/bias dtypes are independent of a's (ops.cpp checks each as floating), so the epilogue
 // converts by a runtime switch rather than multiplying the kernel instantiations.
 __device__ __forceinline__ float load_as(const void* p, DType dtype, int64_t i) {
