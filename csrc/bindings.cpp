@@ -171,6 +171,15 @@ fork(parent_seq_id, child_seq_id)
 pending_copies() -> list[tuple[int, int]]
   Returns and clears the copy-on-write ``(src, dst)`` block pairs to copy before the forward.
 
+take_block_updates(seq_ids) -> list[tuple[bool, tuple[int, ...], tuple[tuple[int, int], ...]]]
+  Per sequence (a 1-D int array of distinct known ids, as the batch forms take), what changed in
+  its block table since its previous report, as ``(full, appended, replaced)``, and marks it
+  reported. The first report of a sequence (new, forked, or admitted again after ``free``) has
+  ``full`` True and ``appended`` its whole table. Later reports give the ids appended since, and
+  ``replaced``: the ``(index, block_id)`` entries already reported that copy-on-write replaced in
+  place. Applying the reports in order rebuilds ``block_table(seq_id)`` exactly, at a cost that
+  grows with what changed, not with the table.
+
 Inspection: block_table(seq_id) (a new int32 array), num_computed_tokens(seq_id),
 ref_count(block_id), free_queue() (block ids in queue order), cached_blocks() (sorted ids),
 the properties num_blocks, block_size, num_free_blocks, num_cached_blocks, usage (the used
@@ -226,6 +235,25 @@ void bind_allocator(py::module_& m) {
       .def("free", &BlockAllocator::free, "seq_id"_a)
       .def("fork", &BlockAllocator::fork, "parent_seq_id"_a, "child_seq_id"_a)
       .def("pending_copies", &BlockAllocator::take_pending_copies)
+      .def(
+          "take_block_updates",
+          [](BlockAllocator& self, py::handle seq_ids) {
+            const std::vector<BlockUpdate>& updates =
+                self.take_block_updates(int_array(seq_ids, "seq_ids"));
+            py::list out(updates.size());
+            for (size_t i = 0; i < updates.size(); ++i) {
+              const BlockUpdate& u = updates[i];
+              py::tuple appended(u.num_appended);
+              for (size_t j = 0; j < u.num_appended; ++j) appended[j] = py::int_(u.appended[j]);
+              py::tuple replaced(u.replaced.size());
+              for (size_t j = 0; j < u.replaced.size(); ++j) {
+                replaced[j] = py::make_tuple(u.replaced[j].first, u.replaced[j].second);
+              }
+              out[i] = py::make_tuple(py::bool_(u.full), std::move(appended), std::move(replaced));
+            }
+            return out;
+          },
+          "seq_ids"_a)
       .def("reset_prefix_cache", &BlockAllocator::reset_prefix_cache)
       .def(
           "block_table",

@@ -287,6 +287,11 @@ bool BlockAllocator::extend(Sequence& seq, TokenSpan new_tokens, int64_t num_new
     --blocks_[source].ref_count;
     seq.blocks[i] = copy;
     if (i * block_size_ < seq.num_computed) pending_copies_.emplace_back(source, copy);
+    const auto index = static_cast<int32_t>(i);
+    if (i < seq.num_reported &&
+        std::find(seq.replaced.begin(), seq.replaced.end(), index) == seq.replaced.end()) {
+      seq.replaced.push_back(index);
+    }
     --shared;
   }
   while (static_cast<int64_t>(seq.blocks.size()) < want) seq.blocks.push_back(take_fresh_block());
@@ -434,6 +439,8 @@ void BlockAllocator::fork(int64_t parent_seq_id, int64_t child_seq_id) {
                       " allocated tokens not yet committed; fork it after commit");
   }
   Sequence child = parent;
+  child.num_reported = 0;  // new to whoever reads the updates: its first report is its table
+  child.replaced.clear();
   const Sequence& forked = seqs_.emplace(child_seq_id, std::move(child)).first->second;
   for (const int32_t block : forked.blocks) ++blocks_[block].ref_count;
 }
@@ -442,6 +449,24 @@ std::vector<std::pair<int32_t, int32_t>> BlockAllocator::take_pending_copies() {
   std::vector<std::pair<int32_t, int32_t>> copies;
   copies.swap(pending_copies_);
   return copies;
+}
+
+std::vector<BlockUpdate>& BlockAllocator::take_block_updates(IntSpan seq_ids) {
+  std::vector<Sequence*>& batch = batch_sequences(seq_ids);
+  updates_.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence& seq = *batch[i];
+    BlockUpdate& update = updates_[i];
+    const auto size = static_cast<int64_t>(seq.blocks.size());
+    update.full = seq.num_reported == 0;
+    update.appended = seq.blocks.data() + seq.num_reported;
+    update.num_appended = static_cast<size_t>(size - seq.num_reported);
+    update.replaced.clear();
+    for (const int32_t index : seq.replaced) update.replaced.emplace_back(index, seq.blocks[index]);
+    seq.replaced.clear();
+    seq.num_reported = size;
+  }
+  return updates_;
 }
 
 // ---------------------------------------------------------------------------------------------

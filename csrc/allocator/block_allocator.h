@@ -26,6 +26,15 @@ struct TokenSpan {
   size_t size = 0;
 };
 
+// What changed in one sequence's block table since its previous report (take_block_updates).
+// `appended` points into the table and stays valid until the allocator next changes.
+struct BlockUpdate {
+  bool full = false;  // the first report of the sequence: `appended` is its whole table
+  const int32_t* appended = nullptr;
+  size_t num_appended = 0;
+  std::vector<std::pair<int32_t, int32_t>> replaced;  // (index, new block id), index < reported
+};
+
 struct AllocatorStats {
   int64_t queries = 0;  // prompt tokens offered to the prefix cache at admission
   int64_t hits = 0;     // of those, tokens whose KV was found cached
@@ -50,6 +59,7 @@ class BlockAllocator {
   void free(int64_t seq_id);
   void fork(int64_t parent_seq_id, int64_t child_seq_id);
   std::vector<std::pair<int32_t, int32_t>> take_pending_copies();
+  std::vector<BlockUpdate>& take_block_updates(IntSpan seq_ids);
   bool reset_prefix_cache();
 
   const std::vector<int32_t>& block_table(int64_t seq_id) const;
@@ -93,6 +103,8 @@ class BlockAllocator {
     uint64_t last_serial = 0;        // cache entry holding that block's content, or none
     uint64_t extra_key = 0;
     uint64_t batch_mark = 0;
+    int64_t num_reported = 0;           // leading table entries already reported
+    std::vector<int32_t> replaced;      // reported entries replaced in place since then
   };
 
   struct Chain {
@@ -149,6 +161,7 @@ class BlockAllocator {
   std::vector<int32_t> claimed_;
   std::vector<int32_t> batch_tokens_;
   std::vector<Sequence*> batch_;
+  std::vector<BlockUpdate> updates_;
   uint64_t batch_epoch_ = 0;
 };
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from gnomon.engine.config import (PRESETS, SUPPORTED_ARCHITECTURES, ModelConfig, cos_sin_cache,
-                                  preset_json, rope_inv_freq)
+from gnomon.engine.config import PRESETS, SUPPORTED_ARCHITECTURES, ModelConfig, preset_json
+from gnomon.engine.rope import cos_sin_cache, rope_inv_freq
 
 
 # ---- presets ---------------------------------------------------------------------------------

@@ -125,7 +125,8 @@ def test_fake_clock_admits_arrivals_only_after_their_time():
     now[0] = 10.0
     out = eng.step()
     assert [o.request_id for o in out] == ["b"]
-    assert out[0].metrics.arrival_time == 10.0 and out[0].metrics.first_scheduled_time == 10.0
+    metrics = eng.get_output("b").metrics
+    assert metrics.arrival_time == 10.0 and metrics.first_scheduled_time == 10.0
     while eng.has_unfinished_requests():
         eng.step()
     assert eng.num_free_blocks == eng.num_kv_blocks

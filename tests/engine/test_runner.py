@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence
-from gnomon.engine.config import ModelConfig, cos_sin_cache
+from gnomon.engine.config import ModelConfig
+from gnomon.engine.rope import cos_sin_cache
 from gnomon.engine.kv_cache import KVCacheManager
 from gnomon.engine.runner import (ModelRunner, kv_cache_bytes_per_block,
                                   num_kv_blocks_for_budget)
@@ -157,7 +158,7 @@ def _blocks(prompts, block_size, num_blocks, seed=1):
 
 def _seq(i, tokens, computed, table, last):
     return ScheduledSequence(seq_id=i, request_id=i, sample_index=0, token_ids=tuple(tokens),
-                             num_computed_tokens=computed, block_table=table,
+                             num_computed_tokens=computed, block_ids=table,
                              is_last_prefill_chunk=last, sampling_params=GREEDY)
 
 
@@ -288,7 +289,7 @@ def test_bad_arguments_are_named():
         runner.execute("not a batch")
     short = ScheduledBatch(sequences=(_seq(0, range(9), 0, (0, 1), True),),
                            num_prefill_tokens=9)
-    with pytest.raises(ValueError, match="block_table"):
+    with pytest.raises(ValueError, match="block table"):
         runner.execute(short)
     oov = ScheduledBatch(sequences=(_seq(0, [cfg.vocab_size], 0, (0,), True),),
                          num_prefill_tokens=1)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
+from gnomon.engine.block_tables import BlockTables
 from gnomon.engine.kv_cache import KVCacheManager, kv_bytes_per_block, resolve_num_blocks
 from gnomon.engine.sampling_params import SamplingParams
 from gnomon.engine.scheduler import Scheduler
@@ -23,18 +24,27 @@ VOCAB = 50
 
 
 class FakeModel:
+    """Applies the batches' block-table deltas as a runner does (`BlockTables`) and checks,
+    every step, that each rebuilt table equals the allocator's."""
+
     def __init__(self, sched: Scheduler):
         self.sched = sched
         self.bs = sched.kv.block_size
         self.slots = np.full(sched.kv.num_blocks * self.bs, -1, dtype=np.int64)
+        self.tables = BlockTables(sched.kv.num_blocks)
         self.checked_contexts = 0
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         bs = self.bs
         for src, dst in batch.block_copies:
             self.slots[dst * bs:(dst + 1) * bs] = self.slots[src * bs:(src + 1) * bs]
+        self.tables.apply(batch)
+        tables = {}
+        for s in batch.sequences:
+            tables[s.seq_id] = self.tables.table(s.seq_id)
+            assert tables[s.seq_id] == self.sched.kv.block_table(s.seq_id), "delta mismatch"
         for s in batch.sequences:  # write all KV first (the forward writes before attending)
-            bt = np.asarray(s.block_table)
+            bt = np.asarray(tables[s.seq_id])
             pos = np.arange(s.num_computed_tokens, s.context_len)
             self.slots[bt[pos // bs] * bs + pos % bs] = s.token_ids
         out = []
@@ -42,7 +52,7 @@ class FakeModel:
             if not s.is_last_prefill_chunk:
                 out.append(None)
                 continue
-            bt = np.asarray(s.block_table)
+            bt = np.asarray(tables[s.seq_id])
             pos = np.arange(s.context_len)
             ctx = tuple(self.slots[bt[pos // bs] * bs + pos % bs].tolist())
             seq = next(q for q in self.sched.get_request(s.request_id).sequences
@@ -90,7 +100,7 @@ def check_batch(sched, batch):
     assert len({s.seq_id for s in batch.sequences}) == batch.num_seqs
     for s in batch.sequences:
         assert len(s.token_ids) >= 1
-        assert len(s.block_table) * sched.kv.block_size >= s.context_len
+        assert len(sched.kv.block_table(s.seq_id)) * sched.kv.block_size >= s.context_len
 
 
 def outputs(sched, ids):
@@ -137,7 +147,7 @@ def test_batch_equality_and_immutability():
     assert a == b and hash(a) == hash(b)
     assert ScheduledBatch((a,), ((1, 2),), (5,), 2, 0) == \
         ScheduledBatch((b,), ((1, 2),), (5,), 2, 0)
-    assert ScheduledBatch((a,)) != ScheduledBatch((dataclasses.replace(a, block_table=(4,)),))
+    assert ScheduledBatch((a,)) != ScheduledBatch((dataclasses.replace(a, block_ids=(4,)),))
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.token_ids = (9,)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -229,7 +239,8 @@ def test_prefix_cache_hit_skips_cached_tokens():
     second = [s for s in b.sequences if s.request_id == "second"][0]
     assert second.num_computed_tokens == 16 and second.token_ids == (4, 5)
     first = [s for s in b.sequences if s.request_id == "first"][0]
-    assert second.block_table[:4] == first.block_table[:4]
+    assert second.full and not first.full
+    assert sched.kv.block_table(second.seq_id)[:4] == sched.kv.block_table(first.seq_id)[:4]
     sched.update(b, model.execute(b))
     while sched.has_unfinished():
         b = sched.schedule(2.0)

@@ -20,7 +20,7 @@ _PARAMS = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 
 def _batch(prefill: int, decode: int, seqs: int) -> ScheduledBatch:
     sequences = tuple(ScheduledSequence(seq_id=i, request_id=str(i), sample_index=0,
-                                        token_ids=(1,), num_computed_tokens=0, block_table=(i,),
+                                        token_ids=(1,), num_computed_tokens=0, block_ids=(i,),
                                         is_last_prefill_chunk=True, sampling_params=_PARAMS)
                       for i in range(seqs))
     return ScheduledBatch(sequences=sequences, num_prefill_tokens=prefill,
@@ -41,9 +41,9 @@ REQUESTS = [
     ("b", 2, 1.0, 1.0, 1.2, 1.2, [1.2]),
     ("c", 6, 2.0, 3.0, 3.5, 3.8, [3.5, 3.6, 3.6, 3.8]),
 ]
-STEPS = [StepRecord(0.0, _batch(10, 0, 2), 0.5, {"gemm": 0.4, "attention": 0.1}),
-         StepRecord(0.5, _batch(6, 1, 2), 0.3, {"gemm": 0.2, "attention": 0.05}),
-         StepRecord(3.0, _batch(0, 2, 2), 0.2, {"gemm": 0.1})]
+STEPS = [StepRecord.of(0.0, _batch(10, 0, 2), 0.5, {"gemm": 0.4, "attention": 0.1}),
+         StepRecord.of(0.5, _batch(6, 1, 2), 0.3, {"gemm": 0.2, "attention": 0.05}),
+         StepRecord.of(3.0, _batch(0, 2, 2), 0.2, {"gemm": 0.1})]
 KV = [(0.5, 0.2), (1.0, 0.6), (1.5, 0.4), (3.8, 0.1)]
 
 
@@ -226,7 +226,7 @@ def test_thousand_requests_thousand_steps_is_fast():
         times = [first + 0.02 * k for k in range(n_tok)]
         requests.append((f"r{i}", 32, a, a + 0.01, first, times[-1], times))
     batch = _batch(64, 8, 16)
-    steps = [StepRecord(0.1 * i, batch, 0.1, {"gemm": 0.07, "attention": 0.03})
+    steps = [StepRecord.of(0.1 * i, batch, 0.1, {"gemm": 0.07, "attention": 0.03})
              for i in range(n_steps)]
     kv = [(0.1 * i, (i % 100) / 100) for i in range(n_steps)]
     trace = make_trace(requests, steps, kv)

@@ -63,7 +63,7 @@ def test_same_decisions_as_a_real_run():
     real = run_workload(engine, workload)
     replay = Replay(s.seconds for s in real.steps)
     sim = run_workload(simulated_engine(TINY, "H100", replay, args=ARGS,
-                                        num_kv_blocks=KV_BLOCKS), workload)
+                                        num_kv_blocks=KV_BLOCKS, keep_batches=True), workload)
     assert replay.calls == len(real.steps)
     assert [s.batch for s in sim.steps] == [s.batch for s in real.steps]
     assert [s.start for s in sim.steps] == [s.start for s in real.steps]
@@ -134,7 +134,7 @@ def test_model_that_does_not_fit_is_refused_with_bytes():
 def test_step_shape_keeps_each_pair():
     seq = lambda sid, n, c, last: ScheduledSequence(  # noqa: E731
         seq_id=sid, request_id=str(sid), sample_index=0, token_ids=(1,) * n,
-        num_computed_tokens=c, block_table=(0,), is_last_prefill_chunk=last,
+        num_computed_tokens=c, block_ids=(0,), is_last_prefill_chunk=last,
         sampling_params=SamplingParams())
     batch = ScheduledBatch(sequences=(seq(0, 1, 40, True), seq(1, 7, 0, False)),
                            num_prefill_tokens=7, num_decode_tokens=1)

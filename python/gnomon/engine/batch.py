@@ -16,13 +16,24 @@ RequestId = Union[str, int]
 
 @dataclass(frozen=True)
 class ScheduledSequence:
-    """One sequence's share of a step.
+    """One sequence's share of a step: what changed since the runner last saw it.
 
     ``token_ids`` are the tokens computed this step; they sit at positions
     ``num_computed_tokens .. num_computed_tokens + len(token_ids) - 1``, and
     ``num_computed_tokens`` tokens already have KV in the cache before the step.
-    ``block_table`` holds the sequence's block ids after this step's allocation (a token's slot is
-    ``block_table[pos // block_size] * block_size + pos % block_size``).
+
+    The block table travels as a delta (a token's slot is
+    ``table[pos // block_size] * block_size + pos % block_size``):
+
+    - ``full`` True: the runner sees the sequence for the first time (new, forked, or admitted
+      again after preemption). ``block_ids`` is its whole table after this step's allocation,
+      and replaces any state the runner kept under this ``seq_id``.
+    - ``full`` False: ``block_ids`` are the ids appended since the runner last saw it, and
+      ``replaced_blocks`` the ``(index, block_id)`` entries replaced in place since then
+      (copy-on-write when an ``n > 1`` sample writes into a shared block).
+
+    A runner asked to extend a sequence it never saw raises RuntimeError naming it
+    (`BlockTables.apply`).
     ``is_last_prefill_chunk`` is True when the step computes through the sequence's last known
     token, so the runner samples one token for it: the last chunk of a prompt, and every decode
     (a decode is a one-token chunk that finishes what is known). When False (an earlier prompt
@@ -36,9 +47,11 @@ class ScheduledSequence:
     sample_index: int
     token_ids: Tuple[int, ...]
     num_computed_tokens: int
-    block_table: Tuple[int, ...]
+    block_ids: Tuple[int, ...]
     is_last_prefill_chunk: bool
     sampling_params: SamplingParams
+    full: bool = True
+    replaced_blocks: Tuple[Tuple[int, int], ...] = ()
 
     @property
     def num_new_tokens(self) -> int:

@@ -1,5 +1,6 @@
-"""Model configs: `ModelConfig`, read from a Hugging Face ``config.json``, the built-in presets,
-and the RoPE cos/sin table (`cos_sin_cache`).
+"""Model configs: `ModelConfig`, read from a Hugging Face ``config.json``, and the built-in
+presets. Importing it needs no torch (the simulation reads configs); the RoPE tables live in
+`gnomon.engine.rope`.
 
 Three architectures are supported: ``LlamaForCausalLM``, ``MixtralForCausalLM`` and
 ``GptOssForCausalLM``. Anything else is refused with a ValueError that lists them. A key the
@@ -14,12 +15,9 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
-
-import torch
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM")
 
@@ -100,9 +98,9 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def dtype(self) -> torch.dtype:
-        """`torch_dtype` as a torch.dtype."""
-        return _torch_dtype(self.torch_dtype, "torch_dtype")
+    def dtype(self):
+        """`torch_dtype` as a torch.dtype (imports torch)."""
+        return torch_dtype(self.torch_dtype, "torch_dtype")
 
     # ---- construction --------------------------------------------------------------------
 
@@ -164,13 +162,20 @@ def preset_json(name: str) -> Dict[str, Any]:
 
 # ---- parsing ---------------------------------------------------------------------------------
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # the activation dtypes, by name
 
 
-def _torch_dtype(name: str, what: str) -> torch.dtype:
-    if name not in _DTYPES:
-        raise ValueError(f"{what}: expected one of {', '.join(_DTYPES)}, got {name!r}")
-    return _DTYPES[name]
+def _check_dtype(name: str, what: str) -> str:
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"{what}: expected one of {', '.join(DTYPE_BYTES)}, got {name!r}")
+    return name
+
+
+def torch_dtype(name: str, what: str):
+    """The torch.dtype of an activation dtype name (imports torch)."""
+    import torch
+
+    return getattr(torch, _check_dtype(name, what))
 
 
 class _Reader:
@@ -328,7 +333,7 @@ def _parse(raw: Dict[str, Any], source: str) -> ModelConfig:
         eos_ids = (r.value("eos_token_id", eos, int),)
 
     dtype = raw.get("torch_dtype", raw.get("dtype")) or "float32"
-    _torch_dtype(dtype, f"{source}: torch_dtype")
+    _check_dtype(dtype, f"{source}: torch_dtype")
 
     return ModelConfig(
         architecture=arch, vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
@@ -386,69 +391,6 @@ def _parse_rope_scaling(r: _Reader, raw, arch: str) -> Optional[RopeScaling]:
                        beta_slow=r.value("rope_scaling.beta_slow", raw.get("beta_slow") or 1.0,
                                          float),
                        truncate=truncate, attention_factor=attention_factor)
-
-
-# ---- RoPE ------------------------------------------------------------------------------------
-
-def rope_inv_freq(config: ModelConfig) -> Tuple[torch.Tensor, float]:
-    """The float32 inverse frequencies [rotary_dim / 2] and the attention scaling factor that
-    multiplies cos and sin, for plain RoPE, ``llama3`` and ``yarn`` scaling."""
-    dim, base, s = config.rotary_dim, config.rope_theta, config.rope_scaling
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
-    pos_freqs = base ** exponents
-    inv_freq = 1.0 / pos_freqs
-    if s is None:
-        return inv_freq, 1.0
-    if s.rope_type == "llama3":
-        # Llama 3.1: wavelengths longer than orig/low are slowed by `factor`, shorter than
-        # orig/high are kept, and the band between is blended linearly in orig/wavelength.
-        low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-        high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-        smooth = ((s.original_max_position_embeddings / wavelen - s.low_freq_factor)
-                  / (s.high_freq_factor - s.low_freq_factor))
-        smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        return torch.where(medium, smoothed, scaled), 1.0
-    # YaRN (Peng et al. 2023): dims that rotate fewer than beta_slow times over the original
-    # context are interpolated (divided by factor), those rotating more than beta_fast times
-    # are kept, with a linear ramp between; cos and sin are scaled by 0.1 ln(factor) + 1.
-    # The explicit `factor` is used, as current transformers does; some older releases used
-    # max_position_embeddings / original_max_position_embeddings instead. The presets and tiny
-    # configs keep the two equal, as gpt-oss's published config does.
-    def correction_dim(rotations: float) -> float:
-        return (dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi))
-                / (2 * math.log(base)))
-    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
-    if s.truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    extrapolation = 1 - ramp
-    inv_freq = (1.0 / (s.factor * pos_freqs)) * (1 - extrapolation) + inv_freq * extrapolation
-    if s.attention_factor is not None:
-        attention = s.attention_factor
-    else:
-        attention = 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0
-    return inv_freq, attention
-
-
-def cos_sin_cache(config: ModelConfig, max_position: int, device: Union[str, torch.device] = "cpu",
-                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The [max_position, rotary_dim] table that `gnomon.ops.rotary_embedding` takes: row p
-    holds ``cos(p * inv_freq) * a`` in its first half and ``sin(p * inv_freq) * a`` in its
-    second, `a` being the attention scaling (1 except for YaRN). Computed in float32 as
-    transformers does, then cast to `dtype`."""
-    if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position < 1:
-        raise ValueError(f"max_position: expected an int >= 1, got {max_position!r}")
-    inv_freq, attention = rope_inv_freq(config)
-    positions = torch.arange(max_position, dtype=torch.float32)
-    freqs = positions[:, None] * inv_freq[None, :]
-    cache = torch.cat([freqs.cos() * attention, freqs.sin() * attention], dim=1)
-    return cache.to(device=device, dtype=dtype).contiguous()
 
 
 # ---- presets ---------------------------------------------------------------------------------

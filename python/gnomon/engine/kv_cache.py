@@ -126,7 +126,13 @@ class KVCacheManager:
         self.allocator.free(seq_id)
 
     def block_table(self, seq_id: int) -> Tuple[int, ...]:
+        """The whole table, as a tuple (O(table); the step loop uses `take_block_updates`)."""
         return tuple(self.allocator.block_table(seq_id).tolist())
+
+    def take_block_updates(self, seq_ids: Seq[int]) -> list:
+        """Per sequence ``(full, appended ids, replaced (index, id) pairs)`` since its previous
+        report (`BlockAllocator.take_block_updates`)."""
+        return self.allocator.take_block_updates(np.asarray(seq_ids, dtype=np.int64))
 
     def num_computed_tokens(self, seq_id: int) -> int:
         return self.allocator.num_computed_tokens(seq_id)

@@ -11,6 +11,11 @@ The engine touches the runner only through ``runner.execute(batch) -> StepOutput
 can stand in for the real `ModelRunner`. ``tests/engine/test_llm.py`` derives this set from this
 file's source and checks the real runner answers it.
 
+Outputs are incremental: ``step`` returns one `SampleDelta` per token sampled in that step (the
+new token ids, and the finish reason when a sample finished), so a step's cost grows with the
+batch, not with what the requests have generated so far. `get_output` builds the full
+`RequestOutput` of a request when asked, and `LLM.generate` once per request at the end.
+
 Time: ``step`` reads ``clock()`` once before scheduling (admissions, first-scheduled times) and
 once after ``execute`` (first-token and finish times). A simulator with a virtual clock advances
 that clock by the step's predicted duration inside its runner's ``execute`` (or between steps),
@@ -28,15 +33,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-import torch
-
 from .batch import ScheduledBatch, ScheduledSequence, StepOutput
-from .config import PRESETS, ModelConfig
+from .config import DTYPE_BYTES, PRESETS, ModelConfig, torch_dtype
 from .kv_cache import KVCacheManager
-from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Request
+from .sequence import Request, SampleDelta
 
 DEFAULT_KV_CACHE_BYTES = 256 * 2**20
 
@@ -76,14 +78,13 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
-def _resolve_dtype(dtype, config: ModelConfig) -> torch.dtype:
+def _dtype_name(dtype, config: ModelConfig) -> str:
+    """The activation dtype's name; a torch.dtype is accepted without importing torch."""
     if dtype == "auto" or dtype is None:
-        return config.dtype
-    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if isinstance(dtype, str) and dtype in names:
-        return names[dtype]
-    if dtype in names.values():
-        return dtype
+        return config.torch_dtype
+    name = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
+    if name in DTYPE_BYTES:
+        return name
     raise ValueError(f"dtype: expected 'auto', 'float32', 'float16' or 'bfloat16', got {dtype!r}")
 
 
@@ -91,12 +92,12 @@ class _SamplerAdapter:
     """The runner's ``sample`` callable: the real `Sampler`, per sequence its params, sample index
     and output position; keeps the last step's logprobs for the engine to collect."""
 
-    def __init__(self, sampler: Sampler) -> None:
+    def __init__(self, sampler) -> None:
         self.sampler = sampler
         self.last_logprobs: Dict[int, object] = {}
         self.output_position: Dict[int, int] = {}  # seq_id -> tokens generated so far
 
-    def __call__(self, logits: torch.Tensor, sequences: Sequence[ScheduledSequence]) -> List[int]:
+    def __call__(self, logits, sequences: Sequence[ScheduledSequence]) -> List[int]:
         params = [s.sampling_params for s in sequences]
         # the engine registers each sampling sequence's output position before execute
         positions = [self.output_position.get(s.seq_id, 0) for s in sequences]
@@ -148,7 +149,7 @@ class LLMEngine:
                             f"{type(model).__name__}")
         self.config = config
         self.folder = folder
-        self.dtype = _resolve_dtype(dtype, config)
+        self.dtype_name = _dtype_name(dtype, config)
         self.block_size = _positive_int("block_size", block_size)
         self.max_model_len = _positive_int(
             "max_model_len", config.max_position_embeddings if max_model_len is None
@@ -157,7 +158,7 @@ class LLMEngine:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's maximum "
                              f"position {config.max_position_embeddings}")
         _positive_int("max_num_seqs", max_num_seqs)
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = DTYPE_BYTES[self.dtype_name]
         per_block = (2 * config.num_layers * self.block_size * config.num_kv_heads
                      * config.head_dim * elem)
         if num_kv_blocks is None and kv_cache_bytes is None:
@@ -173,11 +174,13 @@ class LLMEngine:
                                    max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    eos_token_ids=config.eos_token_ids)
-        self._sample = _SamplerAdapter(Sampler(seed))
+        self._sample: Optional[_SamplerAdapter] = None  # the engine's own runner samples here
         if runner is None:
             from .runner import ModelRunner
+            from .sampler import Sampler
             from .weights import load_weights
             from .weights import random_weights as make_random
+            self._sample = _SamplerAdapter(Sampler(seed))
             if random_weights:
                 weights = make_random(config, self.dtype)
             else:
@@ -210,30 +213,37 @@ class LLMEngine:
     def next_arrival_time(self) -> Optional[float]:
         return self.scheduler.next_arrival_time()
 
-    def step(self) -> List[RequestOutput]:
-        """One step: admit arrivals up to ``clock()``, schedule, execute, update. Returns the
-        requests that made progress or finished."""
+    @property
+    def dtype(self):
+        """The activation dtype as a torch.dtype (imports torch)."""
+        return torch_dtype(self.dtype_name, "dtype")
+
+    def step(self) -> List[SampleDelta]:
+        """One step: admit arrivals up to ``clock()``, schedule, execute, update. Returns one
+        `SampleDelta` per token sampled this step (module docstring)."""
         now = float(self.clock())
         batch = self.scheduler.schedule(now)
-        pos = self._sample.output_position
-        for sid in batch.finished_seq_ids:
-            pos.pop(sid, None)
+        sample = self._sample
+        if sample is not None:
+            pos = sample.output_position
+            for sid in batch.finished_seq_ids:
+                pos.pop(sid, None)
         if batch.is_empty:
             if batch.finished_seq_ids:  # lets the runner drop per-sequence state
                 self.runner.execute(batch)
             return []
-        for s in batch.sequences:
-            if s.is_last_prefill_chunk:
-                req = self._requests[s.request_id]
-                pos[s.seq_id] = s.context_len - len(req.prompt_token_ids)
-        self._sample.last_logprobs = {}
+        if sample is not None:
+            for s in batch.sequences:
+                if s.is_last_prefill_chunk:
+                    req = self._requests[s.request_id]
+                    pos[s.seq_id] = s.context_len - len(req.prompt_token_ids)
+            sample.last_logprobs = {}
         output = self.runner.execute(batch)
-        if output.logprobs is None and self._sample.last_logprobs:
-            lps = self._sample.last_logprobs
+        if sample is not None and output.logprobs is None and sample.last_logprobs:
+            lps = sample.last_logprobs
             output = StepOutput(output.sampled_token_ids, output.seconds, output.breakdown,
                                 tuple(lps.get(s.seq_id) for s in batch.sequences))
-        touched = self.scheduler.update(batch, output, now=float(self.clock()))
-        return [self._output(r) for r in touched]
+        return self.scheduler.update(batch, output, now=float(self.clock()))
 
     def get_output(self, request_id) -> RequestOutput:
         return self._output(self.scheduler.get_request(request_id))
@@ -354,17 +364,17 @@ class LLM:
             raise
         done = 0
         while eng.has_unfinished_requests():
-            for o in eng.step():
-                if o.finished:
-                    done += 1
+            for delta in eng.step():
+                done += delta.finished
             if progress is not None:
                 progress(done, len(rids))
         return [eng.get_output(r) for r in rids]
 
-    @torch.inference_mode()
-    def score(self, prompts) -> torch.Tensor:
-        """Last-position logits of each prompt, float32 ``[B, vocab]`` (one prefill per prompt,
-        with its own temporary KV blocks)."""
+    def score(self, prompts):
+        """Last-position logits of each prompt, a float32 torch tensor ``[B, vocab]`` (one
+        prefill per prompt, with its own temporary KV blocks)."""
+        import torch
+
         ids = self._tokenize(prompts)
         eng = self.engine
         rows = []
@@ -377,11 +387,12 @@ class LLM:
                 sched = ScheduledSequence(
                     seq_id=seq_id, request_id=f"score-{i}", sample_index=0,
                     token_ids=tuple(p[cached:]), num_computed_tokens=cached,
-                    block_table=eng.kv.block_table(seq_id),
+                    block_ids=eng.kv.block_table(seq_id),
                     is_last_prefill_chunk=True, sampling_params=SamplingParams(temperature=0))
                 batch = ScheduledBatch(sequences=(sched,), block_copies=eng.kv.pending_copies(),
                                        num_prefill_tokens=len(p) - cached)
-                logits, _ = eng.runner.execute_logits(batch)
+                with torch.inference_mode():
+                    logits, _ = eng.runner.execute_logits(batch)
                 rows.append(logits[0].float().cpu())
             finally:
                 eng.kv.free(seq_id)

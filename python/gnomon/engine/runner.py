@@ -18,6 +18,9 @@ Sampling is a callable ``sample(logits float32 [R, V], sequences) -> R token ids
 ``sequences`` are the R `ScheduledSequence` that sample, in batch order; the default is greedy
 argmax (the sampler module plugs in here).
 
+Block tables arrive as deltas (`ScheduledSequence`); `tables` (a `BlockTables`) keeps each
+sequence's table in one persistent int32 array, updated in place.
+
 gpt-oss's sliding-window layers keep full KV (no hybrid allocator yet); paged_attention applies
 the window when reading.
 
@@ -40,7 +43,9 @@ import torch.nn.functional as F
 
 from gnomon import ops
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
-from gnomon.engine.config import ModelConfig, cos_sin_cache
+from gnomon.engine.block_tables import BlockTables
+from gnomon.engine.config import ModelConfig
+from gnomon.engine.rope import cos_sin_cache
 from gnomon.engine.kv_cache import kv_bytes_per_block, resolve_num_blocks
 from gnomon.engine.weights import weight_shapes
 
@@ -182,10 +187,12 @@ class ModelRunner:
         self.cos_sin_cache = cos_sin_cache(c, self.max_position, device=self.device)
         self.scale = c.head_dim ** -0.5
         self._windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+        self.tables = BlockTables(self.num_kv_blocks)
 
     # ------------------------------------------------------------------ inputs
     def prepare(self, batch: ScheduledBatch) -> Dict[str, torch.Tensor]:
-        """The step's input tensors (vectorised; per-sequence loops only)."""
+        """Applies the batch's block-table deltas to `tables`, then builds the step's input
+        tensors (vectorised; per-sequence loops only)."""
         seqs = batch.sequences
         nb = len(seqs)
         lens = np.fromiter((len(s.token_ids) for s in seqs), dtype=np.int64, count=nb)
@@ -204,18 +211,14 @@ class ModelRunner:
         if num_tokens and int(seq_lens.max()) > self.max_position:
             raise ValueError(f"batch: a sequence reaches position {int(seq_lens.max()) - 1}, "
                              f"beyond max_position {self.max_position}")
-        max_blocks = max((len(s.block_table) for s in seqs), default=0)
-        tables = np.zeros((nb, max(max_blocks, 1)), dtype=np.int32)
-        for i, s in enumerate(seqs):
-            tables[i, :len(s.block_table)] = s.block_table
+        rows = self.tables.apply(batch)
+        have = self.tables.lengths[rows]
         need = (seq_lens + self.block_size - 1) // self.block_size
-        have = np.fromiter((len(s.block_table) for s in seqs), dtype=np.int64, count=nb)
         if (need > have).any():
             i = int(np.argmax(need > have))
             raise ValueError(f"batch: sequence {seqs[i].seq_id} needs {int(need[i])} blocks for "
-                             f"{int(seq_lens[i])} tokens, its block_table has {int(have[i])}")
-        if (tables < 0).any() or (tables >= self.num_kv_blocks).any():
-            raise ValueError(f"batch: block ids must lie in [0, {self.num_kv_blocks})")
+                             f"{int(seq_lens[i])} tokens, its block table has {int(have[i])}")
+        tables = self.tables.array[rows, :max(int(have.max(initial=0)), 1)]
         slots = (tables[seq_of_token, positions // self.block_size].astype(np.int64)
                  * self.block_size + positions % self.block_size)
         sampling = np.fromiter((s.is_last_prefill_chunk for s in seqs), dtype=bool, count=nb)
@@ -321,6 +324,7 @@ class ModelRunner:
         tick = _FamilyTimer()
         self._copy_blocks(batch.block_copies)
         if batch.is_empty:
+            self.tables.apply(batch)  # drops the finished sequences' tables
             tick("overhead")
             return torch.empty(0, self.config.vocab_size, dtype=torch.float32), tick.seconds
         inputs = self.prepare(batch)

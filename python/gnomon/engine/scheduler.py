@@ -64,8 +64,8 @@ import numpy as np
 from .batch import RequestId, ScheduledBatch, ScheduledSequence, StepOutput
 from .kv_cache import KVCacheManager
 from .sampling_params import SamplingParams
-from .sequence import (FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Sequence,
-                       SequenceStatus)
+from .sequence import (FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, SampleDelta,
+                       Sequence, SequenceStatus)
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -282,9 +282,10 @@ class Scheduler:
                 budget -= ok
 
         scheduled = plan + admitted
+        updates = self.kv.take_block_updates([seq.seq_id for seq, _, _ in scheduled])
         seqs = []
         num_prefill = num_decode = 0
-        for seq, k, decoding in scheduled:
+        for (seq, k, decoding), (full, block_ids, replaced) in zip(scheduled, updates):
             c = seq.num_computed_tokens
             if decoding:
                 num_decode += k
@@ -294,11 +295,8 @@ class Scheduler:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
             seqs.append(ScheduledSequence(
-                seq_id=seq.seq_id, request_id=req.request_id, sample_index=seq.sample_index,
-                token_ids=tuple(seq.token_ids[c:c + k]), num_computed_tokens=c,
-                block_table=self.kv.block_table(seq.seq_id),
-                is_last_prefill_chunk=(c + k == len(seq.token_ids)),
-                sampling_params=seq.params))
+                seq.seq_id, req.request_id, seq.sample_index, tuple(seq.token_ids[c:c + k]), c,
+                block_ids, c + k == len(seq.token_ids), seq.params, full, replaced))
         batch = ScheduledBatch(sequences=tuple(seqs), block_copies=self.kv.pending_copies(),
                                finished_seq_ids=tuple(self._finished_since_batch),
                                num_prefill_tokens=num_prefill, num_decode_tokens=num_decode)
@@ -310,15 +308,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ update
     def update(self, batch: ScheduledBatch, output: StepOutput,
-               now: Optional[float] = None) -> Tuple[Request, ...]:
+               now: Optional[float] = None) -> List[SampleDelta]:
         """Commit the step's KV, append sampled tokens, apply stop conditions, fork n > 1.
 
-        Returns the requests that made progress (got a token or finished), in batch order.
-        ``now`` stamps first-token and finish times; by default the step's schedule time plus
-        ``output.seconds``.
+        Returns what each sample gained, in batch order: one `SampleDelta` per sampled token.
+        ``now`` stamps first-token, token and finish times; by default the step's schedule time
+        plus ``output.seconds``.
         """
         if batch.is_empty:
-            return ()
+            return []
         if batch is not self._outstanding:
             raise ValueError("batch: expected the batch returned by the last schedule()")
         if not isinstance(output, StepOutput):
@@ -342,7 +340,8 @@ class Scheduler:
         seqs = [self._seq_of(s) for s in batch.sequences]
         self.kv.commit_running([s.seq_id for s in batch.sequences],
                                [s.context_len for s in batch.sequences])
-        touched: Dict[int, Request] = {}
+        eos = self.eos_token_ids
+        deltas: List[SampleDelta] = []
         for i, (sched, seq) in enumerate(zip(batch.sequences, seqs)):
             seq.num_computed_tokens = sched.context_len
             token = sampled[i]
@@ -353,24 +352,27 @@ class Scheduler:
                 continue
             token = int(token)
             seq.token_ids.append(token)
+            seq.token_times.append(now)
+            lp = None
             if logprobs is not None and logprobs[i] is not None:
-                seq.output_logprobs.append(logprobs[i])
+                lp = logprobs[i]
+                seq.output_logprobs.append(lp)
             if req.first_token_time is None:
                 req.first_token_time = now
-            touched[id(req)] = req
             params = seq.params
-            if (token in self.eos_token_ids and not params.ignore_eos) \
-                    or token in params.stop_token_ids:
+            reason = None
+            if (token in eos and not params.ignore_eos) or token in params.stop_token_ids:
                 reason = FINISH_STOP
-            elif seq.num_output_tokens >= params.max_tokens:
+            elif len(seq.token_ids) - seq.num_prompt_tokens >= params.max_tokens:
                 reason = FINISH_LENGTH
-            else:
-                continue
-            self._running.remove(seq)
-            self._finish(seq, reason)
-            if req.finished:
-                req.finish_time = now
-        return tuple(touched.values())
+            if reason is not None:
+                self._running.remove(seq)
+                self._finish(seq, reason)
+                if req.finished:
+                    req.finish_time = now
+            deltas.append(SampleDelta(req.request_id, seq.sample_index, (token,), reason,
+                                      reason is not None and req.finished, lp))
+        return deltas
 
     # ------------------------------------------------------------------ internals
     def _seq_of(self, sched: ScheduledSequence) -> Sequence:

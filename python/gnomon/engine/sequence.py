@@ -9,8 +9,9 @@ computed up to its last token.
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import replace
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from .batch import RequestId
 from .sampling_params import SamplingParams
@@ -36,6 +37,19 @@ def sample_seed(seed: Optional[int], sample_index: int) -> Optional[int]:
     return (x ^ (x >> 31)) & _MASK63
 
 
+class SampleDelta(NamedTuple):
+    """What one sample of a request gained in one step: its new token ids, the finish reason
+    when it finished, ``finished`` when this completed the whole request, and the new tokens'
+    logprobs entry when requested."""
+
+    request_id: RequestId
+    index: int
+    new_token_ids: Tuple[int, ...]
+    finish_reason: Optional[str]
+    finished: bool
+    logprobs: Optional[object] = None
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -45,7 +59,8 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One sample's token ids and progress.
 
-    ``token_ids`` is the prompt followed by the generated tokens. ``num_computed_tokens`` of them
+    ``token_ids`` is the prompt followed by the generated tokens; ``token_times`` holds the clock
+    at which each generated token came out (float64). ``num_computed_tokens`` of them
     have KV in the cache. ``prefill_target`` is how far the current prefill runs: the whole of
     ``token_ids`` at (re)admission, except for an unforked ``n > 1`` parent, which stops one token
     short so that every sample computes the prompt's last token itself and samples its own first
@@ -54,7 +69,7 @@ class Sequence:
 
     __slots__ = ("seq_id", "request", "sample_index", "params", "token_ids", "num_prompt_tokens",
                  "num_computed_tokens", "prefill_target", "num_known", "status", "finish_reason",
-                 "output_logprobs", "num_preemptions")
+                 "output_logprobs", "num_preemptions", "token_times")
 
     def __init__(self, seq_id: int, request: "Request", sample_index: int,
                  token_ids: List[int]) -> None:
@@ -71,6 +86,7 @@ class Sequence:
         self.finish_reason: Optional[str] = None
         self.output_logprobs: List[object] = []
         self.num_preemptions = 0
+        self.token_times = array("d")
 
     @property
     def num_tokens(self) -> int:

@@ -69,7 +69,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from safetensors import SafetensorError, safe_open
 
-from gnomon.engine.config import ModelConfig, _torch_dtype
+from gnomon.engine.config import ModelConfig, torch_dtype
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -139,7 +139,7 @@ def _resolve_dtype(dtype, config: ModelConfig) -> torch.dtype:
     if dtype is None or dtype == "auto":
         return config.dtype
     if isinstance(dtype, str):
-        return _torch_dtype(dtype, "dtype")
+        return torch_dtype(dtype, "dtype")
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"dtype: expected None, 'auto', torch.float32, torch.bfloat16 or "
                         f"torch.float16, got {dtype!r}")

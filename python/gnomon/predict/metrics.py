@@ -160,8 +160,7 @@ def _steps(trace) -> dict:
     counts = np.empty((n, 4))
     breakdown: Dict[str, float] = {}
     for i, s in enumerate(steps):
-        b = s.batch
-        counts[i] = (b.num_prefill_tokens, b.num_decode_tokens, len(b.sequences), s.seconds)
+        counts[i] = (s.num_prefill_tokens, s.num_decode_tokens, s.num_seqs, s.seconds)
         for key, value in s.breakdown.items():
             breakdown[key] = breakdown.get(key, 0.0) + float(value)
     prefill, decode, seqs, seconds = counts.T

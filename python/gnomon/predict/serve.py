@@ -47,7 +47,7 @@ class RunTrace:
     workload: Workload
     steps: List[StepRecord]
     outputs: List[RequestOutput]  # in workload order
-    token_times: Dict[str, List[float]]  # request id -> the clock when each token came out
+    token_times: Dict[str, Sequence[float]]  # request id -> the clock when each token came out
     kv_usage: List[Tuple[float, float]]  # (clock after a step, fraction of KV blocks in use)
     num_kv_blocks: int
     num_preemptions: int
@@ -57,16 +57,17 @@ class RunTrace:
 
 
 def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
-                     args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None
-                     ) -> LLMEngine:
-    """An `LLMEngine` over a `SimulatedRunner` on a fresh `VirtualClock` at 0."""
+                     args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None,
+                     keep_batches: bool = False) -> LLMEngine:
+    """An `LLMEngine` over a `SimulatedRunner` on a fresh `VirtualClock` at 0 (its step records
+    keep their batches only with `keep_batches`)."""
     check_tp(model.config, tp)
     if num_kv_blocks is None:
         num_kv_blocks = kv_blocks_for_hardware(
             model, resolve_hardware(hardware), block_size=args.block_size, tp=tp,
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
     clock = VirtualClock()
-    runner = SimulatedRunner(model, predictor, clock, tp=tp)
+    runner = SimulatedRunner(model, predictor, clock, tp=tp, keep_batches=keep_batches)
     return LLMEngine(model.config, clock=clock, runner=runner, dtype=model.dtype,
                      num_kv_blocks=num_kv_blocks, **args.kwargs())
 
@@ -100,20 +101,12 @@ def run_workload(engine: LLMEngine, workload: Workload, *,
                            SamplingParams(max_tokens=r.output_len, temperature=0,
                                           ignore_eos=True),
                            arrival_time=start + r.arrival_time)
-    token_times: Dict[str, List[float]] = {r.request_id: [] for r in workload.requests}
-    produced: Dict[str, int] = {}
     kv_usage: List[Tuple[float, float]] = []
     done, total = 0, workload.num_requests
     while engine.has_unfinished_requests():
         executed = len(runner.steps)
-        outputs = engine.step()
-        now = clock()
-        for out in outputs:
-            n = len(out.outputs[0].token_ids)
-            times = token_times[out.request_id]
-            times.extend([now] * (n - produced.get(out.request_id, 0)))
-            produced[out.request_id] = n
-            done += out.finished
+        for delta in engine.step():
+            done += delta.finished
         if len(runner.steps) == executed:  # nothing could run: skip to the next arrival
             arrival = engine.next_arrival_time()
             if arrival is None:
@@ -121,10 +114,13 @@ def run_workload(engine: LLMEngine, workload: Workload, *,
             clock.jump_to(arrival)
             runner.idle()
         else:
-            kv_usage.append((now, engine.kv.usage))
+            kv_usage.append((clock(), engine.kv.usage))
         if progress is not None:
             progress(done, total)
     stats = engine.kv.stats()
+    scheduler = engine.scheduler
+    token_times = {r.request_id: scheduler.get_request(r.request_id).sequences[0].token_times
+                   for r in workload.requests}
     return RunTrace(workload=workload, steps=list(runner.steps),
                     outputs=[engine.get_output(r.request_id) for r in workload.requests],
                     token_times=token_times, kv_usage=kv_usage,

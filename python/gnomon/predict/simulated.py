@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from gnomon.engine.batch import ScheduledBatch, StepOutput
+from gnomon.engine.block_tables import BlockTables
 from gnomon.engine.kv_cache import kv_bytes_per_block, resolve_num_blocks
 from gnomon.hardware import Hardware
 
-from .cost import PredictionRefused, StepCost
+from .cost import PredictionRefused
 from .shapes import ModelSpec, StepShape, check_tp, kv_heads_per_gpu
 
 GPU_MEMORY_UTILIZATION = 0.9  # the share of HBM the engine may use, as vLLM's default
@@ -49,13 +50,23 @@ class VirtualClock:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One executed (non-empty) step: when it started on the clock, the batch, its seconds and
-    breakdown."""
+    """One executed (non-empty) step: when it started on the clock, its seconds and breakdown,
+    its token and sequence counts, and the batch itself only where it was asked for
+    (`TimedRunner` always; `SimulatedRunner` with ``keep_batches``)."""
 
     start: float
-    batch: ScheduledBatch
     seconds: float
-    breakdown: Dict[str, float] = field(default_factory=dict)
+    breakdown: Dict[str, float]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_seqs: int
+    batch: Optional[ScheduledBatch] = None
+
+    @classmethod
+    def of(cls, start: float, batch: ScheduledBatch, seconds: float,
+           breakdown: Dict[str, float], keep_batch: bool = True) -> "StepRecord":
+        return cls(start, seconds, breakdown, batch.num_prefill_tokens, batch.num_decode_tokens,
+                   len(batch.sequences), batch if keep_batch else None)
 
 
 def _sampled(batch: ScheduledBatch, token: int):
@@ -114,9 +125,12 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
 
 class SimulatedRunner:
     """A runner that predicts instead of computing (module docstring). ``steps`` records every
-    non-empty step."""
+    non-empty step (`StepRecord`), with its batch when ``keep_batches``. ``tables`` applies the
+    batches' block-table deltas as the real runner does, so a delta out of step with the
+    scheduler fails here too; nothing else is kept per sequence."""
 
-    def __init__(self, model: ModelSpec, predictor, clock: VirtualClock, *, tp: int = 1) -> None:
+    def __init__(self, model: ModelSpec, predictor, clock: VirtualClock, *, tp: int = 1,
+                 keep_batches: bool = False) -> None:
         if not isinstance(model, ModelSpec):
             raise TypeError(f"model: expected a ModelSpec, got {type(model).__name__}")
         if not callable(getattr(predictor, "predict", None)):
@@ -125,18 +139,20 @@ class SimulatedRunner:
         self.model, self.predictor, self.clock = model, predictor, clock
         self.tp = check_tp(model.config, tp)
         self.token = _filler_token(model)
+        self.keep_batches = bool(keep_batches)
+        self.tables = BlockTables()
         self.steps: List[StepRecord] = []
-        self.costs: List[StepCost] = []
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
+        self.tables.apply(batch)
         if batch.is_empty:
             return StepOutput(())
         cost = self.predictor.predict(StepShape.from_batch(batch, self.model, self.tp))
         start = self.clock()
         self.clock.advance(cost.seconds)
         breakdown = dict(cost.breakdown)
-        self.steps.append(StepRecord(start, batch, cost.seconds, breakdown))
-        self.costs.append(cost)
+        self.steps.append(StepRecord.of(start, batch, cost.seconds, breakdown,
+                                        self.keep_batches))
         return StepOutput(_sampled(batch, self.token), cost.seconds, breakdown)
 
     def idle(self) -> None:
@@ -178,7 +194,7 @@ class TimedRunner:
             self.clock.advance(self.pace[len(self.steps)])
         else:
             self.clock.advance(seconds)
-        self.steps.append(StepRecord(start, batch, seconds, dict(output.breakdown)))
+        self.steps.append(StepRecord.of(start, batch, seconds, dict(output.breakdown)))
         return StepOutput(output.sampled_token_ids, seconds, output.breakdown, output.logprobs)
 
     def execute_logits(self, batch: ScheduledBatch):
