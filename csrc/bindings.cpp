@@ -23,9 +23,42 @@ namespace {
 
 std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")); }
 
-IntSpan int_array(py::handle obj, const char* arg) {
+// A batch argument: a 1-D numpy int32/int64 array (borrowed) or a list or tuple of Python ints
+// (copied into `storage`). It converts to the IntSpan the allocator takes; a temporary lives to
+// the end of the call expression that uses it.
+struct IntArg {
+  std::vector<int64_t> storage;
+  IntSpan span;
+  operator IntSpan() const { return span; }
+};
+
+IntArg int_array(py::handle obj, const char* arg) {
+  IntArg out;
+  if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) {
+    const py::object fast =
+        py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "ints"));
+    if (!fast) throw py::error_already_set();
+    const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+    out.storage.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (!PyLong_Check(items[i]) || PyBool_Check(items[i])) {
+        raise<TypeError>(arg, ": entry ", i, " is a ", type_name(items[i]), "; expected int");
+      }
+      int overflow = 0;
+      const long long value = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+      if (overflow != 0) {
+        raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(items[i])),
+                          " is outside the int64 range");
+      }
+      out.storage[i] = value;
+    }
+    out.span = IntSpan{out.storage.data(), n, true};
+    return out;
+  }
   if (!py::isinstance<py::array>(obj)) {
-    raise<TypeError>(arg, ": expected a 1-D numpy array of int32 or int64, got ", type_name(obj));
+    raise<TypeError>(arg, ": expected a 1-D numpy array of int32 or int64, or a list of ints, "
+                     "got ", type_name(obj));
   }
   const auto array = py::reinterpret_borrow<py::array>(obj);
   const py::dtype dtype = array.dtype();
@@ -40,14 +73,16 @@ IntSpan int_array(py::handle obj, const char* arg) {
   if (!(array.flags() & py::array::c_style)) {
     raise<ValueError>(arg, ": expected a C-contiguous array (use numpy.ascontiguousarray)");
   }
-  return IntSpan{array.data(), static_cast<size_t>(array.shape(0)), dtype.itemsize() == 8};
+  out.span = IntSpan{array.data(), static_cast<size_t>(array.shape(0)), dtype.itemsize() == 8};
+  return out;
 }
 
 // Token ids from a 1-D int array or any sequence of Python ints, checked to fit int32.
 std::vector<int32_t> token_ids(py::handle obj, const char* arg) {
   std::vector<int32_t> ids;
   if (py::isinstance<py::array>(obj)) {
-    const IntSpan span = int_array(obj, arg);
+    const IntArg converted = int_array(obj, arg);
+    const IntSpan& span = converted.span;
     ids.resize(span.size);
     for (size_t i = 0; i < span.size; ++i) {
       if (span[i] < INT32_MIN || span[i] > INT32_MAX) {
@@ -151,7 +186,8 @@ commit(seq_id, num_computed_tokens)
 
 allocate_batch(seq_ids, new_token_ids, new_token_counts, num_new_tokens) -> int
   The per-step form of ``allocate`` for running sequences. Arguments are 1-D C-contiguous numpy
-  arrays of int32 or int64; ``new_token_ids`` is the concatenation of each sequence's new tokens.
+  arrays of int32 or int64, or lists or tuples of ints (the cheaper form for small batches);
+  ``new_token_ids`` is the concatenation of each sequence's new tokens.
   All arguments are checked before anything changes. Sequences are processed in order, each all
   or nothing; it stops at the first that does not fit and returns how many succeeded.
 

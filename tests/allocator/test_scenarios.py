@@ -804,11 +804,22 @@ BAD_ALLOCATE_BATCH = [
     ("strided ids", _with(seq_ids=arr([1, 0, 2, 0], I32)[::2]), ValueError, "seq_ids"),
     ("strided num_new", _with(num_new_tokens=arr([1, 0, 1, 0], I32)[::2]), ValueError,
      "num_new_tokens"),
-    ("list ids", _with(seq_ids=[1, 2]), TypeError, "seq_ids"),
-    ("list tokens", _with(new_token_ids=[7, 8]), TypeError, "new_token_ids"),
-    ("list counts", _with(new_token_counts=[1, 1]), TypeError, "new_token_counts"),
-    ("list num_new", _with(num_new_tokens=[1, 1]), TypeError, "num_new_tokens"),
+    ("float list ids", _with(seq_ids=[1.0, 2.0]), TypeError, "seq_ids"),
+    ("bool list tokens", _with(new_token_ids=[True, 8]), TypeError, "new_token_ids"),
+    ("str list counts", _with(new_token_counts=["1", 1]), TypeError, "new_token_counts"),
+    ("huge list num_new", _with(num_new_tokens=(1, 2**70)), ValueError, "num_new_tokens"),
+    ("set ids", _with(seq_ids={1, 2}), TypeError, "seq_ids"),
+    ("unknown list id", _with(seq_ids=[1, 99]), KeyError, "seq_ids"),
 ]
+
+
+def test_allocate_batch_takes_lists_and_tuples_as_arrays():
+    by_array, by_list = _batch_allocator(), _batch_allocator()
+    assert by_array.allocate_batch(**GOOD) == 2
+    assert by_list.allocate_batch([1, 2], (7, 8), [1, 1], (1, 1)) == 2
+    by_array.commit_batch(arr([1, 2], I32), arr([7, 7], I32))
+    by_list.commit_batch((1, 2), [7, 7])
+    assert snapshot(by_list) == snapshot(by_array)
 
 
 @pytest.mark.parametrize("case, kwargs, error, arg", BAD_ALLOCATE_BATCH,
@@ -840,7 +851,7 @@ BAD_COMMIT_BATCH = [
     ("2-D", dict(seq_ids=arr([[1], [2]], I32)), ValueError, "seq_ids"),
     ("strided", dict(num_computed_tokens=arr([10, 0, 6, 0], I32)[::2]), ValueError,
      "num_computed_tokens"),
-    ("list", dict(seq_ids=[1, 2]), TypeError, "seq_ids"),
+    ("float list", dict(seq_ids=[1, 2.5]), TypeError, "seq_ids"),
 ]
 
 
@@ -951,3 +962,39 @@ def test_prefix_caching_disabled():
     s = a.stats()
     assert s["hits"] == 0 and s["hit_rate"] == 0.0 and s["evictions"] == 0
     assert a.reset_prefix_cache() is True
+
+
+# ---------------------------------------------------------------------------------------------
+# block-table updates
+
+
+def test_block_updates_report_the_table_then_only_what_changed():
+    a = gnomon.BlockAllocator(16, 4)
+    assert a.allocate(1, list(range(10)), 10)  # 3 blocks
+    assert a.take_block_updates([1]) == [(True, (0, 1, 2), ())]
+    assert a.take_block_updates([1]) == [(False, (), ())]
+    a.commit(1, 10)
+    assert a.allocate_batch([1], [10, 11, 12], [3], [3])  # 13 tokens: a 4th block
+    assert a.take_block_updates([1]) == [(False, (3,), ())]
+    a.commit(1, 13)
+    a.fork(1, 2)  # the child is new to whoever reads the updates
+    assert a.take_block_updates(np.array([2], np.int64)) == [(True, (0, 1, 2, 3), ())]
+    # both write into the shared last block: the first gets a private copy, reported in place;
+    # the second is then the block's only holder and keeps it
+    assert a.allocate_batch([1, 2], [13, 14], [1, 1], [1, 1]) == 2
+    (full1, app1, rep1), (full2, app2, rep2) = a.take_block_updates([1, 2])
+    assert not full1 and not full2 and app1 == app2 == () and rep2 == ()
+    assert rep1 == ((3, int(a.block_table(1)[3])),) and a.block_table(2)[3] == 3
+    a.free(2)
+    assert a.allocate(2, list(range(5)), 5)  # admitted again: reported in full again
+    assert a.take_block_updates([2]) == [(True, tuple(a.block_table(2).tolist()), ())]
+
+
+def test_block_updates_reject_unknown_and_duplicate_ids():
+    a = gnomon.BlockAllocator(8, 4)
+    assert a.allocate(1, [1, 2], 2)
+    with pytest.raises(KeyError, match="seq_ids"):
+        a.take_block_updates([1, 7])
+    with pytest.raises(ValueError, match="seq_ids"):
+        a.take_block_updates([1, 1])
+    assert a.take_block_updates([1]) == [(True, (0,), ())]  # nothing was marked reported

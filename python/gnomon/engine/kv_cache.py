@@ -109,15 +109,13 @@ class KVCacheManager:
     # running sequences, once per step
     def allocate_running(self, seq_ids: Seq[int], new_token_ids: Seq[int],
                          new_token_counts: Seq[int], num_new_tokens: Seq[int]) -> int:
-        """`allocate_batch`: how many leading sequences got their slots (each all or nothing)."""
-        return self.allocator.allocate_batch(
-            np.asarray(seq_ids, dtype=np.int64), np.asarray(new_token_ids, dtype=np.int64),
-            np.asarray(new_token_counts, dtype=np.int64),
-            np.asarray(num_new_tokens, dtype=np.int64))
+        """`allocate_batch`: how many leading sequences got their slots (each all or nothing).
+        The arguments are lists or arrays of ints."""
+        return self.allocator.allocate_batch(seq_ids, new_token_ids, new_token_counts,
+                                             num_new_tokens)
 
     def commit_running(self, seq_ids: Seq[int], num_computed_tokens: Seq[int]) -> None:
-        self.allocator.commit_batch(np.asarray(seq_ids, dtype=np.int64),
-                                    np.asarray(num_computed_tokens, dtype=np.int64))
+        self.allocator.commit_batch(seq_ids, num_computed_tokens)
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         self.allocator.fork(parent_seq_id, child_seq_id)
@@ -132,7 +130,7 @@ class KVCacheManager:
     def take_block_updates(self, seq_ids: Seq[int]) -> list:
         """Per sequence ``(full, appended ids, replaced (index, id) pairs)`` since its previous
         report (`BlockAllocator.take_block_updates`)."""
-        return self.allocator.take_block_updates(np.asarray(seq_ids, dtype=np.int64))
+        return self.allocator.take_block_updates(seq_ids)
 
     def num_computed_tokens(self, seq_id: int) -> int:
         return self.allocator.num_computed_tokens(seq_id)

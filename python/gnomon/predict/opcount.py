@@ -41,17 +41,22 @@ class Op:
     rows: int = 0  # a GEMM's M (the tokens it multiplies), 0 for other ops
 
 
+NO_WINDOW = np.int64(1) << 40  # a window no context reaches: full attention
+
+
+def _keys_through(m, window):
+    """``sum(min(j, window) for j in 1..m)``: the keys queries at positions 0..m-1 attend."""
+    t = np.minimum(m, window)
+    return t * (t + 1) // 2 + (m - t) * window
+
+
 def attended_keys(n, c, window):
     """Keys the n new queries after c cached tokens attend, summed over the queries (causal,
-    optional window); n and c may be numpy arrays (one entry per sequence)."""
-    full = n * c + n * (n + 1) // 2  # keys c+1 .. c+n
+    optional window: the query at position p attends min(p + 1, window) keys); n, c and window
+    may be numpy arrays that broadcast (window None, or `NO_WINDOW`, is full attention)."""
     if window is None:
-        return full
-    # queries at positions p = c .. c+n-1 attend min(p + 1, window) keys; the first
-    # `uncapped` of them are below the window
-    uncapped = np.clip(window - 1 - c, 0, n)
-    capped = uncapped * c + uncapped * (uncapped + 1) // 2 + (n - uncapped) * window
-    return np.where(c + n <= window, full, capped)
+        return n * c + n * (n + 1) // 2  # keys c+1 .. c+n
+    return _keys_through(c + n, window) - _keys_through(c, window)
 
 
 def read_keys(n, c, window):
@@ -73,17 +78,18 @@ def attention_ops(shape: StepShape) -> List[Op]:
     q = c.q_size // tp
     kv = kv_heads_per_gpu(c, tp) * c.head_dim
     hq, d = c.num_heads // tp, c.head_dim
-    ops: List[Op] = []
-    windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+    groups = spec.attention_groups
+    # one row per window group, one column per sequence
+    windows = np.array([[NO_WINDOW if w is None else w] for w, _ in groups], dtype=np.int64)
     new, cached = np.array(shape.requests, dtype=np.int64).reshape(-1, 2).T
-    for window in sorted(set(windows), key=lambda w: (w is not None, w or 0)):
-        layers = windows.count(window)
-        keys = int(attended_keys(new, cached, window).sum())
-        kv_read = int(read_keys(new, cached, window).sum())
+    keys = attended_keys(new, cached, windows).sum(axis=1).tolist()
+    reads = read_keys(new, cached, windows).sum(axis=1).tolist()
+    ops: List[Op] = []
+    for (window, layers), k, kv_read in zip(groups, keys, reads):
         ops.append(Op("attention", "reshape_and_cache", 0.0, layers * 2 * 2 * T * kv * a,
                       layers))
         ops.append(Op("attention", "paged_attention" + (f"[window {window}]" if window else ""),
-                      layers * 4.0 * hq * d * keys,
+                      layers * 4.0 * hq * d * k,
                       layers * (2 * kv_read * kv * a + 2 * T * q * a), layers))
     return ops
 

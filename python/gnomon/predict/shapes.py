@@ -7,8 +7,9 @@ The pairs are kept as they are, never averaged: attention cost depends on each o
 
 from __future__ import annotations
 
+import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Tuple, Union
 
 from gnomon.engine.batch import ScheduledBatch
@@ -51,6 +52,22 @@ class ModelSpec:
         config = ModelConfig.from_model(model)
         name = os.path.basename(os.path.normpath(os.fspath(model)))
         return cls.from_config(config, name=name, dtype=dtype)
+
+    def __hash__(self) -> int:  # the predictors key their caches on the spec, every step
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash(tuple(getattr(self, f.name) for f in fields(self)))
+
+    @functools.cached_property
+    def attention_groups(self) -> Tuple[Tuple[Optional[int], int], ...]:
+        """``(sliding window or None, number of layers)`` per distinct attention window, full
+        attention first."""
+        c = self.config
+        windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+        return tuple((w, windows.count(w))
+                     for w in sorted(set(windows), key=lambda w: (w is not None, w or 0)))
 
     @property
     def dtype_bytes(self) -> int:
