@@ -7,6 +7,10 @@ import json
 import sys
 from typing import Sequence
 
+from gnomon._extras import ENGINE_EXTRA
+
+ENGINE_MODULES = ("torch", "safetensors", "tokenizers")  # what the engine extra installs
+
 
 def build_summary() -> dict:
     from gnomon import _C
@@ -236,8 +240,12 @@ def _run_simulate(args) -> int:  # noqa: ANN001
                 task = bar.add_task(f"simulating{'' if rate is None else f' {rate:g} req/s'}",
                                     total=None)
 
-                def progress(done: int, total: int, task=task) -> None:
-                    bar.update(task, completed=done, total=total)
+                shown = [-1]
+
+                def progress(done: int, total: int, task=task, shown=shown) -> None:
+                    if done != shown[0]:  # called every step; redraw only on a change
+                        shown[0] = done
+                        bar.update(task, completed=done, total=total)
 
                 report, _ = sim.simulate(args.model, args.hardware, args.workload, rate=rate,
                                          num_requests=num, predictor=args.predictor,
@@ -348,6 +356,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_validate_parser(commands)
 
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ModuleNotFoundError as error:
+        if error.name not in ENGINE_MODULES:
+            raise
+        print(f"gnomon: error: gnomon {args.command} needs the engine extra "
+              f"({ENGINE_EXTRA}); {error.name} is not installed", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args) -> int:  # noqa: ANN001
     if args.command == "info":
         _print_info(args.json)
     elif args.command == "bench":

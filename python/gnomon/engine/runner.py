@@ -38,8 +38,13 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import torch
-import torch.nn.functional as F
+
+from gnomon._extras import require_torch
+
+require_torch("the engine's model runner (a real run; a simulation needs none)")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from gnomon import ops
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
