@@ -135,6 +135,22 @@ py::array_t<int32_t> int32_array(const std::vector<int32_t>& values) {
   return py::array_t<int32_t>(static_cast<py::ssize_t>(values.size()), values.data());
 }
 
+// take_block_updates' reports as Python tuples: (full, appended ids, ((index, id), ...)).
+py::list block_updates(const std::vector<BlockUpdate>& updates) {
+  py::list out(updates.size());
+  for (size_t i = 0; i < updates.size(); ++i) {
+    const BlockUpdate& u = updates[i];
+    py::tuple appended(u.num_appended);
+    for (size_t j = 0; j < u.num_appended; ++j) appended[j] = py::int_(u.appended[j]);
+    py::tuple replaced(u.replaced.size());
+    for (size_t j = 0; j < u.replaced.size(); ++j) {
+      replaced[j] = py::make_tuple(u.replaced[j].first, u.replaced[j].second);
+    }
+    out[i] = py::make_tuple(py::bool_(u.full), std::move(appended), std::move(replaced));
+  }
+  return out;
+}
+
 constexpr const char* kAllocatorDoc = R"doc(
 Paged KV-cache block allocator with prefix caching, in C++.
 
@@ -193,6 +209,14 @@ allocate_batch(seq_ids, new_token_ids, new_token_counts, num_new_tokens) -> int
 
 commit_batch(seq_ids, num_computed_tokens)
   The per-step form of ``commit``, with the same array rules; checked whole, then applied.
+
+step(commit_seq_ids, num_computed_tokens, free_seq_ids, seq_ids, new_token_ids,
+     new_token_counts, num_new_tokens) -> (int, list)
+  One engine step's allocator work in one call: ``commit_batch`` of the sequences just
+  computed, ``free`` of the finished ones, then ``allocate_batch`` of the next step's running
+  sequences (same array rules). Everything is checked before anything changes; a sequence
+  cannot be both freed and allocated. Returns how many leading ``seq_ids`` got their slots and
+  their ``take_block_updates`` reports.
 
 free(seq_id)
   Releases the sequence's blocks in reverse block-table order, so a chain's tail is evicted
@@ -274,22 +298,28 @@ void bind_allocator(py::module_& m) {
       .def(
           "take_block_updates",
           [](BlockAllocator& self, py::handle seq_ids) {
-            const std::vector<BlockUpdate>& updates =
-                self.take_block_updates(int_array(seq_ids, "seq_ids"));
-            py::list out(updates.size());
-            for (size_t i = 0; i < updates.size(); ++i) {
-              const BlockUpdate& u = updates[i];
-              py::tuple appended(u.num_appended);
-              for (size_t j = 0; j < u.num_appended; ++j) appended[j] = py::int_(u.appended[j]);
-              py::tuple replaced(u.replaced.size());
-              for (size_t j = 0; j < u.replaced.size(); ++j) {
-                replaced[j] = py::make_tuple(u.replaced[j].first, u.replaced[j].second);
-              }
-              out[i] = py::make_tuple(py::bool_(u.full), std::move(appended), std::move(replaced));
-            }
-            return out;
+            return block_updates(self.take_block_updates(int_array(seq_ids, "seq_ids")));
           },
           "seq_ids"_a)
+      .def(
+          "step",
+          [](BlockAllocator& self, py::handle commit_seq_ids, py::handle num_computed_tokens,
+             py::handle free_seq_ids, py::handle seq_ids, py::handle new_token_ids,
+             py::handle new_token_counts, py::handle num_new_tokens) {
+            const IntArg ids = int_array(seq_ids, "seq_ids");
+            const int64_t fitted = self.step(
+                int_array(commit_seq_ids, "commit_seq_ids"),
+                int_array(num_computed_tokens, "num_computed_tokens"),
+                int_array(free_seq_ids, "free_seq_ids"), ids,
+                int_array(new_token_ids, "new_token_ids"),
+                int_array(new_token_counts, "new_token_counts"),
+                int_array(num_new_tokens, "num_new_tokens"));
+            IntSpan done = ids.span;
+            done.size = static_cast<size_t>(fitted);
+            return py::make_tuple(fitted, block_updates(self.take_block_updates(done)));
+          },
+          "commit_seq_ids"_a, "num_computed_tokens"_a, "free_seq_ids"_a, "seq_ids"_a,
+          "new_token_ids"_a, "new_token_counts"_a, "num_new_tokens"_a)
       .def("reset_prefix_cache", &BlockAllocator::reset_prefix_cache)
       .def(
           "block_table",

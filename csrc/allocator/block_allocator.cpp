@@ -330,29 +330,38 @@ void BlockAllocator::commit(int64_t seq_id, int64_t num_computed_tokens) {
   apply_commit(seq, num_computed_tokens);
 }
 
-std::vector<BlockAllocator::Sequence*>& BlockAllocator::batch_sequences(IntSpan seq_ids) {
-  ++batch_epoch_;
-  batch_.clear();
-  batch_.reserve(seq_ids.size);
+void BlockAllocator::resolve(IntSpan seq_ids, const char* arg, std::vector<Sequence*>& out,
+                             uint64_t excluded_mark, const char* excluded_arg) {
+  const uint64_t epoch = ++batch_epoch_;
+  out.clear();
+  out.reserve(seq_ids.size);
   for (size_t i = 0; i < seq_ids.size; ++i) {
     const auto found = seqs_.find(seq_ids[i]);
     if (found == seqs_.end()) {
-      raise<KeyError>("seq_ids: unknown sequence id ", seq_ids[i], " at index ", i,
+      raise<KeyError>(arg, ": unknown sequence id ", seq_ids[i], " at index ", i,
                       " (the batch forms take running sequences; admit new ones with allocate)");
     }
     Sequence& seq = found->second;
-    if (seq.batch_mark == batch_epoch_) {
-      raise<ValueError>("seq_ids: sequence id ", seq_ids[i], " appears more than once");
+    if (seq.batch_mark == epoch) {
+      raise<ValueError>(arg, ": sequence id ", seq_ids[i], " appears more than once");
     }
-    seq.batch_mark = batch_epoch_;
-    batch_.push_back(&seq);
+    if (excluded_mark != 0 && seq.batch_mark == excluded_mark) {
+      raise<ValueError>(arg, ": sequence id ", seq_ids[i], " is also in ", excluded_arg,
+                        "; a sequence freed in this step cannot be allocated in it");
+    }
+    seq.batch_mark = epoch;
+    out.push_back(&seq);
   }
+}
+
+std::vector<BlockAllocator::Sequence*>& BlockAllocator::batch_sequences(IntSpan seq_ids) {
+  resolve(seq_ids, "seq_ids", batch_);
   return batch_;
 }
 
-int64_t BlockAllocator::allocate_batch(IntSpan seq_ids, IntSpan new_token_ids,
-                                       IntSpan new_token_counts, IntSpan num_new_tokens) {
-  const size_t n = seq_ids.size;
+const int32_t* BlockAllocator::check_allocate_args(size_t n, IntSpan new_token_ids,
+                                                   IntSpan new_token_counts,
+                                                   IntSpan num_new_tokens) {
   if (new_token_counts.size != n) {
     raise<ValueError>("new_token_counts: expected ", n, " entries (one per seq_ids), got ",
                       new_token_counts.size);
@@ -361,7 +370,6 @@ int64_t BlockAllocator::allocate_batch(IntSpan seq_ids, IntSpan new_token_ids,
     raise<ValueError>("num_new_tokens: expected ", n, " entries (one per seq_ids), got ",
                       num_new_tokens.size);
   }
-  std::vector<Sequence*>& batch = batch_sequences(seq_ids);
   size_t total_tokens = 0;
   for (size_t i = 0; i < n; ++i) {
     const int64_t count = new_token_counts[i];
@@ -380,28 +388,36 @@ int64_t BlockAllocator::allocate_batch(IntSpan seq_ids, IntSpan new_token_ids,
     raise<ValueError>("new_token_counts: the counts sum to ", total_tokens,
                       " but new_token_ids holds ", new_token_ids.size, " ids");
   }
-  const int32_t* tokens = static_cast<const int32_t*>(new_token_ids.data);
-  if (new_token_ids.is_int64) {
-    batch_tokens_.resize(new_token_ids.size);
-    for (size_t i = 0; i < new_token_ids.size; ++i) {
-      const int64_t id = new_token_ids[i];
-      if (id < INT32_MIN || id > INT32_MAX) {
-        raise<ValueError>("new_token_ids: entry ", i, " = ", id, " is outside the int32 range");
-      }
-      batch_tokens_[i] = static_cast<int32_t>(id);
+  if (!new_token_ids.is_int64) return static_cast<const int32_t*>(new_token_ids.data);
+  batch_tokens_.resize(new_token_ids.size);
+  for (size_t i = 0; i < new_token_ids.size; ++i) {
+    const int64_t id = new_token_ids[i];
+    if (id < INT32_MIN || id > INT32_MAX) {
+      raise<ValueError>("new_token_ids: entry ", i, " = ", id, " is outside the int32 range");
     }
-    tokens = batch_tokens_.data();
+    batch_tokens_[i] = static_cast<int32_t>(id);
   }
+  return batch_tokens_.data();
+}
 
+int64_t BlockAllocator::extend_batch(const std::vector<Sequence*>& batch, const int32_t* tokens,
+                                     IntSpan new_token_counts, IntSpan num_new_tokens) {
   size_t offset = 0;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < batch.size(); ++i) {
     const auto count = static_cast<size_t>(new_token_counts[i]);
     if (!extend(*batch[i], TokenSpan{tokens + offset, count}, num_new_tokens[i])) {
       return static_cast<int64_t>(i);
     }
     offset += count;
   }
-  return static_cast<int64_t>(n);
+  return static_cast<int64_t>(batch.size());
+}
+
+int64_t BlockAllocator::allocate_batch(IntSpan seq_ids, IntSpan new_token_ids,
+                                       IntSpan new_token_counts, IntSpan num_new_tokens) {
+  const int32_t* tokens =
+      check_allocate_args(seq_ids.size, new_token_ids, new_token_counts, num_new_tokens);
+  return extend_batch(batch_sequences(seq_ids), tokens, new_token_counts, num_new_tokens);
 }
 
 void BlockAllocator::commit_batch(IntSpan seq_ids, IntSpan num_computed_tokens) {
@@ -412,6 +428,27 @@ void BlockAllocator::commit_batch(IntSpan seq_ids, IntSpan num_computed_tokens) 
   std::vector<Sequence*>& batch = batch_sequences(seq_ids);
   for (size_t i = 0; i < batch.size(); ++i) check_commit(*batch[i], num_computed_tokens[i]);
   for (size_t i = 0; i < batch.size(); ++i) apply_commit(*batch[i], num_computed_tokens[i]);
+}
+
+int64_t BlockAllocator::step(IntSpan commit_seq_ids, IntSpan num_computed_tokens,
+                             IntSpan free_seq_ids, IntSpan seq_ids, IntSpan new_token_ids,
+                             IntSpan new_token_counts, IntSpan num_new_tokens) {
+  // Everything is checked before anything changes.
+  if (num_computed_tokens.size != commit_seq_ids.size) {
+    raise<ValueError>("num_computed_tokens: expected ", commit_seq_ids.size,
+                      " entries (one per commit_seq_ids), got ", num_computed_tokens.size);
+  }
+  resolve(commit_seq_ids, "commit_seq_ids", commits_);
+  for (size_t i = 0; i < commits_.size(); ++i) check_commit(*commits_[i], num_computed_tokens[i]);
+  resolve(free_seq_ids, "free_seq_ids", frees_);
+  const uint64_t freed_mark = batch_epoch_;
+  resolve(seq_ids, "seq_ids", batch_, freed_mark, "free_seq_ids");
+  const int32_t* tokens =
+      check_allocate_args(seq_ids.size, new_token_ids, new_token_counts, num_new_tokens);
+
+  for (size_t i = 0; i < commits_.size(); ++i) apply_commit(*commits_[i], num_computed_tokens[i]);
+  for (size_t i = 0; i < free_seq_ids.size; ++i) free(free_seq_ids[i]);
+  return extend_batch(batch_, tokens, new_token_counts, num_new_tokens);
 }
 
 void BlockAllocator::free(int64_t seq_id) {

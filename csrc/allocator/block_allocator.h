@@ -56,6 +56,9 @@ class BlockAllocator {
   int64_t allocate_batch(IntSpan seq_ids, IntSpan new_token_ids, IntSpan new_token_counts,
                          IntSpan num_new_tokens);
   void commit_batch(IntSpan seq_ids, IntSpan num_computed_tokens);
+  int64_t step(IntSpan commit_seq_ids, IntSpan num_computed_tokens, IntSpan free_seq_ids,
+               IntSpan seq_ids, IntSpan new_token_ids, IntSpan new_token_counts,
+               IntSpan num_new_tokens);
   void free(int64_t seq_id);
   void fork(int64_t parent_seq_id, int64_t child_seq_id);
   std::vector<std::pair<int32_t, int32_t>> take_pending_copies();
@@ -127,6 +130,12 @@ class BlockAllocator {
   Sequence& sequence(int64_t seq_id, const char* arg);
   const Sequence& sequence(int64_t seq_id, const char* arg) const;
   std::vector<Sequence*>& batch_sequences(IntSpan seq_ids);
+  void resolve(IntSpan seq_ids, const char* arg, std::vector<Sequence*>& out,
+               uint64_t excluded_mark = 0, const char* excluded_arg = nullptr);
+  const int32_t* check_allocate_args(size_t n, IntSpan new_token_ids, IntSpan new_token_counts,
+                                     IntSpan num_new_tokens);
+  int64_t extend_batch(const std::vector<Sequence*>& batch, const int32_t* tokens,
+                       IntSpan new_token_counts, IntSpan num_new_tokens);
 
   int32_t take_fresh_block();
   void release(int32_t block);
@@ -161,6 +170,8 @@ class BlockAllocator {
   std::vector<int32_t> claimed_;
   std::vector<int32_t> batch_tokens_;
   std::vector<Sequence*> batch_;
+  std::vector<Sequence*> commits_;
+  std::vector<Sequence*> frees_;
   std::vector<BlockUpdate> updates_;
   uint64_t batch_epoch_ = 0;
 };

@@ -998,3 +998,51 @@ def test_block_updates_reject_unknown_and_duplicate_ids():
     with pytest.raises(ValueError, match="seq_ids"):
         a.take_block_updates([1, 1])
     assert a.take_block_updates([1]) == [(True, (0,), ())]  # nothing was marked reported
+
+
+# ---------------------------------------------------------------------------------------------
+# step: commit + free + allocate in one call
+
+
+def _step_allocator():
+    a = _batch_allocator()  # sequences 1 and 2, 6 tokens each, committed
+    assert a.allocate(3, toks(300, 5), 5)
+    assert a.allocate_batch([1, 2], [7, 8], [1, 1], [1, 1]) == 2  # the step just computed
+    return a
+
+
+def test_step_equals_commit_free_allocate():
+    fused, split = _step_allocator(), _step_allocator()
+    fitted, updates = fused.step([1, 2], [7, 7], [3], [1, 2], [9, 10], [1, 1], [1, 1])
+    split.commit_batch([1, 2], [7, 7])
+    split.free(3)
+    assert split.allocate_batch([1, 2], [9, 10], [1, 1], [1, 1]) == 2
+    assert fitted == 2 and snapshot(fused) == snapshot(split)
+    assert updates == split.take_block_updates([1, 2])
+    assert fused.step([], [], [], [], [], [], []) == (0, [])
+
+
+BAD_STEP = [
+    ("unknown commit", dict(commit_seq_ids=[1, 9]), KeyError, "commit_seq_ids"),
+    ("commit too far", dict(num_computed_tokens=[7, 12]), ValueError, "num_computed_tokens"),
+    ("short computed", dict(num_computed_tokens=[7]), ValueError, "num_computed_tokens"),
+    ("free twice", dict(free_seq_ids=[3, 3]), ValueError, "free_seq_ids"),
+    ("unknown free", dict(free_seq_ids=[5]), KeyError, "free_seq_ids"),
+    ("freed and allocated", dict(free_seq_ids=[2]), ValueError, "also in free_seq_ids"),
+    ("bad counts", dict(new_token_counts=[1, 2]), ValueError, "new_token_counts"),
+    ("negative num_new", dict(num_new_tokens=[1, -1]), ValueError, "num_new_tokens"),
+    ("float ids", dict(seq_ids=[1.0, 2]), TypeError, "seq_ids"),
+]
+
+
+@pytest.mark.parametrize("case, changes, error, arg", BAD_STEP, ids=[c[0] for c in BAD_STEP])
+def test_step_rejections_change_nothing(case, changes, error, arg):
+    a = _step_allocator()
+    args = dict(commit_seq_ids=[1, 2], num_computed_tokens=[7, 7], free_seq_ids=[3],
+                seq_ids=[1, 2], new_token_ids=[9, 10], new_token_counts=[1, 1],
+                num_new_tokens=[1, 1])
+    before = snapshot(a)
+    with pytest.raises(error, match=arg):
+        a.step(**{**args, **changes})
+    assert snapshot(a) == before
+    assert a.step(**args)[0] == 2  # still works, nothing half-marked
