@@ -1,0 +1,318 @@
+"""How the engine's per-step cost scales: simulations at benchmark shapes, the work per generated
+token as outputs grow, startup, the allocator in an engine-style loop, and the real engine's
+host overhead per decode step.
+
+The simulation, startup and engine-overhead cases run `step_scale_cases.py` in a fresh
+interpreter (a clean peak RSS per case). With ``GNOMON_BASELINE`` set to a command that runs
+Python against another install of gnomon (for example
+``GNOMON_BASELINE="env PYTHONPATH=/path/to/old-site /path/to/venv/bin/python"``), each of those
+cases also runs there, and the ratio baseline / this goes into extra_info and the summary.
+
+The allocator case drives one engine-style loop (admission with prefix lookups, one token per
+running sequence per step, preemption of the newest when a step does not fit, frees) over the
+same request stream with gnomon's per-step ``BlockAllocator.step`` and with a plain
+pure-Python block manager of the nano-vllm kind (`PyBlockManager`, written here).
+
+Under ``--benchmark-disable`` (CI's smoke run) every case runs once at a small stand-in size.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gnomon
+from conftest import note, record
+
+CASES_SCRIPT = str(Path(__file__).with_name("step_scale_cases.py"))
+LLAMA_70B_MI300X_TP8 = dict(model="llama-3.1-70b", hardware="MI300X", tp=8)
+
+
+def _smoke(config) -> bool:
+    return bool(config.getoption("benchmark_disable"))
+
+
+def _run_case(python, case, args):
+    run = subprocess.run([*python, CASES_SCRIPT, case, json.dumps(args)], capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _measure(benchmark, request, case, args, keys):
+    """Run `case` here (timed by the benchmark) and, with GNOMON_BASELINE, there too; record
+    `keys` of the result and their baseline ratios."""
+    result = benchmark.pedantic(_run_case, args=([sys.executable], case, args), rounds=1,
+                                iterations=1)
+    info = {k: result[k] for k in keys}
+    baseline = os.environ.get("GNOMON_BASELINE")
+    if baseline:
+        old = _run_case(shlex.split(baseline), case, args)
+        for k in keys:
+            info[f"baseline_{k}"] = old[k]
+            if isinstance(result[k], (int, float)) and result[k]:
+                info[f"ratio_{k}"] = old[k] / result[k]
+    benchmark.extra_info.update(case=case, args=args, **info)
+    note(f"step scale {request.node.callspec.id if hasattr(request.node, 'callspec') else case}: "
+         + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in info.items()))
+    return result
+
+
+@pytest.mark.parametrize("num_requests", [100, 1500])
+def test_simulate_2k_2k_all_at_t0(benchmark, request, num_requests):
+    """Llama-3.1-70B on 8 x MI300X, every request 2,048 prompt and 2,048 output tokens, all at
+    t=0 (smoke: 8 requests of 128/128)."""
+    if _smoke(request.config):
+        args = dict(LLAMA_70B_MI300X_TP8, num_requests=8, input_len=128, output_len=128)
+    else:
+        args = dict(LLAMA_70B_MI300X_TP8, num_requests=num_requests, input_len=2048,
+                    output_len=2048)
+    result = _measure(benchmark, request, "simulate", args, ["wall_s", "peak_rss_mb"])
+    assert result["returncode"] == 0
+
+
+def test_calls_per_token_as_outputs_double(benchmark, request):
+    """Python function calls per generated token (cProfile's count, not a clock), 100 requests
+    of 2,048 prompt tokens with 1,024 and then 2,048 output tokens (smoke: 4 requests, 64 ->
+    128)."""
+    n, prompt, out = (4, 64, 64) if _smoke(request.config) else (100, 2048, 1024)
+    short = _run_case([sys.executable], "calls_per_token",
+                      dict(LLAMA_70B_MI300X_TP8, num_requests=n, input_len=prompt,
+                           output_len=out))
+    long = _measure(benchmark, request, "calls_per_token",
+                    dict(LLAMA_70B_MI300X_TP8, num_requests=n, input_len=prompt,
+                         output_len=2 * out), ["calls_per_token"])
+    growth = long["calls_per_token"] / short["calls_per_token"]
+    benchmark.extra_info.update(calls_per_token_short=short["calls_per_token"], growth=growth)
+    note(f"step scale: calls per generated token grow {growth - 1:+.1%} when the output "
+         f"doubles ({short['calls_per_token']:.1f} -> {long['calls_per_token']:.1f})")
+
+
+def test_chat_1000_through_the_cli(benchmark, request):
+    """The default chat workload (gpt-oss-120b, MI355X, 8 req/s), 1,000 requests, end to end
+    through the CLI entry (smoke: 50)."""
+    args = dict(num_requests=50 if _smoke(request.config) else 1000)
+    assert _measure(benchmark, request, "simulate", args, ["wall_s"])["returncode"] == 0
+
+
+def test_startup(benchmark, request):
+    """``gnomon simulate --help``, and the imports a simulation needs before its first step."""
+    result = _measure(benchmark, request, "startup", {},
+                      ["help_s", "simulation_imports_s"])
+    assert not result["torch_imported"]
+
+
+def test_engine_host_overhead_per_decode_step(benchmark, request):
+    """The real engine's schedule + input prep + update + outputs per decode step (no forward)
+    at batch 256 with 2,048 tokens of context, tiny model (smoke: batch 16, context 128)."""
+    args = (dict(batch=16, context=128, decode_steps=8) if _smoke(request.config)
+            else dict(batch=256, context=2048, decode_steps=48))
+    _measure(benchmark, request, "engine_overhead", args, ["step_us_median", "step_us_p90"])
+
+
+# --------------------------------------------------------------------------- allocator loop
+
+BLOCK_SIZE = 16
+
+
+class PyBlockManager:
+    """A plain pure-Python block manager of the nano-vllm kind: per block a ref count and the
+    hash of its tokens once full, a deque of free block ids, a dict from hash to block, and a
+    Python list per sequence. Full blocks are cached by the hash of (previous hash, tokens);
+    a freed block keeps its hash until it is handed out again."""
+
+    def __init__(self, num_blocks, block_size=BLOCK_SIZE):
+        self.block_size = block_size
+        self.ref = [0] * num_blocks
+        self.hashes = [None] * num_blocks
+        self.contents = [None] * num_blocks
+        self.free_ids = deque(range(num_blocks))
+        self.by_hash = {}
+        self.tables = {}
+        self.tokens = {}
+        self.hits = 0
+
+    def _take(self):
+        block = self.free_ids.popleft()
+        if self.hashes[block] is not None and self.by_hash.get(self.hashes[block]) == block:
+            del self.by_hash[self.hashes[block]]
+        self.hashes[block] = self.contents[block] = None
+        self.ref[block] = 1
+        return block
+
+    def _seal(self, seq_id, index):  # a block became full: it enters the cache
+        table, tokens, bs = self.tables[seq_id], self.tokens[seq_id], self.block_size
+        parent = self.hashes[table[index - 1]] if index else None
+        content = tuple(tokens[index * bs:(index + 1) * bs])
+        h = hash((parent, content))
+        block = table[index]
+        self.hashes[block], self.contents[block] = h, content
+        self.by_hash.setdefault(h, block)
+
+    def admit(self, seq_id, tokens):
+        bs = self.block_size
+        num = -(-len(tokens) // bs)
+        if len(self.free_ids) < num:
+            return False
+        table, parent, missed = [], None, False
+        for i in range(num):
+            content = tuple(tokens[i * bs:(i + 1) * bs])
+            block = None
+            if len(content) == bs and not missed and (i + 1) * bs < len(tokens):
+                h = hash((parent, content))
+                block = self.by_hash.get(h)
+                if block is not None and self.contents[block] == content:
+                    if self.ref[block] == 0:
+                        self.free_ids.remove(block)
+                    self.ref[block] += 1
+                    self.hits += bs
+                    parent = h
+                else:
+                    block = None
+            if block is None:
+                missed = True
+                block = self._take()
+            table.append(block)
+        self.tables[seq_id], self.tokens[seq_id] = table, list(tokens)
+        for i in range(len(tokens) // bs):
+            if self.hashes[table[i]] is None:
+                self._seal(seq_id, i)
+        return True
+
+    def decode(self, seq_ids, new_tokens):
+        """One token each, in order; stops at the first that does not fit."""
+        bs = self.block_size
+        for i, (seq_id, token) in enumerate(zip(seq_ids, new_tokens)):
+            tokens, table = self.tokens[seq_id], self.tables[seq_id]
+            if len(tokens) % bs == 0:
+                if not self.free_ids:
+                    return i
+                table.append(self._take())
+            tokens.append(token)
+            if len(tokens) % bs == 0:
+                self._seal(seq_id, len(table) - 1)
+        return len(seq_ids)
+
+    def free(self, seq_id):
+        for block in reversed(self.tables.pop(seq_id)):
+            self.ref[block] -= 1
+            if self.ref[block] == 0:
+                self.free_ids.append(block)
+        del self.tokens[seq_id]
+
+    finish = free
+
+
+class GnomonSteps:
+    """gnomon's allocator driven as an engine does: admission by lookup + allocate; then one
+    `BlockAllocator.step` per engine step that commits the previous step, frees the finished
+    and allocates the next tokens, returning the block-table updates a runner applies."""
+
+    def __init__(self, num_blocks, block_size=BLOCK_SIZE):
+        self.allocator = gnomon.BlockAllocator(num_blocks, block_size)
+        self.commit_ids, self.computed, self.finished = [], [], []
+        self.lengths = {}
+
+    def admit(self, seq_id, tokens):
+        a = self.allocator
+        cached = a.lookup(tokens)
+        if not a.allocate(seq_id, tokens, len(tokens) - cached):
+            return False
+        self.commit_ids.append(seq_id)
+        self.computed.append(len(tokens))
+        self.lengths[seq_id] = len(tokens)
+        return True
+
+    def decode(self, seq_ids, new_tokens):
+        n = len(seq_ids)
+        fitted, _updates = self.allocator.step(self.commit_ids, self.computed, self.finished,
+                                               seq_ids, new_tokens, [1] * n, [1] * n)
+        lengths = self.lengths
+        self.commit_ids = seq_ids[:fitted]
+        self.computed = [lengths[s] + 1 for s in self.commit_ids]
+        for s in self.commit_ids:
+            lengths[s] += 1
+        self.finished = []
+        return fitted
+
+    def free(self, seq_id):  # preemption: the blocks are needed now
+        self.allocator.free(seq_id)
+        del self.lengths[seq_id]
+
+    def finish(self, seq_id):  # freed with the next step's call
+        self.finished.append(seq_id)
+        del self.lengths[seq_id]
+
+
+def _request_stream(num_requests, seed=0):
+    rng = np.random.default_rng(seed)
+    systems = [rng.integers(0, 32000, int(rng.integers(200, 800))).tolist() for _ in range(6)]
+    out = []
+    for seq_id in range(num_requests):
+        prompt = systems[int(rng.integers(0, 6))] + rng.integers(
+            0, 32000, int(rng.integers(20, 200))).tolist()
+        out.append((seq_id, prompt, int(rng.integers(32, 160))))
+    return out, rng.integers(0, 32000, 1 << 16).tolist()
+
+
+def engine_loop(manager, requests, sampled, max_running=48):
+    """Admission FCFS up to `max_running`, then one token for every sequence that was running
+    before the admissions; when they do not all fit, the newest is preempted (freed and put
+    back at the front) and the rest retried; finished sequences are freed. Returns (steps,
+    tokens appended, preemptions)."""
+    waiting = deque(requests)
+    running = {}  # seq_id -> [prompt with outputs so far, outputs left], admission order
+    steps = appended = preemptions = k = 0
+    while waiting or running:
+        steps += 1
+        decoding = list(running)
+        while waiting and len(running) < max_running:
+            seq_id, tokens, outputs = waiting[0]
+            if not manager.admit(seq_id, tokens):
+                break
+            waiting.popleft()
+            running[seq_id] = [list(tokens), outputs]  # a copy: the stream is reused
+        while decoding:
+            tokens = sampled[k:k + len(decoding)]
+            k = (k + len(decoding)) % (len(sampled) - 1024)
+            fitted = manager.decode(decoding, tokens)
+            for seq_id, token in zip(decoding[:fitted], tokens):
+                state = running[seq_id]
+                state[0].append(token)
+                state[1] -= 1
+                appended += 1
+                if state[1] == 0:
+                    manager.finish(seq_id)
+                    del running[seq_id]
+            if fitted == len(decoding):
+                break
+            victim = decoding[-1]
+            manager.free(victim)
+            waiting.appendleft((victim, *running.pop(victim)))
+            preemptions += 1
+            decoding = decoding[fitted:-1]
+    return steps, appended, preemptions
+
+
+@pytest.mark.parametrize("manager", [GnomonSteps, PyBlockManager],
+                         ids=["gnomon-step", "nano-vllm-kind"])
+def test_allocator_engine_loop(benchmark, request, manager):
+    num_requests, num_blocks = (40, 400) if _smoke(request.config) else (300, 1024)
+    requests, sampled = _request_stream(num_requests)
+    result = benchmark.pedantic(lambda: engine_loop(manager(num_blocks), requests, sampled),
+                                rounds=1 if _smoke(request.config) else 7, iterations=1)
+    steps, appended, preemptions = result
+    assert appended == sum(out for _, _, out in requests)
+    assert preemptions > 0, "the pool must be small enough to preempt"
+    record("allocator engine loop", request.node.callspec.id, benchmark)
+    if benchmark.stats is not None:
+        seconds = benchmark.stats.stats.median
+        benchmark.extra_info.update(steps=steps, tokens=appended, preemptions=preemptions,
+                                    us_per_step=seconds / steps * 1e6)
