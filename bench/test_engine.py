@@ -173,29 +173,42 @@ def test_throughput_hf_generate(benchmark, model, request):
 
 
 class StepTimer:
-    """Splits each `LLMEngine.step` into schedule, runner phases and update, by wrapping the
-    engine's scheduler and runner methods on this one instance."""
+    """Splits each `LLMEngine.step` into schedule, runner phases and update, by putting timing
+    proxies in front of this one engine's scheduler and runner (the compiled scheduler's
+    methods cannot be replaced on the instance)."""
 
     def __init__(self, engine):
         self.steps = []
         self._current = None
-        sched, runner = engine.scheduler, engine.runner
-        schedule, update, execute, step = sched.schedule, sched.update, runner.execute, engine.step
+        timer = self
 
         def timed(fn, key):
             def wrapper(*args, **kw):
                 start = time.perf_counter()
                 result = fn(*args, **kw)
-                self._current[key] = time.perf_counter() - start
+                timer._current[key] = time.perf_counter() - start
                 if key == "schedule":
-                    self._current["batch"] = result
+                    timer._current["batch"] = result
                 elif key == "execute":
                     b = result.breakdown
-                    self._current.update(
+                    timer._current.update(
                         prepare=b["overhead"], sample=b["sampling"],
                         forward=sum(b[f] for f in FORWARD_FAMILIES))
                 return result
             return wrapper
+
+        class Proxy:
+            def __init__(self, target, **timed_methods):
+                self._target, self._timed = target, timed_methods
+
+            def __getattr__(self, name):
+                if name in self._timed:
+                    return timed(getattr(self._target, name), self._timed[name])
+                return getattr(self._target, name)
+
+        engine.scheduler = Proxy(engine.scheduler, schedule="schedule", update="update")
+        engine.runner = Proxy(engine.runner, execute="execute")
+        step = engine.step
 
         def timed_step():
             self._current = {}
@@ -205,9 +218,6 @@ class StepTimer:
             self.steps.append(self._current)
             return result
 
-        sched.schedule = timed(schedule, "schedule")
-        sched.update = timed(update, "update")
-        runner.execute = timed(execute, "execute")
         engine.step = timed_step
 
     def decode_steps(self, num_seqs):

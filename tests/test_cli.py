@@ -30,7 +30,7 @@ def test_info_json_has_every_field(capsys):
     info = json.loads(capsys.readouterr().out)
     assert set(info) == {"version", "compiler", "build_type", "cxx_flags", "sanitizers",
                          "simd_compiled", "simd_cpu", "gpu_backends", "gpu_architectures",
-                         "num_threads"}
+                         "num_threads", "compiled_modules", "pure_python"}
     # a CPU-only build names no architectures; a GPU build names the ones compiled in
     assert bool(info["gpu_backends"]) == bool(info["gpu_architectures"])
     assert info["version"] == metadata.version("gnomon")

@@ -3,6 +3,9 @@
 Importing gnomon does not import torch; the op layer does, when it is first used.
 """
 
+from gnomon import _compiled  # first: it routes the imports of the Cython-compiled modules
+_compiled.install(__path__)
+
 from gnomon import _C
 from gnomon._C import BlockAllocator
 

@@ -21,6 +21,10 @@ def build_summary() -> dict:
     except ImportError:
         num_threads = _C.num_threads
     info["num_threads"] = num_threads()
+    from gnomon import _compiled
+
+    info["compiled_modules"] = _compiled.compiled_modules()
+    info["pure_python"] = _compiled.pure_python()
     return info
 
 
@@ -39,6 +43,10 @@ def _print_info(as_json: bool) -> None:
     gpus = f"{backends} for {info['gpu_architectures']}" if backends else "none (CPU-only build)"
     print(f"gpu backends: {gpus}")
     print(f"threads:      {info['num_threads']}")
+    modules = info["compiled_modules"]
+    loaded = ", ".join(name for name, yes in modules.items() if yes) or "none"
+    pure = "; GNOMON_PURE_PYTHON=1 runs their .py" if info["pure_python"] else ""
+    print(f"cython:       {loaded} (this build compiled {len(modules)} modules{pure})")
 
 
 def _add_bench_parser(commands) -> None:

@@ -75,7 +75,9 @@ def _check_int(name: str, value, minimum: int) -> int:
 
 
 class Scheduler:
-    """Continuous-batching scheduler over a `KVCacheManager` (policy in the module docstring)."""
+    """Continuous-batching scheduler over a `KVCacheManager` (policy in the module docstring).
+    Compiled, its attributes are declared in scheduler.pxd (where a new one goes too), and the
+    step's loops run on C integers; the same code runs interpreted."""
 
     def __init__(self, kv_cache: KVCacheManager, *, max_model_len: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, eos_token_ids: Iterable[int] = ()) -> None:
@@ -95,6 +97,7 @@ class Scheduler:
             raise ValueError(f"eos_token_ids: expected non-negative integers, got {eos!r}")
         self.eos_token_ids = frozenset(eos)
         self._requests: Dict[RequestId, Request] = {}
+        self._live: Dict[int, Sequence] = {}                   # seq_id -> unfinished sequence
         self._arrivals: List[Tuple[float, int, Request]] = []   # heap of (arrival, order, req)
         self._waiting: Deque[Sequence] = deque()
         self._running: List[Sequence] = []                      # admission order, oldest first
@@ -147,6 +150,7 @@ class Scheduler:
             seq.prefill_target = len(prompt) - 1
         req.sequences.append(seq)
         self._requests[request_id] = req
+        self._live[seq.seq_id] = seq
         heapq.heappush(self._arrivals, (req.arrival_time, req.order, req))
         return req
 
@@ -251,7 +255,7 @@ class Scheduler:
 
         # (3) admissions, FCFS
         admitted: List[List] = []
-        slots = self.max_num_seqs - sum(s.width for s in self._running)
+        slots = self._free_slots() if self._waiting else 0
         preempted = self.num_preemptions != preemptions_before and bool(plan)
         while self._waiting and budget > 0 and not preempted:
             seq = self._waiting[0]
@@ -325,10 +329,13 @@ class Scheduler:
         if len(sampled) != len(batch.sequences):
             raise ValueError(f"output.sampled_token_ids: expected {len(batch.sequences)} entries "
                              f"(one per scheduled sequence), got {len(sampled)}")
+        ids, context_lens = [], []
         for s, t in zip(batch.sequences, sampled):
             if s.is_last_prefill_chunk != (t is not None):
                 raise ValueError(f"output.sampled_token_ids: sequence {s.seq_id} expected "
                                  f"{'a token' if s.is_last_prefill_chunk else 'None'}, got {t!r}")
+            ids.append(s.seq_id)
+            context_lens.append(s.num_computed_tokens + len(s.token_ids))
         logprobs = output.logprobs
         if logprobs is not None and len(logprobs) != len(batch.sequences):
             raise ValueError(f"output.logprobs: expected {len(batch.sequences)} entries, "
@@ -337,14 +344,13 @@ class Scheduler:
             now = self._outstanding_now + float(output.seconds)
         self._outstanding = None
 
-        seqs = [self._seq_of(s) for s in batch.sequences]
-        self.kv.commit_running([s.seq_id for s in batch.sequences],
-                               [s.context_len for s in batch.sequences])
+        self.kv.commit_running(ids, context_lens)
         eos = self.eos_token_ids
         deltas: List[SampleDelta] = []
-        for i, (sched, seq) in enumerate(zip(batch.sequences, seqs)):
-            seq.num_computed_tokens = sched.context_len
-            token = sampled[i]
+        live = self._live
+        for i, (seq_id, context_len, token) in enumerate(zip(ids, context_lens, sampled)):
+            seq = live[seq_id]  # the batch is the outstanding one: all its sequences are live
+            seq.num_computed_tokens = context_len
             req = seq.request
             if token is None:
                 if seq.is_unforked_parent and seq.num_computed_tokens == seq.prefill_target:
@@ -375,11 +381,12 @@ class Scheduler:
         return deltas
 
     # ------------------------------------------------------------------ internals
-    def _seq_of(self, sched: ScheduledSequence) -> Sequence:
-        for seq in self._requests[sched.request_id].sequences:
-            if seq.seq_id == sched.seq_id:
-                return seq
-        raise KeyError(f"batch: unknown sequence {sched.seq_id}")
+    def _free_slots(self) -> int:
+        """Sequence slots left under ``max_num_seqs`` (an unforked n > 1 parent holds n)."""
+        used = 0
+        for seq in self._running:
+            used += seq.width
+        return self.max_num_seqs - used
 
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1
@@ -397,6 +404,7 @@ class Scheduler:
             child.num_known = parent.num_known
             child.status = SequenceStatus.RUNNING
             req.sequences.append(child)
+            self._live[child.seq_id] = child
             children.append(child)
         pos = self._running.index(parent) + 1
         self._running[pos:pos] = children
@@ -410,6 +418,7 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        self._live.pop(seq.seq_id, None)
         if seq.seq_id in self.kv:
             self.kv.free(seq.seq_id)
         seq.status = SequenceStatus.FINISHED

@@ -64,12 +64,10 @@ class Sequence:
     have KV in the cache. ``prefill_target`` is how far the current prefill runs: the whole of
     ``token_ids`` at (re)admission, except for an unforked ``n > 1`` parent, which stops one token
     short so that every sample computes the prompt's last token itself and samples its own first
-    token. ``num_known`` counts the token ids the allocator has been told.
+    token. ``num_known`` counts the token ids the allocator has been told. Compiled, this is a
+    C struct (its attributes are declared in sequence.pxd, so a new one goes there too).
     """
 
-    __slots__ = ("seq_id", "request", "sample_index", "params", "token_ids", "num_prompt_tokens",
-                 "num_computed_tokens", "prefill_target", "num_known", "status", "finish_reason",
-                 "output_logprobs", "num_preemptions", "token_times")
 
     def __init__(self, seq_id: int, request: "Request", sample_index: int,
                  token_ids: List[int]) -> None:

@@ -1,0 +1,34 @@
+# Cython types for scheduler.py, compiled in pure-Python mode (the .py stays the one source):
+# the scheduler's state as C fields, and the per-step loops on C integers.
+import cython
+from gnomon.engine.sequence cimport Request, Sequence
+
+cdef class Scheduler:
+    cdef public object kv
+    cdef public long long max_model_len
+    cdef public long long max_num_seqs
+    cdef public long long max_num_batched_tokens
+    cdef public frozenset eos_token_ids
+    cdef public dict _requests
+    cdef public dict _live
+    cdef public list _arrivals
+    cdef public object _waiting
+    cdef public list _running
+    cdef public list _finished_since_batch
+    cdef public object _outstanding
+    cdef public double _outstanding_now
+    cdef public long long _next_seq_id
+    cdef public long long _order
+    cdef public long long num_preemptions
+
+    @cython.locals(seq=Sequence, req=Request, k=cython.longlong, c=cython.longlong,
+                   budget=cython.longlong, start=cython.longlong, ok=cython.longlong,
+                   slots=cython.longlong, num_prefill=cython.longlong,
+                   num_decode=cython.longlong, cached=cython.longlong, i=cython.longlong)
+    cpdef schedule(self, double now=*)
+
+    @cython.locals(seq=Sequence, req=Request, i=cython.longlong, context_len=cython.longlong)
+    cpdef update(self, batch, output, now=*)
+
+    @cython.locals(seq=Sequence, used=cython.longlong)
+    cpdef long long _free_slots(self)
