@@ -151,12 +151,21 @@ def engine_overhead(args: dict) -> dict:
             "decode_steps": len(decode), "batch": batch, "context": context}
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM: getrusage's maxrss would carry over the peak
+    of the process that forked this one)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 CASES = {"simulate": simulate, "calls_per_token": calls_per_token, "startup": startup,
          "engine_overhead": engine_overhead}
 
 if __name__ == "__main__":
     case, raw = sys.argv[1], json.loads(sys.argv[2] if len(sys.argv) > 2 else "{}")
     result = CASES[case](raw)
-    result.update(wall_s=time.perf_counter() - BEGAN,
-                  peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    result.update(wall_s=time.perf_counter() - BEGAN, peak_rss_mb=peak_rss_mb())
     print(json.dumps(result))

@@ -47,9 +47,11 @@ Policy
 
 The step loop is ``batch = schedule(now)``; ``output = runner.execute(batch)``;
 ``update(batch, output)``. A batch with no sequences needs no ``update`` (but may carry
-``finished_seq_ids``). Per step the Python work is per sequence, not per token: the running
-sequences' slots come from one ``allocate_batch`` call (more only after a preemption) and their
-commits from one ``commit_batch``.
+``finished_seq_ids``). Per step the work is per scheduled sequence and never grows with its
+context or output so far: the running sequences' slots come from one ``allocate_batch`` call
+(more only after a preemption), their block-table deltas from one ``take_block_updates`` (the
+whole table only when the runner sees a sequence first), their commits from one
+``commit_batch``, and ``update`` returns one `SampleDelta` per sampled token.
 """
 
 from __future__ import annotations
