@@ -8,6 +8,7 @@ Hypothesis explores and shrinks; `test_long_random_workloads` drives the same ru
 more steps with a seeded generator, to reach deep states (full pools, long LRU chains).
 """
 
+import copy
 import inspect
 import random
 
@@ -40,6 +41,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.model = PyBlockAllocator(num_blocks, block_size, caching, hash_bits=hash_bits)
         self.next_id = 0
         self.copies_seen = 0
+        self.reader = {}  # seq_id -> block table rebuilt from take_block_updates' reports
 
     def both(self, method, *args):
         """Calls `method` on both allocators; they must return the same or raise the same."""
@@ -131,6 +133,65 @@ class AllocatorMachine(RuleBasedStateMachine):
     def fork_into_existing(self, pick, other):
         self.both("fork", self.live(pick), self.live(other))
 
+    def apply_reports(self, seq_ids, reports):
+        """Rebuild tables as a runner does; each must then equal the allocator's."""
+        for seq_id, (full, appended, replaced) in zip(seq_ids, reports):
+            if full:
+                self.reader[seq_id] = list(appended)
+            else:
+                assert seq_id in self.reader, "a delta for a sequence never reported in full"
+                table = self.reader[seq_id]
+                table.extend(appended)
+                for index, block in replaced:
+                    assert 0 <= index < len(table) - len(appended)
+                    table[index] = block
+            assert self.reader[seq_id] == self.real.block_table(seq_id).tolist()
+
+    @has_sequences
+    @rule(batch=batches, dtype=int_dtypes)
+    def report(self, batch, dtype):
+        ids = list(dict.fromkeys(self.live(pick) for pick, _, _ in batch))
+        self.apply_reports(ids, self.real.take_block_updates(np.array(ids, dtype)))
+
+    @has_sequences
+    @rule(batch=batches, frees=st.lists(picks, max_size=2),
+          spoil=st.sampled_from([0, 0, 0, -1, 1]))
+    def step(self, batch, frees, spoil):
+        """One fused step against the model's commit_batch, free and allocate_batch."""
+        commits = {}
+        for pick, _, extra in batch:
+            s = self.model._seqs[self.live(pick)]
+            commits[self.live(pick)] = min(s.num_computed + extra, s.num_slots, len(s.tokens))
+        computed = list(commits.values())
+        computed[-1] += spoil
+        freed = list(dict.fromkeys(self.live(p) for p in frees))
+        chosen = {self.live(pick): (new, num_new) for pick, new, num_new in batch
+                  if self.live(pick) not in freed}
+        args = (list(commits), computed, freed, list(chosen),
+                [t for new, _ in chosen.values() for t in new],
+                [len(new) for new, _ in chosen.values()],
+                [num_new for _, num_new in chosen.values()])
+        model = copy.deepcopy(self.model)
+        arrays = [np.array(a, np.int64) for a in args]
+        try:
+            model.commit_batch(arrays[0], arrays[1])
+            for seq_id in freed:
+                model.free(seq_id)
+            expected = ("ok", model.allocate_batch(*arrays[3:]))
+        except (ValueError, KeyError, TypeError) as error:
+            expected, model = ("raised", type(error)), self.model
+        try:
+            fitted, reports = self.real.step(*args)
+            outcome = ("ok", fitted)
+        except (ValueError, KeyError, TypeError) as error:
+            outcome = ("raised", type(error))
+        assert outcome == expected, (args, outcome, expected)
+        self.model = model
+        if outcome[0] == "ok":
+            for seq_id in freed:
+                self.reader.pop(seq_id, None)
+            self.apply_reports(args[3][:fitted], reports)
+
     @rule(seq_id=st.integers(-3, 0))
     def unknown_sequence(self, seq_id):
         self.both("commit", seq_id, 0)
@@ -152,6 +213,8 @@ class AllocatorMachine(RuleBasedStateMachine):
     @invariant()
     def observables_agree(self):
         real, model = self.real, self.model
+        for seq_id in [s for s in self.reader if s not in model._seqs]:
+            del self.reader[seq_id]  # freed: its next report (a re-admission) is in full
         assert real.free_queue().tolist() == model.free_queue()
         assert real.cached_blocks().tolist() == model.cached_blocks()
         assert [real.ref_count(b) for b in range(real.num_blocks)] == model._ref
@@ -217,13 +280,15 @@ def _draw(rng, strategy_args):
         "seq_id": lambda: rng.randint(-3, 0),
         "batch": lambda: [(rng.getrandbits(16), new_tokens(), rng.randint(0, 4))
                           for _ in range(rng.randint(1, 6))],
+        "frees": lambda: [rng.getrandbits(16) for _ in range(rng.randint(0, 2))],
     }
     return {name: values[name]() for name in strategy_args}
 
 
 WEIGHTS = {"lookup": 1, "admit": 4, "extend": 1, "decode": 6, "forward": 6, "commit": 1,
            "allocate_batch": 3, "commit_batch": 3, "free": 2, "fork": 1, "fork_into_existing": 1,
-           "unknown_sequence": 1, "pending_copies": 1, "reset_prefix_cache": 1}
+           "unknown_sequence": 1, "pending_copies": 1, "reset_prefix_cache": 1, "report": 2,
+           "step": 3}
 
 
 def _run_workload(seed, steps=1500):
@@ -232,7 +297,7 @@ def _run_workload(seed, steps=1500):
     machine.create(num_blocks=rng.randint(4, 48), block_size=rng.choice([1, 2, 4, 8]),
                    caching=seed % 6 != 0, hash_bits=rng.choice([2, 4, 64]))
     needs_sequences = {"extend", "decode", "forward", "commit", "allocate_batch",
-                       "commit_batch", "free", "fork", "fork_into_existing"}
+                       "commit_batch", "free", "fork", "fork_into_existing", "report", "step"}
     names, weights = list(WEIGHTS), list(WEIGHTS.values())
     for _ in range(steps):
         name = rng.choices(names, weights)[0]
