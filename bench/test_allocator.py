@@ -25,11 +25,13 @@ MAX_RUNNING = 48
 NUM_REQUESTS = 300
 
 
-def _requests(seed=0):
+def _requests(seed=0, num_requests=NUM_REQUESTS):
+    """(seq_id, prompt, outputs) per request, prompts sharing six system prefixes; and the
+    generator, to draw sampled tokens from."""
     rng = np.random.default_rng(seed)
     system_prompts = [rng.integers(0, 32000, int(rng.integers(200, 800))).tolist() for _ in range(6)]
     requests = []
-    for seq_id in range(NUM_REQUESTS):
+    for seq_id in range(num_requests):
         prompt = system_prompts[int(rng.integers(0, 6))] + rng.integers(
             0, 32000, int(rng.integers(20, 200))).tolist()
         requests.append((seq_id, prompt, int(rng.integers(32, 160))))

@@ -30,6 +30,7 @@ import pytest
 
 import gnomon
 from conftest import note, record
+from test_allocator import _requests
 
 CASES_SCRIPT = str(Path(__file__).with_name("step_scale_cases.py"))
 LLAMA_70B_MI300X_TP8 = dict(model="llama-3.1-70b", hardware="MI300X", tp=8)
@@ -288,15 +289,10 @@ class GnomonSteps:
         self.finished.append(seq_id)
 
 
-def _request_stream(num_requests, seed=0):
-    rng = np.random.default_rng(seed)
-    systems = [rng.integers(0, 32000, int(rng.integers(200, 800))).tolist() for _ in range(6)]
-    out = []
-    for seq_id in range(num_requests):
-        prompt = systems[int(rng.integers(0, 6))] + rng.integers(
-            0, 32000, int(rng.integers(20, 200))).tolist()
-        out.append((seq_id, prompt, int(rng.integers(32, 160))))
-    return out, rng.integers(0, 32000, 1 << 16).tolist()
+def _request_stream(num_requests):
+    """test_allocator's request stream (shared system prefixes), and tokens to sample."""
+    requests, rng = _requests(0, num_requests)
+    return requests, rng.integers(0, 32000, 1 << 16).tolist()
 
 
 def engine_loop(manager, requests, sampled, max_running=48):
