@@ -4,7 +4,7 @@ Each sequence a runner has seen owns one row of a persistent int32 array. A batc
 applied in place (a full table on a sequence's first appearance, then only appended ids and
 entries replaced by copy-on-write), so the per-step cost grows with what changed, never with the
 length of the tables. Rows of finished sequences are reused. The real runner gathers a step's
-rows from this array; the simulated runner keeps it too, so both check the deltas the same way.
+rows from this array.
 """
 
 from __future__ import annotations
@@ -12,6 +12,13 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+
+
+def stale_delta(s) -> RuntimeError:
+    """The error for a delta (``full`` False) to a sequence the runner never saw in full."""
+    return RuntimeError(f"batch: sequence {s.seq_id} (request {s.request_id!r}) carries a "
+                        f"block-table delta, but this runner never saw it in full; the "
+                        f"scheduler and the runner are out of step")
 
 
 class BlockTables:
@@ -57,9 +64,7 @@ class BlockTables:
                     row = self._take_row(s.seq_id)
                 self._write(row, 0, ids, s.seq_id)
             elif row is None:
-                raise RuntimeError(f"batch: sequence {s.seq_id} (request {s.request_id!r}) "
-                                   f"carries a block-table delta, but this runner never saw it "
-                                   f"in full; the scheduler and the runner are out of step")
+                raise stale_delta(s)
             else:
                 if ids:
                     self._write(row, int(self.lengths[row]), ids, s.seq_id)

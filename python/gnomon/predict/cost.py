@@ -10,6 +10,7 @@ from .shapes import StepShape
 
 FAMILIES = ("attention", "gemm", "moe", "elementwise", "sampling", "communication", "overhead")
 PROVENANCES = ("measured", "interpolated", "fitted", "analytical")
+_FAMILY_SET, _PROVENANCE_SET = frozenset(FAMILIES), frozenset(PROVENANCES)
 
 
 class PredictionRefused(ValueError):
@@ -35,19 +36,19 @@ class StepCost:
                    ) -> "StepCost":
         """Fills absent families with 0 (provenance "analytical": nothing of that kind runs)
         and sums them into ``seconds``."""
-        unknown = (set(breakdown) | set(provenance)) - set(FAMILIES)
-        if unknown:
+        if not (_FAMILY_SET.issuperset(breakdown) and _FAMILY_SET.issuperset(provenance)):
+            unknown = (set(breakdown) | set(provenance)) - _FAMILY_SET
             raise ValueError(f"breakdown: unknown families {sorted(unknown)}; expected "
                              f"{', '.join(FAMILIES)}")
         parts: Dict[str, float] = {f: float(breakdown.get(f, 0.0)) for f in FAMILIES}
-        for f, v in parts.items():
-            if not v >= 0:
-                raise ValueError(f"breakdown[{f!r}]: expected seconds >= 0, got {v}")
+        if not all(v >= 0 for v in parts.values()):  # every step: one pass, then the culprit
+            f, v = next((f, v) for f, v in parts.items() if not v >= 0)
+            raise ValueError(f"breakdown[{f!r}]: expected seconds >= 0, got {v}")
         labels = {f: provenance.get(f, "analytical") for f in FAMILIES}
-        for f, p in labels.items():
-            if p not in PROVENANCES:
-                raise ValueError(f"provenance[{f!r}]: expected one of {', '.join(PROVENANCES)}, "
-                                 f"got {p!r}")
+        if not _PROVENANCE_SET.issuperset(labels.values()):
+            f, p = next((f, p) for f, p in labels.items() if p not in _PROVENANCE_SET)
+            raise ValueError(f"provenance[{f!r}]: expected one of {', '.join(PROVENANCES)}, "
+                             f"got {p!r}")
         return cls(sum(parts.values()), parts, labels)
 
 

@@ -31,6 +31,7 @@ from .shapes import StepShape
 _BF16 = {"H100 SXM": 0.80, "H200": 0.80, "B200": 0.78, "MI300X": 0.51, "MI325X": 0.60,
          "MI355X": 0.60}
 _FP8 = {"H100 SXM": 0.71, "H200": 0.73}
+ANALYTICAL = dict.fromkeys(FAMILIES, "analytical")  # every part's provenance
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class RooflinePredictor:
         self.efficiencies = Efficiencies.coerce(efficiencies, self.hardware)
         self.name = f"roofline({self.hardware.name})"
         self._dense_seconds: Dict[tuple, Dict[str, float]] = {}  # (model, T, R, tp) -> parts
+        self._bytes_per_s = self.hardware.hbm_tbps.value * 1e12 * self.efficiencies.memory
+        self._flops_per_s: Dict[str, float] = {}  # compute dtype -> achieved FLOP/s, cached
 
     def _peak_flops(self, compute: str) -> float:
         hw, eff = self.hardware, self.efficiencies
@@ -100,12 +103,16 @@ class RooflinePredictor:
         return tflops * 1e12 * eff.compute.get(compute, eff.compute.get("bfloat16", 1.0))
 
     def op_seconds(self, op) -> float:
-        eff = self.efficiencies
         if op.family == "communication":
             return self._allreduce_seconds(op)
-        memory = op.bytes / (self.hardware.hbm_tbps.value * 1e12 * eff.memory)
-        compute = op.flops / self._peak_flops(op.compute) if op.flops else 0.0
-        return max(compute, memory) + op.launches * eff.launch_s
+        memory = op.bytes / self._bytes_per_s
+        compute = 0.0
+        if op.flops:
+            rate = self._flops_per_s.get(op.compute)
+            if rate is None:
+                rate = self._flops_per_s[op.compute] = self._peak_flops(op.compute)
+            compute = op.flops / rate
+        return max(compute, memory) + op.launches * self.efficiencies.launch_s
 
     def _allreduce_seconds(self, op) -> float:
         gbps = self.efficiencies.interconnect_gbps or self.hardware.interconnect_gbps.value
@@ -132,4 +139,4 @@ class RooflinePredictor:
         parts = dict(dense)
         for op in attention_ops(shape):
             parts[op.family] += self.op_seconds(op)
-        return StepCost.from_parts(parts, {f: "analytical" for f in FAMILIES})
+        return StepCost.from_parts(parts, ANALYTICAL)

@@ -133,9 +133,9 @@ class StepShape:
     def from_batch(cls, batch: ScheduledBatch, model: ModelSpec, tp: int = 1) -> "StepShape":
         if not isinstance(batch, ScheduledBatch):
             raise TypeError(f"batch: expected a ScheduledBatch, got {type(batch).__name__}")
-        return cls(model,
-                   tuple((s.num_new_tokens, s.num_computed_tokens) for s in batch.sequences),
-                   sum(1 for s in batch.sequences if s.is_last_prefill_chunk),
+        seqs = batch.sequences
+        return cls(model, tuple([(len(s.token_ids), s.num_computed_tokens) for s in seqs]),
+                   sum([s.is_last_prefill_chunk for s in seqs]),
                    batch.num_prefill_tokens, batch.num_decode_tokens, tp)
 
     @classmethod

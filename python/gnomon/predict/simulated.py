@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 from gnomon.engine.batch import ScheduledBatch, StepOutput
-from gnomon.engine.block_tables import BlockTables
+from gnomon.engine.block_tables import stale_delta
 from gnomon.engine.kv_cache import kv_bytes_per_block, resolve_num_blocks
 from gnomon.hardware import Hardware
 
@@ -125,9 +125,10 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
 
 class SimulatedRunner:
     """A runner that predicts instead of computing (module docstring). ``steps`` records every
-    non-empty step (`StepRecord`), with its batch when ``keep_batches``. ``tables`` applies the
-    batches' block-table deltas as the real runner does, so a delta out of step with the
-    scheduler fails here too; nothing else is kept per sequence."""
+    non-empty step (`StepRecord`), with its batch when ``keep_batches``. Per sequence it keeps
+    only that it has seen it (``known``): a shape needs each sequence's ``(new_tokens,
+    context_len)``, which the batch carries, and no block table; a delta to a sequence it
+    never saw in full fails as in the real runner."""
 
     def __init__(self, model: ModelSpec, predictor, clock: VirtualClock, *, tp: int = 1,
                  keep_batches: bool = False) -> None:
@@ -140,20 +141,25 @@ class SimulatedRunner:
         self.tp = check_tp(model.config, tp)
         self.token = _filler_token(model)
         self.keep_batches = bool(keep_batches)
-        self.tables = BlockTables()
+        self.known: Set[int] = set()
         self.steps: List[StepRecord] = []
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
-        self.tables.apply(batch)
+        known = self.known
+        known.difference_update(batch.finished_seq_ids)
+        for s in batch.sequences:
+            if s.full:
+                known.add(s.seq_id)
+            elif s.seq_id not in known:
+                raise stale_delta(s)
         if batch.is_empty:
             return StepOutput(())
         cost = self.predictor.predict(StepShape.from_batch(batch, self.model, self.tp))
         start = self.clock()
         self.clock.advance(cost.seconds)
-        breakdown = dict(cost.breakdown)
-        self.steps.append(StepRecord.of(start, batch, cost.seconds, breakdown,
+        self.steps.append(StepRecord.of(start, batch, cost.seconds, cost.breakdown,
                                         self.keep_batches))
-        return StepOutput(_sampled(batch, self.token), cost.seconds, breakdown)
+        return StepOutput(_sampled(batch, self.token), cost.seconds, cost.breakdown)
 
     def idle(self) -> None:
         """Nothing to reset: predicted steps carry no wall time."""
