@@ -16,7 +16,7 @@ durations come from, which is what makes "same decisions" testable.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set
 
 from gnomon.engine.batch import ScheduledBatch, StepOutput
