@@ -117,7 +117,7 @@ def test_engine_host_overhead_per_decode_step(benchmark, request):
     """The real engine's schedule + input prep + update + outputs per decode step (no forward)
     at batch 256 with 2,048 tokens of context, tiny model (smoke: batch 16, context 128)."""
     args = (dict(batch=16, context=128, decode_steps=8) if _smoke(request.config)
-            else dict(batch=256, context=2048, decode_steps=48))
+            else dict(batch=256, context=2048, decode_steps=200))
     _measure(benchmark, request, "engine_overhead", args, ["step_us_median", "step_us_p90"])
 
 
