@@ -9,4 +9,7 @@ def __getattr__(name):  # lazy: importing gnomon.engine does not import torch
     if name == "SamplingParams":
         from .sampling_params import SamplingParams
         return SamplingParams
+    if name == "SampleDelta":  # what LLMEngine.step() returns, one per sampled token
+        from .sequence import SampleDelta
+        return SampleDelta
     raise AttributeError(f"module 'gnomon.engine' has no attribute {name!r}")
