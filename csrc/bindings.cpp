@@ -23,6 +23,27 @@ namespace {
 
 std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")); }
 
+// The Python ints of a list, tuple or other sequence, as int64; a bool is not an int here.
+std::vector<int64_t> python_ints(py::handle obj, const char* arg, const char* range) {
+  const py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), arg));
+  if (!fast) throw py::error_already_set();
+  const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+  PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+  std::vector<int64_t> values(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!PyLong_Check(items[i]) || PyBool_Check(items[i])) {
+      raise<TypeError>(arg, ": entry ", i, " is a ", type_name(items[i]), "; expected int");
+    }
+    int overflow = 0;
+    values[i] = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+    if (overflow != 0) {
+      raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(items[i])),
+                        " is outside the ", range, " range");
+    }
+  }
+  return values;
+}
+
 // A batch argument: a 1-D numpy int32/int64 array (borrowed) or a list or tuple of Python ints
 // (copied into `storage`). It converts to the IntSpan the allocator takes; a temporary lives to
 // the end of the call expression that uses it.
@@ -35,25 +56,8 @@ struct IntArg {
 IntArg int_array(py::handle obj, const char* arg) {
   IntArg out;
   if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) {
-    const py::object fast =
-        py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "ints"));
-    if (!fast) throw py::error_already_set();
-    const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
-    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-    out.storage.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      if (!PyLong_Check(items[i]) || PyBool_Check(items[i])) {
-        raise<TypeError>(arg, ": entry ", i, " is a ", type_name(items[i]), "; expected int");
-      }
-      int overflow = 0;
-      const long long value = PyLong_AsLongLongAndOverflow(items[i], &overflow);
-      if (overflow != 0) {
-        raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(items[i])),
-                          " is outside the int64 range");
-      }
-      out.storage[i] = value;
-    }
-    out.span = IntSpan{out.storage.data(), n, true};
+    out.storage = python_ints(obj, arg, "int64");
+    out.span = IntSpan{out.storage.data(), out.storage.size(), true};
     return out;
   }
   if (!py::isinstance<py::array>(obj)) {
@@ -79,40 +83,24 @@ IntArg int_array(py::handle obj, const char* arg) {
 
 // Token ids from a 1-D int array or any sequence of Python ints, checked to fit int32.
 std::vector<int32_t> token_ids(py::handle obj, const char* arg) {
-  std::vector<int32_t> ids;
+  IntArg converted;
   if (py::isinstance<py::array>(obj)) {
-    const IntArg converted = int_array(obj, arg);
-    const IntSpan& span = converted.span;
-    ids.resize(span.size);
-    for (size_t i = 0; i < span.size; ++i) {
-      if (span[i] < INT32_MIN || span[i] > INT32_MAX) {
-        raise<ValueError>(arg, ": entry ", i, " = ", span[i], " is outside the int32 range");
-      }
-      ids[i] = static_cast<int32_t>(span[i]);
-    }
-    return ids;
-  }
-  if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) || !PySequence_Check(obj.ptr())) {
+    converted = int_array(obj, arg);
+  } else if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) ||
+             !PySequence_Check(obj.ptr())) {
     raise<TypeError>(arg, ": expected a sequence of ints or a 1-D int array, got ",
                      type_name(obj));
+  } else {
+    converted.storage = python_ints(obj, arg, "int32");
+    converted.span = IntSpan{converted.storage.data(), converted.storage.size(), true};
   }
-  const py::object fast =
-      py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "token ids"));
-  if (!fast) throw py::error_already_set();
-  const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
-  PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-  ids.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (!PyLong_Check(items[i])) {
-      raise<TypeError>(arg, ": entry ", i, " is a ", type_name(items[i]), "; expected int");
+  const IntSpan& span = converted.span;
+  std::vector<int32_t> ids(span.size);
+  for (size_t i = 0; i < span.size; ++i) {
+    if (span[i] < INT32_MIN || span[i] > INT32_MAX) {
+      raise<ValueError>(arg, ": entry ", i, " = ", span[i], " is outside the int32 range");
     }
-    int overflow = 0;
-    const long long id = PyLong_AsLongLongAndOverflow(items[i], &overflow);
-    if (overflow != 0 || id < INT32_MIN || id > INT32_MAX) {
-      raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(items[i])),
-                        " is outside the int32 range");
-    }
-    ids[i] = static_cast<int32_t>(id);
+    ids[i] = static_cast<int32_t>(span[i]);
   }
   return ids;
 }

@@ -33,8 +33,8 @@ class ScheduledSequence(NamedTuple):
       ``replaced_blocks`` the ``(index, block_id)`` entries replaced in place since then
       (copy-on-write when an ``n > 1`` sample writes into a shared block).
 
-    A runner asked to extend a sequence it never saw raises RuntimeError naming it
-    (`BlockTables.apply`).
+    A runner asked to extend a sequence it never saw in full raises RuntimeError naming it
+    (`block_tables.stale_delta`).
     ``is_last_prefill_chunk`` is True when the step computes through the sequence's last known
     token, so the runner samples one token for it: the last chunk of a prompt, and every decode
     (a decode is a one-token chunk that finishes what is known). When False (an earlier prompt

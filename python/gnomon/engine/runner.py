@@ -50,8 +50,8 @@ from gnomon import ops
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from gnomon.engine.block_tables import BlockTables
 from gnomon.engine.config import ModelConfig
-from gnomon.engine.rope import cos_sin_cache
 from gnomon.engine.kv_cache import kv_bytes_per_block, resolve_num_blocks
+from gnomon.engine.rope import cos_sin_cache
 from gnomon.engine.weights import weight_shapes
 
 SampleFn = Callable[[torch.Tensor, Sequence[ScheduledSequence]], Sequence[int]]

@@ -68,7 +68,6 @@ class Sequence:
     C struct (its attributes are declared in sequence.pxd, so a new one goes there too).
     """
 
-
     def __init__(self, seq_id: int, request: "Request", sample_index: int,
                  token_ids: List[int]) -> None:
         self.seq_id = seq_id
