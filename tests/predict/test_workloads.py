@@ -176,7 +176,7 @@ def test_hundred_thousand_requests_generate_quickly():
     s = spec(num_requests=100_000, prompt_len=LengthDist.fixed(8),
              output_len=LengthDist.fixed(4))
     best = math.inf
-    for _ in range(2):  # best of two, to be robust to a busy machine
+    for _ in range(3):  # best of three, to be robust to a busy machine
         t = time.perf_counter()
         w = synthetic(s)
         best = min(best, time.perf_counter() - t)
