@@ -194,24 +194,55 @@ def _error(error) -> int:
     return 2
 
 
+def _catalogue_epilog() -> str:
+    from gnomon.engine.config import PRESETS
+    from gnomon.hardware import GPUS
+
+    return (f"model presets: {', '.join(PRESETS)}\n"
+            f"hardware: {', '.join(g.name for g in GPUS)}, host (this CPU, measured), or a "
+            f".json/.yaml file (the README has a complete example)\n"
+            f"engines: vllm, sglang, gnomon, or a .json profile")
+
+
 def _add_simulate_parser(commands) -> None:  # noqa: ANN001
     from gnomon.predict import defaults as sim
 
     p = commands.add_parser(
         "simulate", help="predict TTFT, TPOT and throughput of a model on a GPU, without one",
-        description="Runs a workload through gnomon's real scheduler on a simulated runner.")
+        description="Runs a workload through gnomon's real scheduler on a simulated runner.",
+        epilog=_catalogue_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=sim.DEFAULT_MODEL,
                    help=f"a preset or model folder (default {sim.DEFAULT_MODEL})")
     p.add_argument("--hardware", default=sim.DEFAULT_HARDWARE,
                    help=f"a GPU name, host, or a .json/.yaml file "
                         f"(default {sim.DEFAULT_HARDWARE})")
     p.add_argument("--workload", default=sim.DEFAULT_WORKLOAD,
-                   help="chat, long-context or trace:FILE (CSV/JSONL; default chat)")
+                   help="chat, long-context, random (vllm bench's: 1024 in, 128 out), "
+                        "sharegpt (ShareGPT-like lengths) or trace:FILE (CSV/JSONL; "
+                        "default chat)")
+    p.add_argument("--input-len", default=None, metavar="N|LOW:HIGH",
+                   help="prompt tokens: fixed, or uniform in [LOW, HIGH]; replaces the "
+                        "workload's")
+    p.add_argument("--output-len", default=None, metavar="N|LOW:HIGH",
+                   help="output tokens, likewise")
     p.add_argument("--rate", default=str(sim.DEFAULT_RATE),
-                   help=f"requests/s for chat and long-context (default {sim.DEFAULT_RATE:g}); "
-                        f"a comma-separated list (2,4,8,16) sweeps them and prints one row each")
+                   help=f"requests/s (default {sim.DEFAULT_RATE:g}); inf sends every request at "
+                        f"t=0; a comma-separated list (2,4,8,16) sweeps them, a row each")
+    p.add_argument("--concurrency", default=None, metavar="N",
+                   help="at most N requests in flight (vllm bench serve --max-concurrency); "
+                        "with --rate inf a closed loop of N users")
     p.add_argument("--num-requests", type=int, default=None,
                    help=f"requests (default {sim.DEFAULT_NUM_REQUESTS}; a trace: all rows)")
+    p.add_argument("--engine", default=sim.DEFAULT_ENGINE,
+                   help=f"vllm, sglang, gnomon or a .json profile: the scheduler defaults on "
+                        f"this GPU and the host overhead per step (default {sim.DEFAULT_ENGINE})")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="sequences per step (default: the engine's)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step (default: the engine's)")
+    p.add_argument("--weight-dtype", default="auto",
+                   help="auto (the config's quantization_config), bfloat16, float16 or fp8")
+    p.add_argument("--kv-dtype", default="auto", help="auto, bfloat16, float16 or fp8")
     p.add_argument("--predictor", default="roofline",
                    help=f"{sim.PREDICTOR_FORMS} (default roofline)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
@@ -225,13 +256,25 @@ def _add_simulate_parser(commands) -> None:  # noqa: ANN001
                    help="write latency CDFs and KV usage over time to this PNG")
 
 
+def _positive(text, flag: str):
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{flag}: expected a positive integer, got {text!r}")
+    return value
+
+
 def _run_simulate(args) -> int:  # noqa: ANN001
     from rich.console import Console
     from rich.progress import Progress
 
     from gnomon.predict import report as reports
     from gnomon.predict import simulate as sim
-
+    from gnomon.predict import workloads
     from gnomon.predict.metrics import SLO
 
     trace_file = args.workload.startswith("trace:")
@@ -241,6 +284,13 @@ def _run_simulate(args) -> int:  # noqa: ANN001
         rates = [None] if trace_file else _rates(args.rate)
         if len(rates) > 1 and args.plot:
             raise ValueError("--plot: draws one run; pass a single --rate")
+        lengths = {key: None if text is None else workloads.parse_length(text, flag)
+                   for key, text, flag in (("input_len", args.input_len, "--input-len"),
+                                           ("output_len", args.output_len, "--output-len"))}
+        knobs = dict(concurrency=_positive(args.concurrency, "--concurrency"),
+                     max_num_seqs=_positive(args.max_num_seqs, "--max-num-seqs"),
+                     max_num_batched_tokens=_positive(args.max_num_batched_tokens,
+                                                      "--max-num-batched-tokens"))
         slo = SLO(ttft_s=args.slo_ttft_ms / 1e3, tpot_s=args.slo_tpot_ms / 1e3)
         done_reports = []
         with Progress(console=Console(stderr=True), transient=True) as bar:
@@ -258,7 +308,9 @@ def _run_simulate(args) -> int:  # noqa: ANN001
                 report, _ = sim.simulate(args.model, args.hardware, args.workload, rate=rate,
                                          num_requests=num, predictor=args.predictor,
                                          tp=args.tp, seed=args.seed, slo=slo,
-                                         progress=progress)
+                                         engine=args.engine, weight_dtype=args.weight_dtype,
+                                         kv_dtype=args.kv_dtype, progress=progress,
+                                         **lengths, **knobs)
                 done_reports.append(report)
         if args.out:
             if len(done_reports) == 1:
@@ -280,10 +332,9 @@ def _run_simulate(args) -> int:  # noqa: ANN001
 
 
 def _rates(text: str) -> list:
-    try:
-        rates = [float(r) for r in text.split(",") if r.strip()]
-    except ValueError:
-        raise ValueError(f"--rate: expected a number or a comma-separated list, got {text!r}")
+    from gnomon.predict.workloads import parse_rate
+
+    rates = [parse_rate(r.strip()) for r in text.split(",") if r.strip()]
     if not rates:
         raise ValueError("--rate: expected at least one rate")
     return rates

@@ -1,7 +1,8 @@
 """The hardware catalogue: datasheet figures for the GPUs gnomon models, each with its source.
 
-Data only. Numbers are dense (no sparsity), per GPU, as listed in ``shared/REFERENCE.md``;
-``None`` means the GPU has no such math (no FP4 on Hopper or CDNA3). Nothing here is read from a
+Data only. Numbers are dense (no sparsity), per GPU device (one GCD of an MI250X package, one
+of the two GPUs of a GB200 superchip), each with its datasheet; ``None`` means the GPU has no
+such math (no FP4 on Hopper or CDNA3). Nothing here is read from a
 runtime: simulated execution configures hardware from this file alone (or from a user's file,
 `load_file`; ``gnomon.predict`` adds ``host``, this machine as the bench harness measures it).
 
@@ -21,10 +22,13 @@ from typing import Any, Dict, Optional, Tuple
 
 @dataclass(frozen=True)
 class Figure:
-    """One datasheet number and where it comes from."""
+    """One datasheet number and where it comes from. ``value`` None with ``given`` True: the
+    chip has no such math (no FP8 on Ampere); with ``given`` False: nobody said (a user's file
+    left the field out), and a prediction that needs it refuses."""
 
     value: Optional[float]
     source: str
+    given: bool = True
 
 
 @dataclass(frozen=True)
@@ -36,18 +40,27 @@ class Hardware:
     fp4_tflops: Figure  # value None where the GPU has no FP4 math
     hbm_tbps: Figure
     hbm_gb: Figure
-    interconnect_gbps: Figure = Figure(None, "not given")  # per direction, see the module doc
+    interconnect_gbps: Figure = Figure(None, "not given", given=False)  # per direction
+    generation: Optional[str] = None  # one of GENERATIONS: picks the kernel-efficiency curves
     device_names: Tuple[str, ...] = ()  # exact names torch.cuda.get_device_name reports
     aliases: Tuple[str, ...] = ()  # other names gpu() accepts
 
+    def figure(self, dtype: str) -> Optional[Figure]:
+        """The peak dense TFLOP/s figure for a compute dtype name ("bfloat16", "float16",
+        "fp8", "fp4"), None for another name."""
+        return {"bfloat16": self.bf16_tflops, "float16": self.bf16_tflops,
+                "fp8": self.fp8_tflops, "fp4": self.fp4_tflops}.get(dtype)
+
     def tflops(self, dtype: str) -> Optional[float]:
-        """Peak dense TFLOP/s for a compute dtype name ("bfloat16", "float16", "fp8", "fp4")."""
-        figure = {"bfloat16": self.bf16_tflops, "float16": self.bf16_tflops,
-                  "fp8": self.fp8_tflops, "fp4": self.fp4_tflops}.get(dtype)
+        """Peak dense TFLOP/s for a compute dtype name, None where the chip has no such math."""
+        figure = self.figure(dtype)
         return None if figure is None else figure.value
 
 
 GPU = Hardware  # the name the bench harness knows it by
+
+# GPU generations; gnomon.predict.efficiency holds measured curves for some, borrows for others
+GENERATIONS = ("ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3", "cdna4")
 
 _NV_H100 = "NVIDIA H100 datasheet"
 _NV_H200 = "NVIDIA H200 datasheet"
@@ -62,6 +75,7 @@ H100_SXM = GPU(
     fp4_tflops=Figure(None, f"{_NV_H100}: no FP4 math (MXFP4 runs weight-only)"),
     hbm_tbps=Figure(3.35, _NV_H100), hbm_gb=Figure(80, _NV_H100),
     interconnect_gbps=Figure(450, f"{_NV_H100}: NVLink 4, 900 GB/s bidirectional"),
+    generation="hopper",
     device_names=("NVIDIA H100 80GB HBM3",), aliases=("H100",))
 H200 = GPU(
     name="H200", vendor="NVIDIA",
@@ -69,6 +83,7 @@ H200 = GPU(
     fp4_tflops=Figure(None, f"{_NV_H200}: no FP4 math"),
     hbm_tbps=Figure(4.8, _NV_H200), hbm_gb=Figure(141, _NV_H200),
     interconnect_gbps=Figure(450, f"{_NV_H200}: NVLink 4, 900 GB/s bidirectional"),
+    generation="hopper",
     device_names=("NVIDIA H200",), aliases=("H200 SXM",))
 B200 = GPU(
     name="B200", vendor="NVIDIA",
@@ -77,6 +92,7 @@ B200 = GPU(
     hbm_tbps=Figure(8.0, f"{_NV_B200} (some tools use 7.7)"),
     hbm_gb=Figure(180, f"{_NV_B200}: 180 usable (192 physical)"),
     interconnect_gbps=Figure(900, f"{_NV_B200}: NVLink 5, 1.8 TB/s bidirectional"),
+    generation="blackwell",
     device_names=("NVIDIA B200",))
 MI300X = GPU(
     name="MI300X", vendor="AMD",
@@ -85,6 +101,7 @@ MI300X = GPU(
     hbm_tbps=Figure(5.3, _AMD_300), hbm_gb=Figure(192, _AMD_300),
     interconnect_gbps=Figure(448, f"{_AMD_300}: 7 Infinity Fabric links x 128 GB/s "
                                   f"bidirectional"),
+    generation="cdna3",
     device_names=("AMD Instinct MI300X",))
 MI325X = GPU(
     name="MI325X", vendor="AMD",
@@ -93,6 +110,7 @@ MI325X = GPU(
     hbm_tbps=Figure(6.0, _AMD_325), hbm_gb=Figure(256, _AMD_325),
     interconnect_gbps=Figure(448, f"{_AMD_325}: 7 Infinity Fabric links x 128 GB/s "
                                   f"bidirectional"),
+    generation="cdna3",
     device_names=("AMD Instinct MI325X",))
 MI355X = GPU(
     name="MI355X", vendor="AMD",
@@ -101,9 +119,87 @@ MI355X = GPU(
     hbm_tbps=Figure(8.0, _AMD_355), hbm_gb=Figure(288, _AMD_355),
     interconnect_gbps=Figure(537.6, f"{_AMD_355}: 7 Infinity Fabric links x 153.6 GB/s "
                                     f"bidirectional"),
+    generation="cdna4",
     device_names=("AMD Instinct MI355X",))
 
-GPUS: Tuple[Hardware, ...] = (H100_SXM, H200, B200, MI300X, MI325X, MI355X)
+_NV_A100 = "NVIDIA A100 Tensor Core GPU datasheet"
+_NV_H20 = ("NVIDIA H20 specifications as third-party pages reproduce them (no NVIDIA datasheet "
+           "was at hand; FP8 is the INT8 rate, which Hopper matches)")
+_NV_L40S = "NVIDIA L40S datasheet"
+_NV_RTX = ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition specifications as a third-party "
+           "aggregator reproduces them (dense halves of the sparse figures)")
+_NV_GB200 = ("NVIDIA GB200 NVL72 specifications per GPU: the rack's sparse figures / 72, halved "
+             "for dense")
+_AMD_250 = "AMD Instinct MI250X datasheet (per package; gnomon models one GCD, half of it)"
+_AMD_300A = "AMD Instinct MI300A datasheet"
+
+A100_40GB = GPU(
+    name="A100 SXM 40GB", vendor="NVIDIA",
+    bf16_tflops=Figure(312, _NV_A100), fp8_tflops=Figure(None, f"{_NV_A100}: no FP8 math"),
+    fp4_tflops=Figure(None, f"{_NV_A100}: no FP4 math"),
+    hbm_tbps=Figure(1.555, _NV_A100), hbm_gb=Figure(40, _NV_A100),
+    interconnect_gbps=Figure(300, f"{_NV_A100}: NVLink 3, 600 GB/s bidirectional"),
+    generation="ampere", device_names=("NVIDIA A100-SXM4-40GB",), aliases=("A100 40GB",))
+A100_80GB = GPU(
+    name="A100 SXM 80GB", vendor="NVIDIA",
+    bf16_tflops=Figure(312, _NV_A100), fp8_tflops=Figure(None, f"{_NV_A100}: no FP8 math"),
+    fp4_tflops=Figure(None, f"{_NV_A100}: no FP4 math"),
+    hbm_tbps=Figure(2.039, _NV_A100), hbm_gb=Figure(80, _NV_A100),
+    interconnect_gbps=Figure(300, f"{_NV_A100}: NVLink 3, 600 GB/s bidirectional"),
+    generation="ampere", device_names=("NVIDIA A100-SXM4-80GB",),
+    aliases=("A100", "A100 80GB"))
+H20 = GPU(
+    name="H20", vendor="NVIDIA",
+    bf16_tflops=Figure(148, _NV_H20), fp8_tflops=Figure(296, _NV_H20),
+    fp4_tflops=Figure(None, f"{_NV_H20}: no FP4 math"),
+    hbm_tbps=Figure(4.0, _NV_H20), hbm_gb=Figure(96, _NV_H20),
+    interconnect_gbps=Figure(450, f"{_NV_H20}: NVLink 4, 900 GB/s bidirectional"),
+    generation="hopper", device_names=("NVIDIA H20",))
+L40S = GPU(
+    name="L40S", vendor="NVIDIA",
+    bf16_tflops=Figure(362.05, _NV_L40S), fp8_tflops=Figure(733, _NV_L40S),
+    fp4_tflops=Figure(None, f"{_NV_L40S}: no FP4 math"),
+    hbm_tbps=Figure(0.864, f"{_NV_L40S} (GDDR6)"), hbm_gb=Figure(48, _NV_L40S),
+    interconnect_gbps=Figure(32, f"{_NV_L40S}: no NVLink; PCIe Gen4 x16, 64 GB/s "
+                                 f"bidirectional"),
+    generation="ada", device_names=("NVIDIA L40S",))
+RTX_PRO_6000 = GPU(
+    name="RTX PRO 6000 Blackwell", vendor="NVIDIA",
+    bf16_tflops=Figure(503.8, _NV_RTX), fp8_tflops=Figure(1010, _NV_RTX),
+    fp4_tflops=Figure(2020, _NV_RTX),
+    hbm_tbps=Figure(1.792, f"{_NV_RTX} (GDDR7)"), hbm_gb=Figure(96, _NV_RTX),
+    interconnect_gbps=Figure(64, f"{_NV_RTX}: no NVLink; PCIe Gen5 x16, 128 GB/s "
+                                 f"bidirectional"),
+    generation="blackwell",
+    device_names=("NVIDIA RTX PRO 6000 Blackwell Workstation Edition",),
+    aliases=("RTX PRO 6000",))
+GB200 = GPU(
+    name="GB200", vendor="NVIDIA",
+    bf16_tflops=Figure(2500, _NV_GB200), fp8_tflops=Figure(5000, _NV_GB200),
+    fp4_tflops=Figure(10000, _NV_GB200),
+    hbm_tbps=Figure(8.0, _NV_GB200), hbm_gb=Figure(186, f"{_NV_GB200}: 13.4 TB HBM3e / 72"),
+    interconnect_gbps=Figure(900, f"{_NV_GB200}: NVLink 5, 1.8 TB/s bidirectional"),
+    generation="blackwell", device_names=("NVIDIA GB200",))
+MI250X = GPU(
+    name="MI250X", vendor="AMD",
+    bf16_tflops=Figure(191.5, f"{_AMD_250}: 383 TFLOP/s per package"),
+    fp8_tflops=Figure(None, f"{_AMD_250}: CDNA2 has no FP8"),
+    fp4_tflops=Figure(None, f"{_AMD_250}: CDNA2 has no FP4"),
+    hbm_tbps=Figure(1.6, f"{_AMD_250}: 3.2 TB/s per package"),
+    hbm_gb=Figure(64, f"{_AMD_250}: 128 GB per package"),
+    interconnect_gbps=Figure(200, f"{_AMD_250}: 800 GB/s of Infinity Fabric per package, "
+                                  f"half per GCD, halved again per direction"),
+    generation="cdna2", device_names=("AMD Instinct MI250X",), aliases=("MI250X GCD",))
+MI300A = GPU(
+    name="MI300A", vendor="AMD",
+    bf16_tflops=Figure(980.6, _AMD_300A), fp8_tflops=Figure(1961.2, _AMD_300A),
+    fp4_tflops=Figure(None, f"{_AMD_300A}: CDNA3 has no FP4"),
+    hbm_tbps=Figure(5.3, _AMD_300A), hbm_gb=Figure(128, f"{_AMD_300A}: unified with the CPU"),
+    interconnect_gbps=Figure(None, f"{_AMD_300A}: not found", given=False),
+    generation="cdna3", device_names=("AMD Instinct MI300A",))
+
+GPUS: Tuple[Hardware, ...] = (A100_40GB, A100_80GB, H100_SXM, H200, H20, L40S, RTX_PRO_6000,
+                              B200, GB200, MI250X, MI300X, MI300A, MI325X, MI355X)
 
 
 def _normal(name: str) -> str:
@@ -193,9 +289,17 @@ def _from_mapping(raw: Dict[str, Any], where: str) -> Hardware:
             value, source = value.get("value"), value.get("source", source)
         required = key in ("bf16_tflops", "hbm_tbps", "hbm_gb")
         if value is None and not required:
-            figures[key] = Figure(None, f"{source}: not given")
+            if key in raw:  # written as null: the chip has none
+                figures[key] = Figure(None, f"{source}: none (null in the file)")
+            else:
+                figures[key] = Figure(None, f"{source}: not given", given=False)
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"{where}: {key}: expected a positive number, got {value!r}")
         figures[key] = Figure(float(value), str(source))
-    return Hardware(name=raw["name"].strip(), vendor=raw["vendor"].strip(), **figures)
+    generation = raw.get("generation")
+    if generation is not None and generation not in GENERATIONS:
+        raise ValueError(f"{where}: generation: expected one of {', '.join(GENERATIONS)}, got "
+                         f"{generation!r}")
+    return Hardware(name=raw["name"].strip(), vendor=raw["vendor"].strip(),
+                    generation=generation, **figures)

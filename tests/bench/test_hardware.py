@@ -1,4 +1,4 @@
-"""gnomon.hardware: the catalogue holds REFERENCE.md's datasheet numbers, each with a source."""
+"""gnomon.hardware: the catalogue holds datasheet numbers, each with a source."""
 
 import dataclasses
 
@@ -6,27 +6,42 @@ import pytest
 
 from gnomon import hardware
 
-# (BF16, FP8, FP4, HBM TB/s, HBM GB) from shared/REFERENCE.md, dense, per GPU.
+# (BF16, FP8, FP4, HBM TB/s, HBM GB), dense, per GPU device, from each vendor's datasheet
+# (H20 and RTX PRO 6000 from third-party copies of NVIDIA's tables; GB200 from the NVL72 rack's
+# sparse figures / 72 / 2; MI250X one GCD, half the package).
 EXPECTED = {
+    "A100 SXM 40GB": (312, None, None, 1.555, 40),
+    "A100 SXM 80GB": (312, None, None, 2.039, 80),
     "H100 SXM": (989, 1979, None, 3.35, 80),
     "H200": (989, 1979, None, 4.8, 141),
+    "H20": (148, 296, None, 4.0, 96),
+    "L40S": (362.05, 733, None, 0.864, 48),
+    "RTX PRO 6000 Blackwell": (503.8, 1010, 2020, 1.792, 96),
     "B200": (2250, 4500, 9000, 8.0, 180),
+    "GB200": (2500, 5000, 10000, 8.0, 186),
+    "MI250X": (191.5, None, None, 1.6, 64),
     "MI300X": (1307.4, 2614.9, None, 5.3, 192),
+    "MI300A": (980.6, 1961.2, None, 5.3, 128),
     "MI325X": (1307.4, 2614.9, None, 6.0, 256),
     "MI355X": (2516.6, 5033, 10066, 8.0, 288),
 }
+DATASHEETS = ("H100 SXM", "H200", "B200", "MI300X", "MI325X", "MI355X", "A100 SXM 40GB",
+              "A100 SXM 80GB", "L40S", "MI250X", "MI300A")
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
-def test_numbers_match_the_reference(name):
+def test_numbers_match_the_datasheets(name):
     gpu = hardware.gpu(name)
     figures = (gpu.bf16_tflops, gpu.fp8_tflops, gpu.fp4_tflops, gpu.hbm_tbps, gpu.hbm_gb)
     assert tuple(f.value for f in figures) == EXPECTED[name]
     for figure in figures:
-        assert "datasheet" in figure.source
+        assert figure.given and figure.source
+        if name in DATASHEETS:
+            assert "datasheet" in figure.source
+    assert gpu.generation in hardware.GENERATIONS
 
 
-def test_catalogue_is_exactly_the_six_gpus_and_frozen():
+def test_catalogue_is_exactly_these_gpus_and_frozen():
     assert [g.name for g in hardware.GPUS] == list(EXPECTED)
     with pytest.raises(dataclasses.FrozenInstanceError):
         hardware.H100_SXM.name = "x"
@@ -38,10 +53,15 @@ def test_lookup_ignores_case_spaces_and_dashes():
     assert hardware.gpu("mi355x") is hardware.MI355X
 
 
-@pytest.mark.parametrize("bad", ["A100", "", "H100 PCIe", None])
+@pytest.mark.parametrize("bad", ["TPU v5", "", "H100 PCIe", None])
 def test_unknown_name_lists_the_known_ones(bad):
-    with pytest.raises(ValueError, match="known: H100 SXM, H200, B200, MI300X, MI325X, MI355X"):
+    with pytest.raises(ValueError, match="known: A100 SXM 40GB, A100 SXM 80GB, H100 SXM"):
         hardware.gpu(bad)
+
+
+def test_aliases():
+    assert hardware.gpu("A100") is hardware.A100_80GB
+    assert hardware.gpu("rtx-pro-6000") is hardware.RTX_PRO_6000
 
 
 def test_device_names_match_exactly_or_not_at_all():

@@ -47,7 +47,7 @@ def test_simulate_azure_trace(tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--hardware", "A100"], ["unknown 'A100'", "H100 SXM", "MI355X", "host"]),
+    (["--hardware", "TPU-v5"], ["unknown 'TPU-v5'", "H100 SXM", "MI355X", "A100", "host"]),
     (["--model", "gpt-5"], ["gpt-5", "gpt-oss-120b", "llama-3.1-8b"]),
     (["--predictor", "oracle"], ["oracle", "roofline, calibrated:FILE or table:FILE"]),
     (["--predictor", "calibrated:/nope/cal.json"], ["/nope/cal.json"]),
@@ -55,8 +55,22 @@ def test_simulate_azure_trace(tmp_path):
     (["--workload", "burst"], ["burst", "chat", "long-context", "trace:"]),
     (["--model", "llama-3.1-70b", "--hardware", "H100"], ["does not fit", "GB is available"]),
     (["--tp", "3"], ["tp: 3"]),
-    (["--rate", "-1"], ["rate"]),
+    (["--rate", "-1"], ["--rate", "inf"]),
+    (["--rate", "nan"], ["--rate"]),
+    (["--rate", "fast"], ["--rate", "'fast'"]),
     (["--num-requests", "0"], ["num_requests"]),
+    (["--concurrency", "0"], ["--concurrency", "positive integer"]),
+    (["--concurrency", "-3"], ["--concurrency"]),
+    (["--concurrency", "many"], ["--concurrency", "'many'"]),
+    (["--input-len", "-5"], ["--input-len", "LOW:HIGH"]),
+    (["--output-len", "x"], ["--output-len"]),
+    (["--input-len", "900:100"], ["--input-len", "LOW <= HIGH"]),
+    (["--max-num-seqs", "0"], ["--max-num-seqs"]),
+    (["--max-num-batched-tokens", "-1"], ["--max-num-batched-tokens"]),
+    (["--engine", "tgi"], ["engine: unknown 'tgi'", "vllm", "sglang", "gnomon"]),
+    (["--weight-dtype", "int4"], ["weight_dtype", "fp8"]),
+    (["--kv-dtype", "fp4"], ["kv_dtype", "fp8"]),
+    (["--workload", "trace:x.csv", "--input-len", "10"], ["input_len", "trace"]),
 ])
 def test_bad_input_is_one_line_naming_it(args, expected):
     run = gnomon("simulate", *args, timeout=120)
@@ -127,7 +141,7 @@ def test_rate_sweep_and_slo(tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--rate", "2,x"], "--rate: expected a number or a comma-separated list"),
+    (["--rate", "2,x"], "--rate: expected a number of requests/s > 0 or inf, got 'x'"),
     (["--rate", "2,4", "--plot", "p.png"], "--plot: draws one run"),
     (["--slo-ttft-ms", "0"], "ttft_s"),
 ])

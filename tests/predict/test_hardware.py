@@ -7,9 +7,11 @@ import pytest
 from gnomon import hardware
 from gnomon.predict.hardware import resolve_hardware
 
-# per direction, GB/s: datasheets' bidirectional totals halved (REFERENCE.md "Interconnect")
+# per direction, GB/s: datasheets' bidirectional totals halved (NVLink 3 600, NVLink 4 900,
+# NVLink 5 1800; AMD's 8-GPU mesh 7 links of 128 or 153.6; PCIe Gen4 x16 64, Gen5 x16 128)
 INTERCONNECT = {"H100 SXM": 450, "H200": 450, "B200": 900, "MI300X": 7 * 64, "MI325X": 7 * 64,
-                "MI355X": 7 * 153.6 / 2}
+                "MI355X": 7 * 153.6 / 2, "A100 SXM 80GB": 300, "H20": 450, "GB200": 900,
+                "L40S": 32, "RTX PRO 6000 Blackwell": 64}
 
 
 @pytest.mark.parametrize("name", list(INTERCONNECT))
@@ -66,9 +68,28 @@ def test_host_is_measured_here():
     assert resolve_hardware("HOST") is host  # measured once per process
 
 
+def test_null_means_none_and_missing_means_not_given(tmp_path):
+    base = {"name": "X", "vendor": "NVIDIA", "bf16_tflops": 1, "hbm_tbps": 1, "hbm_gb": 1,
+            "generation": "ampere"}
+    (tmp_path / "null.json").write_text(json.dumps({**base, "fp8_tflops": None}))
+    (tmp_path / "missing.json").write_text(json.dumps(base))
+    null, missing = (resolve_hardware(str(tmp_path / f)) for f in ("null.json", "missing.json"))
+    assert null.fp8_tflops.value is None and null.fp8_tflops.given
+    assert missing.fp8_tflops.value is None and not missing.fp8_tflops.given
+    assert null.generation == "ampere"
+
+
+def test_bad_generation_names_the_field(tmp_path):
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({"name": "X", "vendor": "Y", "bf16_tflops": 1, "hbm_tbps": 1,
+                                "hbm_gb": 1, "generation": "volta"}))
+    with pytest.raises(ValueError, match="generation: expected one of ampere"):
+        resolve_hardware(str(path))
+
+
 def test_unknown_name_lists_everything():
     with pytest.raises(ValueError) as e:
-        resolve_hardware("A100")
+        resolve_hardware("TPU v5")
     message = str(e.value)
     assert all(g.name in message for g in hardware.GPUS) and "host" in message
     assert ".json" in message

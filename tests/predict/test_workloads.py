@@ -498,11 +498,11 @@ def test_resolve_preset_needs_num_requests_and_rate():
         resolve("chat", num_requests=3, rate=None, vocab_size=100)
 
 
-@pytest.mark.parametrize("bad", ["sharegpt", "trace", "trace:", "Chat", ""])
+@pytest.mark.parametrize("bad", ["alpaca", "trace", "trace:", "Chat", ""])
 def test_resolve_unknown_lists_accepted_forms(bad):
     with pytest.raises(ValueError) as e:
         resolve(bad, num_requests=3, rate=1.0, vocab_size=100)
     msg = str(e.value)
     assert "trace:" in msg
     if bad != "trace:":
-        assert "'chat'" in msg and "'long-context'" in msg and "'trace:PATH'" in msg
+        assert "'chat'" in msg and "'sharegpt'" in msg and "'trace:PATH'" in msg

@@ -50,8 +50,9 @@ class ModelConfig:
     ``"softmax_topk"`` (Mixtral) or ``"topk_softmax"`` (gpt-oss), None for a dense model.
     `gate_up_layout` names how gnomon's w13 keeps gate and up rows (``"concat"`` or
     ``"interleaved"``). `quantization` is ``"mxfp4"`` when the config.json declares MXFP4
-    experts (gpt-oss hub checkpoints), else None; the weight loader reads whichever layout the
-    files hold."""
+    experts (gpt-oss hub checkpoints), ``"fp8"`` for FP8 linear weights (which only a
+    simulation runs yet), else None; the weight loader reads whichever layout the files hold.
+    `kv_cache_dtype` is ``"fp8"`` when the config declares an FP8 KV cache."""
 
     architecture: str
     vocab_size: int
@@ -78,6 +79,7 @@ class ModelConfig:
     eos_token_ids: Tuple[int, ...]
     torch_dtype: str
     quantization: Optional[str] = None
+    kv_cache_dtype: Optional[str] = None  # "fp8" where quantization_config declares an FP8 KV
 
     # ---- derived -------------------------------------------------------------------------
 
@@ -315,14 +317,8 @@ def _parse(raw: Dict[str, Any], source: str) -> ModelConfig:
             sliding = None  # Llama has no sliding window
         layer_types = ("full",) * layers
 
-    quant = raw.get("quantization_config")
-    quantization = None
-    if quant is not None:
-        method = quant.get("quant_method") if isinstance(quant, dict) else None
-        if not gpt_oss or method != "mxfp4":
-            r.fail(f"quantization_config: only gpt-oss with quant_method 'mxfp4' is supported, "
-                   f"got {method!r}")
-        quantization = "mxfp4"
+    quantization, kv_cache_dtype = _parse_quantization(r, raw.get("quantization_config"),
+                                                       gpt_oss)
 
     eos = raw.get("eos_token_id")
     if eos is None:
@@ -344,7 +340,53 @@ def _parse(raw: Dict[str, Any], source: str) -> ModelConfig:
         attention_bias=attention_bias, has_sinks=gpt_oss, routing=routing,
         activation="swiglu_oai" if gpt_oss else "silu",
         gate_up_layout="interleaved" if gpt_oss else "concat", eos_token_ids=eos_ids,
-        torch_dtype=dtype, quantization=quantization)
+        torch_dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+
+
+QUANT_METHODS = ("mxfp4 (gpt-oss)", "fp8", "fbgemm_fp8", "compressed-tensors (fp8)",
+                 "quark (fp8_e4m3)")
+
+
+def _is_fp8_spec(spec) -> bool:
+    """A compressed-tensors / quark tensor spec that says FP8."""
+    if not isinstance(spec, dict):
+        return False
+    return (spec.get("num_bits") == 8 and spec.get("type") == "float") \
+        or spec.get("dtype") == "fp8_e4m3"
+
+
+def _parse_quantization(r: _Reader, quant, gpt_oss: bool):
+    """``(quantization, kv_cache_dtype)`` from a ``quantization_config``: "mxfp4" (gpt-oss's
+    experts) or "fp8" (the linear layers' weights), and "fp8" where the config also declares
+    an FP8 KV cache (compressed-tensors' ``kv_cache_scheme``, quark's k/v output tensors)."""
+    if quant is None:
+        return None, None
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method == "mxfp4":
+        if not gpt_oss:
+            r.fail("quantization_config: quant_method 'mxfp4' is supported on gpt-oss only")
+        return "mxfp4", None
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8", "fp8" if _is_fp8_spec(quant.get("kv_cache_scheme")) else None
+    if method == "compressed-tensors":
+        groups = quant.get("config_groups") or {}
+        weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)]
+        if not weights or not all(_is_fp8_spec(w) for w in weights):
+            r.fail(f"quantization_config: compressed-tensors is supported with FP8 weights "
+                   f"(num_bits 8, type float), got config_groups {groups!r}")
+        return "fp8", "fp8" if _is_fp8_spec(quant.get("kv_cache_scheme")) else None
+    if method == "quark":
+        weight = (quant.get("global_quant_config") or {}).get("weight")
+        if not _is_fp8_spec(weight):
+            r.fail(f"quantization_config: quark is supported with fp8_e4m3 weights, got "
+                   f"global_quant_config.weight {weight!r}")
+        layers = quant.get("layer_quant_config") or {}
+        kv = [spec.get("output_tensors") for name, spec in layers.items()
+              if isinstance(spec, dict) and name.rstrip("*").endswith(("k_proj", "v_proj"))]
+        kv += list((quant.get("kv_cache_quant_config") or {}).values())
+        return "fp8", "fp8" if kv and all(_is_fp8_spec(x) for x in kv) else None
+    r.fail(f"quantization_config: unknown quant_method {method!r}; supported: "
+           f"{', '.join(QUANT_METHODS)}")
 
 
 def _parse_rope_scaling(r: _Reader, raw, arch: str) -> Optional[RopeScaling]:

@@ -147,6 +147,11 @@ class LLMEngine:
         else:
             raise TypeError(f"model: expected a folder path or preset name, got "
                             f"{type(model).__name__}")
+        if runner is None and (config.quantization == "fp8" or config.kv_cache_dtype == "fp8"):
+            what = "FP8 weights" if config.quantization == "fp8" else "an FP8 KV cache"
+            raise ValueError(f"model: {what} (quantization_config): gnomon has no FP8 kernel "
+                             f"yet, so the real engine cannot run this model; gnomon simulate "
+                             f"can price it")
         self.config = config
         self.folder = folder
         self.dtype_name = _dtype_name(dtype, config)

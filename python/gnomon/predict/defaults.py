@@ -6,6 +6,7 @@ DEFAULT_HARDWARE = "MI355X"
 DEFAULT_WORKLOAD = "chat"
 DEFAULT_RATE = 8.0
 DEFAULT_NUM_REQUESTS = 200
+DEFAULT_ENGINE = "gnomon"  # gnomon.predict.engines: whose scheduler defaults and host overhead
 PREDICTOR_FORMS = "roofline, calibrated:FILE or table:FILE"
 
 CALIBRATION_MODEL = "small-llama"

@@ -13,6 +13,8 @@ Definitions (times on the run's clock, seconds):
   (left out of the TPOT summary).
 - itl: the gaps between consecutive output tokens of a request, pooled over all requests.
 - a request is *good* when ttft <= slo.ttft_s and (tpot is None or tpot <= slo.tpot_s).
+- throughput: output and total (prompt + output) tokens over the duration, also per GPU (over
+  ``num_gpus``); per user, 1 / mean TPOT (how fast one user sees tokens, as sweeps plot it).
 """
 
 from __future__ import annotations
@@ -176,8 +178,11 @@ def _steps(trace) -> dict:
             "unattributed_s": busy - sum(breakdown.values())}
 
 
-def compute_metrics(trace, slo: SLO = SLO()) -> dict:
-    """The JSON-ready metrics of one run; see the module docstring for the definitions."""
+def compute_metrics(trace, slo: SLO = SLO(), num_gpus: int = 1) -> dict:
+    """The JSON-ready metrics of one run on `num_gpus` GPUs; see the module docstring for the
+    definitions."""
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
+        raise ValueError(f"num_gpus: expected a positive int, got {num_gpus!r}")
     r = _PerRequest(trace)
     n = len(r.ids)
     duration = float(r.finish.max() - r.arrival.min())
@@ -188,18 +193,24 @@ def compute_metrics(trace, slo: SLO = SLO()) -> dict:
     out_tokens = int(r.out.sum())
     itl = np.concatenate(r.gaps) if r.gaps else np.empty(0)
     queried, hit = int(trace.prefix_queried_tokens), int(trace.prefix_hit_tokens)
+    total_tokens = out_tokens + int(r.prompt.sum())
+    tpot = summarize(r.tpot[tpot_known])
     return {
         "requests": n,
         "duration_s": duration,
         "ttft": summarize(r.ttft).as_dict(),
         "queueing": summarize(r.queueing).as_dict(),
         "prefill": summarize(r.prefill).as_dict(),
-        "tpot": summarize(r.tpot[tpot_known]).as_dict(),
+        "tpot": tpot.as_dict(),
         "itl": summarize(itl).as_dict(),
         "e2e": summarize(r.e2e).as_dict(),
         "throughput": {"requests_per_s": _rate(n, duration),
                        "output_tokens_per_s": _rate(out_tokens, duration),
-                       "total_tokens_per_s": _rate(out_tokens + int(r.prompt.sum()), duration),
+                       "total_tokens_per_s": _rate(total_tokens, duration),
+                       "num_gpus": num_gpus,
+                       "output_tokens_per_s_per_gpu": _rate(out_tokens / num_gpus, duration),
+                       "total_tokens_per_s_per_gpu": _rate(total_tokens / num_gpus, duration),
+                       "output_tokens_per_s_per_user": (1.0 / tpot.mean if tpot.mean else None),
                        "prompt_tokens": int(r.prompt.sum()), "output_tokens": out_tokens},
         "goodput": {"slo": {"ttft_s": float(slo.ttft_s), "tpot_s": float(slo.tpot_s)},
                     "good_requests": good,

@@ -3,7 +3,9 @@
 `step_ops(shape)` lists the ops the engine's runner runs for a `StepShape` (per GPU of ``tp``),
 each layer's ops already multiplied by the number of layers that share their cost. Counting:
 
-- activations and weights in the model's dtype; MXFP4 experts 4.25 bits per weight;
+- activations in the model's dtype; linear weights in `ModelSpec.linear_dtype` (FP8 one byte,
+  its math FP8), MXFP4 experts 4.25 bits per weight; embedding, router and lm_head in the
+  model's dtype; the KV cache in `ModelSpec.kv_bytes` per element;
 - GEMMs read their weights once and their input and output activations once;
 - attention counts each sequence's own keys: query ``j`` of ``n`` new tokens after ``c`` cached
   ones attends ``min(c + j + 1, window)`` keys (2 FLOPs per key element for QK and 2 for PV) and
@@ -34,7 +36,9 @@ class Op(NamedTuple):  # a tuple: attention builds a few per step, 6x faster tha
     compute: str = "bfloat16"  # the math the FLOPs run in: "bfloat16", "fp8" or "fp4"
     comm_bytes: float = 0.0  # all-reduce payload (communication ops only)
     collectives: int = 0
-    rows: int = 0  # a GEMM's M (the tokens it multiplies), 0 for other ops
+    rows: int = 0  # what the kernel's efficiency depends on: a GEMM's M, the tokens per expert
+    # of a grouped MoE GEMM, the keys per query of attention; 0 where nothing does
+    depth: int = 0  # a GEMM's K
 
 
 NO_WINDOW = 1 << 40  # a window no context reaches: full attention
@@ -66,18 +70,20 @@ def step_ops(shape: StepShape) -> List[Op]:
 
 def attention_ops(shape: StepShape) -> List[Op]:
     spec, c, tp = shape.model, shape.model.config, shape.tp
-    a, T = spec.dtype_bytes, shape.num_tokens
+    a, T, ckv = spec.dtype_bytes, shape.num_tokens, spec.kv_bytes
     q = c.q_size // tp
     kv = kv_heads_per_gpu(c, tp) * c.head_dim
     hq, d = c.num_heads // tp, c.head_dim
     ops: List[Op] = []
     for window, layers in spec.attention_groups:
         k, kv_read = attention_sums(shape.requests, NO_WINDOW if window is None else window)
-        ops.append(Op("attention", "reshape_and_cache", 0.0, layers * 2 * 2 * T * kv * a,
-                      layers))
+        ops.append(Op("attention", "reshape_and_cache", 0.0,
+                      layers * 2 * T * kv * (a + ckv), layers))
+        # rows: keys per query, the context the kernel's efficiency depends on
         ops.append(Op("attention", "paged_attention" + (f"[window {window}]" if window else ""),
                       layers * 4.0 * hq * d * k,
-                      layers * (2 * kv_read * kv * a + 2 * T * q * a), layers))
+                      layers * (2 * kv_read * kv * ckv + 2 * T * q * a), layers,
+                      rows=k // T if T else 0))
     return ops
 
 
@@ -86,16 +92,17 @@ def dense_ops(spec: ModelSpec, T: int, R: int, tp: int) -> Tuple[Op, ...]:
     """The ops that depend only on the step's token count T and sampled rows R (cached: decode
     steps repeat the same few)."""
     c = spec.config
-    a = spec.dtype_bytes
+    a, w = spec.dtype_bytes, spec.linear_bytes
+    linear = "fp8" if spec.linear_dtype == "fp8" else "bfloat16"
     L, H = c.num_layers, c.hidden_size
     q = c.q_size // tp
     kv = kv_heads_per_gpu(c, tp) * c.head_dim
     ops: List[Op] = []
 
-    def gemm(family, name, m, k, n, layers=L, weight_bytes=None, compute="bfloat16"):
-        w = k * n * a if weight_bytes is None else weight_bytes
+    def gemm(family, name, m, k, n, layers=L, weight_bytes=w, compute=linear):
         ops.append(Op(family, name, layers * 2.0 * m * k * n,
-                      layers * (w + m * k * a + m * n * a), layers, compute, rows=m))
+                      layers * (k * n * weight_bytes + m * k * a + m * n * a), layers, compute,
+                      rows=m, depth=k))
 
     def elementwise(name, nbytes, launches, layers=L):
         ops.append(Op("elementwise", name, 0.0, layers * nbytes, layers * launches))
@@ -108,15 +115,16 @@ def dense_ops(spec: ModelSpec, T: int, R: int, tp: int) -> Tuple[Op, ...]:
 
     if c.is_moe:
         E, k, I = c.num_experts, c.top_k, c.intermediate_size // tp
-        gemm("moe", "router", T, H, E)
+        gemm("moe", "router", T, H, E, weight_bytes=a, compute="bfloat16")
         ops.append(Op("moe", "topk_routing", L * 5.0 * T * E, L * (T * E * a + 2 * T * k * 4),
                       L))
         distinct = E * (1.0 - (1.0 - k / E) ** T) if T else 0.0
         weights = distinct * 3 * H * I * spec.expert_bytes_per_param
-        fp4 = spec.mxfp4_experts
+        # rows: tokens per expert that runs, the grouped GEMM's M
         ops.append(Op("moe", "fused_moe", L * 2.0 * T * k * 3 * H * I,
                       L * (weights + 2 * T * H * a + T * k * 3 * I * a), L,
-                      "fp4" if fp4 else "bfloat16"))
+                      "fp4" if spec.mxfp4_experts else linear,
+                      rows=round(T * k / distinct) if T else 0, depth=H))
     else:
         I = c.intermediate_size // tp
         gemm("gemm", "gate_up_proj", T, H, 2 * I)
@@ -131,7 +139,7 @@ def dense_ops(spec: ModelSpec, T: int, R: int, tp: int) -> Tuple[Op, ...]:
         elementwise("final_norm", 4 * R * H * a, 1, layers=1)
         V = c.vocab_size // tp
         ops.append(Op("gemm", "lm_head", 2.0 * R * H * V,
-                      H * V * a + R * H * a + R * V * LOGITS_BYTES, 1, rows=R))
+                      H * V * a + R * H * a + R * V * LOGITS_BYTES, 1, rows=R, depth=H))
         ops.append(Op("sampling", "sample", 5.0 * R * c.vocab_size,
                       3 * R * c.vocab_size * LOGITS_BYTES, 2))
     return tuple(ops)

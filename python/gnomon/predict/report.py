@@ -162,6 +162,12 @@ def render_table(report: dict, console=None) -> None:
     other.add_row("throughput", f"{_num(t['requests_per_s'])} req/s",
                   f"{_num(t['output_tokens_per_s'])} output tok/s, "
                   f"{_num(t['total_tokens_per_s'])} total tok/s")
+    if "num_gpus" in t:  # older reports lack the per-GPU and per-user figures
+        other.add_row("  per GPU", f"{_num(t['total_tokens_per_s_per_gpu'])} tok/s",
+                      f"total over {t['num_gpus']} GPU(s); "
+                      f"{_num(t['output_tokens_per_s_per_gpu'])} output tok/s")
+        other.add_row("  per user", f"{_num(t['output_tokens_per_s_per_user'])} tok/s",
+                      "1 / mean TPOT")
     other.add_row("goodput", f"{_num(g['requests_per_s'])} req/s",
                   f"{_pct(g['fraction'])} of requests good "
                   f"(SLO: TTFT <= {g['slo']['ttft_s'] * 1e3:g} ms, "

@@ -2,18 +2,25 @@
 
 For every op of `opcount.step_ops`::
 
-    time = max(flops / (peak[compute] * eff_compute[compute]), bytes / (hbm * eff_memory))
+    time = max(flops / (peak[compute] * eff_compute), bytes / (hbm * eff_memory))
            + launches * launch_s
 
-summed by family. Communication is a ring all-reduce, ``2 (tp - 1) / tp * bytes`` at the
-per-direction interconnect bandwidth plus ``allreduce_latency_s`` per collective. The engine's
-own per-step overhead is not modelled (``overhead`` is 0); `CalibratedPredictor` fits it.
+summed by family. ``eff_compute`` is the GPU's best-shape GEMM fraction for the op's math
+(`Efficiencies.compute`) times the generation's measured curves (`gnomon.predict.efficiency`):
+the GEMM factors by M and by K, the grouped-GEMM factor by tokens per expert for the MoE, and the
+weight-only factor where the chip lacks the weights' math (MXFP4 on Hopper or CDNA3 runs
+w4a16, FP8 on Ampere or CDNA2 w8a16, both at bf16 peak). Attention takes its compute and KV
+read efficiencies from its own curves. Hardware of no generation (``host``, made-up units)
+has no curves: its factors are 1.
 
-Default efficiencies (REFERENCE.md): best-shape matmul rates from public GEMM sweeps, bf16 0.80
-on H100 (and H200, the same silicon), 0.78 on B200, 0.60 on MI325X (and MI355X, assumed alike),
-0.51 on MI300X; fp8 0.71 on H100, 0.73 on H200, the bf16 figure elsewhere; fp4 the bf16 figure.
-0.8 of the HBM peak and 4 µs per kernel launch. On ``host`` (this CPU, measured by the bench
-harness) the peaks already are measured rates: efficiency 1 and about 5 µs per op call.
+Communication is a ring all-reduce, ``2 (tp - 1) / tp * bytes`` at the per-direction
+interconnect bandwidth plus ``allreduce_latency_s`` per collective. The engine's host work is
+the ``overhead`` family, from an `EngineOverhead` (`gnomon.predict.engines`; none by default).
+
+Best-shape fractions and the stated defaults (0.8 of the HBM peak, 4 µs per kernel launch,
+0.7 of the peak where no GEMM sweep was published) live with their sources in
+``data/efficiency.json``. On ``host`` (this CPU, measured by the bench harness) the peaks
+already are measured rates: efficiency 1 and about 5 µs per op call.
 """
 
 from __future__ import annotations
@@ -24,32 +31,39 @@ from typing import Dict, Mapping, Optional, Union
 from gnomon.hardware import Hardware
 
 from .cost import FAMILIES, PredictionRefused, StepCost
+from .efficiency import CurveSet, best_gemm, curves_for, defaults
+from .engines import EngineOverhead
 from .hardware import resolve_hardware
 from .opcount import attention_ops, dense_ops
 from .shapes import StepShape
 
-_BF16 = {"H100 SXM": 0.80, "H200": 0.80, "B200": 0.78, "MI300X": 0.51, "MI325X": 0.60,
-         "MI355X": 0.60}
-_FP8 = {"H100 SXM": 0.71, "H200": 0.73}
 ANALYTICAL = dict.fromkeys(FAMILIES, "analytical")  # every part's provenance
+_FIGURE_FIELD = {"bfloat16": "bf16_tflops", "fp8": "fp8_tflops", "fp4": "fp4_tflops"}
+_WEIGHT_ONLY = {"fp4": "w4a16", "fp8": "w8a16"}
 
 
 @dataclass(frozen=True)
 class Efficiencies:
-    """Achieved fractions of the datasheet peaks, and fixed costs."""
+    """Achieved fractions of the datasheet peaks, fixed costs, and the measured curves."""
 
     compute: Mapping[str, float] = field(default_factory=lambda: {"bfloat16": 0.7})
     memory: float = 0.8
     launch_s: float = 4e-6
     allreduce_latency_s: float = 10e-6
     interconnect_gbps: Optional[float] = None  # overrides the hardware's figure
+    curves: Optional[CurveSet] = None
 
     @classmethod
     def default_for(cls, hw: Hardware) -> "Efficiencies":
         if hw.vendor == "host":
             return cls({"bfloat16": 1.0, "float32": 1.0}, memory=1.0, launch_s=5e-6)
-        bf16 = _BF16.get(hw.name, 0.7)
-        return cls({"bfloat16": bf16, "fp8": _FP8.get(hw.name, bf16), "fp4": bf16})
+        stated = defaults()
+        best = {k: v for k, (v, _) in best_gemm(hw).items()}
+        bf16 = best.get("bfloat16", stated["gemm_best"]["value"])
+        return cls({"bfloat16": bf16, "fp8": best.get("fp8", bf16), "fp4": best.get("fp4", bf16)},
+                   memory=stated["memory"]["value"], launch_s=stated["launch_s"]["value"],
+                   allreduce_latency_s=stated["allreduce_latency_s"]["value"],
+                   curves=curves_for(hw))
 
     @classmethod
     def coerce(cls, value, hw: Hardware) -> "Efficiencies":
@@ -85,32 +99,65 @@ class Efficiencies:
 
 
 class RooflinePredictor:
-    """``RooflinePredictor(hardware, efficiencies=None)``; see the module docstring."""
+    """``RooflinePredictor(hardware, efficiencies=None, overhead=None)``; see the module
+    docstring."""
 
-    def __init__(self, hardware: Union[str, Hardware], efficiencies=None) -> None:
+    def __init__(self, hardware: Union[str, Hardware], efficiencies=None,
+                 overhead: Optional[EngineOverhead] = None) -> None:
         self.hardware = resolve_hardware(hardware)
         self.efficiencies = Efficiencies.coerce(efficiencies, self.hardware)
+        if overhead is not None and not isinstance(overhead, EngineOverhead):
+            raise TypeError(f"overhead: expected an EngineOverhead or None, got "
+                            f"{type(overhead).__name__}")
+        self.overhead = overhead
         self.name = f"roofline({self.hardware.name})"
         self._dense_seconds: Dict[tuple, Dict[str, float]] = {}  # (model, T, R, tp) -> parts
-        self._bytes_per_s = self.hardware.hbm_tbps.value * 1e12 * self.efficiencies.memory
-        self._flops_per_s: Dict[str, float] = {}  # compute dtype -> achieved FLOP/s, cached
+        self._hbm_bytes_per_s = self.hardware.hbm_tbps.value * 1e12
+        self._bytes_per_s = self._hbm_bytes_per_s * self.efficiencies.memory
+        self._flops_per_s: Dict[str, tuple] = {}  # compute -> (best FLOP/s, weight-only curve)
 
-    def _peak_flops(self, compute: str) -> float:
+    def _best_flops(self, compute: str) -> tuple:
+        """``(best-shape FLOP/s, the weight-only curve's name or None)`` for the op's math."""
         hw, eff = self.hardware, self.efficiencies
+        figure = hw.figure(compute)
+        weight_only = None
+        if figure is not None and figure.value is None:
+            if not figure.given:
+                raise PredictionRefused(
+                    f"hardware {hw.name}: {_FIGURE_FIELD[compute]} is not given, and this "
+                    f"model's {compute} weights need it; give the chip's dense peak, or null "
+                    f"where it has no {compute} math (its weights then run weight-only at the "
+                    f"bf16 peak)")
+            weight_only, compute = _WEIGHT_ONLY[compute], "bfloat16"
         tflops = hw.tflops(compute)
-        if tflops is None:  # no such math (fp4 on Hopper / CDNA3): dequantise to bf16
-            compute, tflops = "bfloat16", hw.tflops("bfloat16")
-        return tflops * 1e12 * eff.compute.get(compute, eff.compute.get("bfloat16", 1.0))
+        if tflops is None:
+            raise PredictionRefused(f"hardware {hw.name}: no peak for {compute!r} math")
+        best = eff.compute.get(compute, eff.compute.get("bfloat16", 1.0))
+        return tflops * 1e12 * best, weight_only
 
     def op_seconds(self, op) -> float:
         if op.family == "communication":
             return self._allreduce_seconds(op)
-        memory = op.bytes / self._bytes_per_s
+        curves = self.efficiencies.curves
+        attention = op.family == "attention" and op.flops
+        if attention and curves is not None:
+            memory = op.bytes / (self._hbm_bytes_per_s * curves["attention_decode"](op.rows))
+        else:
+            memory = op.bytes / self._bytes_per_s
         compute = 0.0
         if op.flops:
-            rate = self._flops_per_s.get(op.compute)
-            if rate is None:
-                rate = self._flops_per_s[op.compute] = self._peak_flops(op.compute)
+            cached = self._flops_per_s.get(op.compute)
+            if cached is None:
+                cached = self._flops_per_s[op.compute] = self._best_flops(op.compute)
+            rate, weight_only = cached
+            if curves is not None:
+                if attention:
+                    rate = self.hardware.bf16_tflops.value * 1e12 * self._attention(op.rows)
+                else:
+                    shape = curves["grouped_gemm" if op.name == "fused_moe" else "gemm"]
+                    rate *= shape(op.rows) * curves["gemm_k"](op.depth)
+                    if weight_only is not None:
+                        rate *= curves[weight_only](op.rows)
             compute = op.flops / rate
         return max(compute, memory) + op.launches * self.efficiencies.launch_s
 
@@ -127,6 +174,11 @@ class RooflinePredictor:
         if not isinstance(shape, StepShape):
             raise TypeError(f"shape: expected a StepShape, got {type(shape).__name__}")
         self._ring_factor = 2 * (shape.tp - 1) / shape.tp
+        curves = self.efficiencies.curves
+        if curves is not None:
+            small = shape.model.config.head_dim <= 96
+            self._attention = curves["attention_prefill_d64" if small else
+                                     "attention_prefill_d128"]
         key = (shape.model, shape.num_tokens, shape.num_sampled, shape.tp)
         dense = self._dense_seconds.get(key)
         if dense is None:  # decode steps repeat the same few token counts
@@ -139,4 +191,6 @@ class RooflinePredictor:
         parts = dict(dense)
         for op in attention_ops(shape):
             parts[op.family] += self.op_seconds(op)
+        if self.overhead is not None:
+            parts["overhead"] = self.overhead.seconds(shape.num_seqs, sum(parts.values()))
         return StepCost.from_parts(parts, ANALYTICAL)

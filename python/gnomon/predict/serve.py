@@ -19,8 +19,8 @@ from gnomon.engine.sampling_params import SamplingParams
 
 from .hardware import resolve_hardware
 from .shapes import ModelSpec, check_tp
-from .simulated import (SimulatedRunner, StepRecord, TimedRunner, VirtualClock,
-                        kv_blocks_for_hardware)
+from .simulated import (GPU_MEMORY_UTILIZATION, SimulatedRunner, StepRecord, TimedRunner,
+                        VirtualClock, kv_blocks_for_hardware)
 from .workloads import Workload
 
 
@@ -59,14 +59,17 @@ class RunTrace:
 
 def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
                      args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None,
-                     keep_batches: bool = False) -> LLMEngine:
+                     keep_batches: bool = False,
+                     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> LLMEngine:
     """An `LLMEngine` over a `SimulatedRunner` on a fresh `VirtualClock` at 0 (its step records
-    keep their batches only with `keep_batches`)."""
+    keep their batches only with `keep_batches`); its KV blocks fill `gpu_memory_utilization`
+    of the HBM left after weights and activations, unless `num_kv_blocks` says."""
     check_tp(model.config, tp)
     if num_kv_blocks is None:
         num_kv_blocks = kv_blocks_for_hardware(
             model, resolve_hardware(hardware), block_size=args.block_size, tp=tp,
-            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+            gpu_memory_utilization=gpu_memory_utilization)
     clock = VirtualClock()
     runner = SimulatedRunner(model, predictor, clock, tp=tp, keep_batches=keep_batches)
     return LLMEngine(model.config, clock=clock, runner=runner, dtype=model.dtype,
@@ -86,24 +89,45 @@ def timed_engine(model: Union[str, ModelSpec], *, random_weights: bool = False,
     return engine
 
 
-def run_workload(engine: LLMEngine, workload: Workload, *,
+def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional[int] = None,
                  progress: Optional[Callable[[int, int], None]] = None) -> RunTrace:
     """Run `workload` to completion on `engine` (built by `simulated_engine` or
-    `timed_engine`); ``progress(done, total)`` after each step."""
+    `timed_engine`); ``progress(done, total)`` after each step.
+
+    With `concurrency` N the client keeps at most N requests in flight, as ``vllm bench serve
+    --max-concurrency`` does: a request is sent at its workload arrival time or, when N are in
+    flight then, the moment one of them finishes; its arrival (and so its TTFT) counts from
+    that send. With every arrival at t=0 (rate inf) this is a closed loop of N users."""
     clock, runner = engine.clock, engine.runner
     if not isinstance(clock, VirtualClock) or not isinstance(runner,
                                                              (SimulatedRunner, TimedRunner)):
         raise TypeError("engine: expected one built by simulated_engine or timed_engine "
                         "(a VirtualClock and a recording runner)")
+    if concurrency is not None and (isinstance(concurrency, bool)
+                                    or not isinstance(concurrency, int) or concurrency < 1):
+        raise ValueError(f"concurrency: expected a positive int (requests in flight) or None, "
+                         f"got {concurrency!r}")
     began = time.perf_counter()
     start = clock()
-    for r in workload.requests:
-        engine.add_request(r.request_id, r.prompt_token_ids,
-                           SamplingParams(max_tokens=r.output_len, temperature=0,
-                                          ignore_eos=True),
-                           arrival_time=start + r.arrival_time)
+    requests = workload.requests
+    sent = 0
+
+    def send(limit: int) -> None:
+        nonlocal sent
+        now = clock()
+        while sent < limit:
+            r = requests[sent]
+            engine.add_request(r.request_id, r.prompt_token_ids,
+                               SamplingParams(max_tokens=r.output_len, temperature=0,
+                                              ignore_eos=True),
+                               arrival_time=max(start + r.arrival_time, now))
+            sent += 1
+
+    total = workload.num_requests
+    in_flight = total if concurrency is None else concurrency
+    send(min(in_flight, total))
     kv_usage: List[Tuple[float, float]] = []
-    done, total = 0, workload.num_requests
+    done = 0
     # The requests just added live for the whole run: frozen, the collector's passes do not
     # walk their prompts again and again (a tenth of a simulation's time otherwise).
     gc.freeze()
@@ -112,6 +136,8 @@ def run_workload(engine: LLMEngine, workload: Workload, *,
             executed = len(runner.steps)
             for delta in engine.step():
                 done += delta.finished
+            if sent < total and sent - done < in_flight:
+                send(min(done + in_flight, total))
             if len(runner.steps) == executed:  # nothing could run: skip to the next arrival
                 arrival = engine.next_arrival_time()
                 if arrival is None:

@@ -16,42 +16,72 @@ from gnomon.engine.batch import ScheduledBatch
 from gnomon.engine.config import ModelConfig
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-MXFP4_BYTES_PER_PARAM = 0.53125  # 4 bits + one E8M0 byte per 32 (REFERENCE.md)
+FP8_BYTES = 1
+WEIGHT_DTYPES = ("auto", "bfloat16", "float16", "fp8")  # what --weight-dtype accepts
+KV_DTYPES = ("auto", "bfloat16", "float16", "fp8")  # what --kv-dtype accepts
+MXFP4_BYTES_PER_PARAM = 0.53125  # 4 bits + one E8M0 byte per 32 elements (OCP MX v1.0)
+
+
+def _dtype_bytes(name: str) -> int:
+    return FP8_BYTES if name == "fp8" else _DTYPE_BYTES[name]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model as the predictors count it: `config` (the engine's), the activation / weight
-    `dtype` and whether the experts are MXFP4."""
+    """A model as the predictors count it: `config` (the engine's), the activation `dtype`,
+    the dtype of the linear layers' weights (`weight_dtype`: the activation dtype, or "fp8"),
+    the KV cache's (`kv_dtype`) and whether the experts are MXFP4. FP8 weights cover every
+    linear layer of the decoder (attention projections, MLP and experts); the embedding,
+    lm_head, norms and router stay in `dtype`, as FP8 checkpoints keep them."""
 
     name: str
     config: ModelConfig
     dtype: str = "bfloat16"
     mxfp4_experts: bool = False
+    weight_dtype: Optional[str] = None  # None: `dtype`
+    kv_dtype: Optional[str] = None  # None: `dtype`
 
     @classmethod
     def from_config(cls, config: ModelConfig, name: str = "model", dtype: Optional[str] = None,
-                    mxfp4_experts: Optional[bool] = None) -> "ModelSpec":
+                    mxfp4_experts: Optional[bool] = None, weight_dtype: str = "auto",
+                    kv_dtype: str = "auto") -> "ModelSpec":
+        """`weight_dtype` / `kv_dtype` "auto" follow the config's ``quantization_config``
+        (FP8 weights, an FP8 KV cache), else `dtype`."""
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
         dtype = config.torch_dtype if dtype is None else dtype
         if dtype not in _DTYPE_BYTES:
             raise ValueError(f"dtype: expected one of {', '.join(_DTYPE_BYTES)}, got {dtype!r}")
+        if weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"weight_dtype: expected one of {', '.join(WEIGHT_DTYPES)}, got "
+                             f"{weight_dtype!r}")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype: expected one of {', '.join(KV_DTYPES)}, got "
+                             f"{kv_dtype!r}")
+        if weight_dtype == "auto":
+            weight_dtype = "fp8" if config.quantization == "fp8" else dtype
+        if kv_dtype == "auto":
+            kv_dtype = config.kv_cache_dtype or dtype
         if mxfp4_experts is None:
             mxfp4_experts = config.quantization == "mxfp4"
         if mxfp4_experts and not config.is_moe:
             raise ValueError(f"mxfp4_experts: {name} has no experts")
-        return cls(name, config, dtype, bool(mxfp4_experts))
+        return cls(name, config, dtype, bool(mxfp4_experts),
+                   None if weight_dtype == dtype else weight_dtype,
+                   None if kv_dtype == dtype else kv_dtype)
 
     @classmethod
     def from_model(cls, model: Union[str, os.PathLike, ModelConfig],
-                   dtype: Optional[str] = None) -> "ModelSpec":
+                   dtype: Optional[str] = None, weight_dtype: str = "auto",
+                   kv_dtype: str = "auto") -> "ModelSpec":
         """A preset name, a model folder (its config.json) or a `ModelConfig`."""
         if isinstance(model, ModelConfig):
-            return cls.from_config(model, dtype=dtype)
+            return cls.from_config(model, dtype=dtype, weight_dtype=weight_dtype,
+                                   kv_dtype=kv_dtype)
         config = ModelConfig.from_model(model)
         name = os.path.basename(os.path.normpath(os.fspath(model)))
-        return cls.from_config(config, name=name, dtype=dtype)
+        return cls.from_config(config, name=name, dtype=dtype, weight_dtype=weight_dtype,
+                               kv_dtype=kv_dtype)
 
     def __hash__(self) -> int:  # the predictors key their caches on the spec, every step
         return self._hash
@@ -74,30 +104,47 @@ class ModelSpec:
         return _DTYPE_BYTES[self.dtype]
 
     @property
+    def linear_dtype(self) -> str:
+        """The dtype of the decoder's linear weights."""
+        return self.weight_dtype or self.dtype
+
+    @property
+    def linear_bytes(self) -> int:
+        return _dtype_bytes(self.linear_dtype)
+
+    @property
+    def kv_bytes(self) -> int:
+        return _dtype_bytes(self.kv_dtype or self.dtype)
+
+    @property
     def expert_bytes_per_param(self) -> float:
-        return MXFP4_BYTES_PER_PARAM if self.mxfp4_experts else self.dtype_bytes
+        return MXFP4_BYTES_PER_PARAM if self.mxfp4_experts else self.linear_bytes
+
+    @property
+    def fp8(self) -> bool:
+        return "fp8" in (self.weight_dtype, self.kv_dtype)
 
     def weight_bytes(self, tp: int = 1) -> float:
         """Bytes of weights one of `tp` GPUs holds (embedding and lm_head split by vocab,
         attention by heads, MLP and experts by intermediate; norms and routers replicated)."""
         c = self.config
-        a = self.dtype_bytes
+        a, w = self.dtype_bytes, self.linear_bytes
         kv = kv_heads_per_gpu(c, tp) * c.head_dim
         attn = c.hidden_size * (c.q_size // tp + 2 * kv) + c.q_size // tp * c.hidden_size
-        layer = attn * a + 2 * c.hidden_size * a
+        layer = attn * w + 2 * c.hidden_size * a
         if c.is_moe:
             expert = 3 * c.hidden_size * c.intermediate_size // tp
             layer += c.num_experts * expert * self.expert_bytes_per_param
             layer += c.num_experts * c.hidden_size * a  # router
         else:
-            layer += 3 * c.hidden_size * c.intermediate_size // tp * a
+            layer += 3 * c.hidden_size * c.intermediate_size // tp * w
         vocab = c.vocab_size * c.hidden_size // tp * a
         return c.num_layers * layer + vocab * (1 if c.tie_word_embeddings else 2)
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
         """K and V of one token over all layers on one GPU (sliding layers keep full KV)."""
         c = self.config
-        return 2 * c.num_layers * kv_heads_per_gpu(c, tp) * c.head_dim * self.dtype_bytes
+        return 2 * c.num_layers * kv_heads_per_gpu(c, tp) * c.head_dim * self.kv_bytes
 
 
 def kv_heads_per_gpu(config: ModelConfig, tp: int) -> int:

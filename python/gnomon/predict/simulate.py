@@ -6,14 +6,17 @@ workload at 8 requests/s, predicted by the roofline.
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import asdict
 from typing import Callable, List, Optional, Union
 
 from gnomon.hardware import Hardware
 
 from .calibrated import CalibratedPredictor
-from .defaults import (DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_NUM_REQUESTS, DEFAULT_RATE,
-                       DEFAULT_WORKLOAD, PREDICTOR_FORMS)
+from .defaults import (DEFAULT_ENGINE, DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_NUM_REQUESTS,
+                       DEFAULT_RATE, DEFAULT_WORKLOAD, PREDICTOR_FORMS)
+from .engines import EngineOverhead, EngineProfile, resolve_engine
 from .hardware import resolve_hardware
 from .metrics import SLO, compute_metrics
 from .report import build_report
@@ -21,17 +24,18 @@ from .roofline import RooflinePredictor
 from .serve import EngineArgs, RunTrace, run_workload, simulated_engine
 from .shapes import ModelSpec
 from .table import TablePredictor
-from .workloads import Workload, resolve
+from .workloads import LengthDist, Workload, resolve
 
 
-
-def make_predictor(spec: str, hardware: Union[str, Hardware]):
-    """``"roofline"`` (on `hardware`), ``"calibrated:FILE"`` or ``"table:FILE"``."""
+def make_predictor(spec: str, hardware: Union[str, Hardware],
+                   overhead: Optional[EngineOverhead] = None):
+    """``"roofline"`` (on `hardware`, with the engine's `overhead`), ``"calibrated:FILE"`` or
+    ``"table:FILE"`` (which carry the host cost of the engine they measured)."""
     if not isinstance(spec, str):
         raise TypeError(f"predictor: expected {PREDICTOR_FORMS}, got {type(spec).__name__}")
     kind, _, path = spec.partition(":")
     if kind == "roofline" and not path:
-        return RooflinePredictor(hardware)
+        return RooflinePredictor(hardware, overhead=overhead)
     if kind == "calibrated" and path:
         return CalibratedPredictor.load(path)
     if kind == "table" and path:
@@ -39,7 +43,8 @@ def make_predictor(spec: str, hardware: Union[str, Hardware]):
     raise ValueError(f"predictor: unknown {spec!r}; expected {PREDICTOR_FORMS}")
 
 
-def limits_for(model: ModelSpec, predictor, hardware: Hardware) -> List[str]:
+def limits_for(model: ModelSpec, predictor, hardware: Hardware,
+               engine: Optional[EngineProfile] = None) -> List[str]:
     """What the report cannot see, stated next to its figures."""
     out = []
     c = model.config
@@ -47,12 +52,33 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware) -> List[str]:
         out.append(f"{model.name}'s sliding-window layers are modelled with full KV (no hybrid "
                    f"allocator yet): the KV capacity is the engine's, smaller than an engine "
                    f"that keeps only {c.sliding_window} tokens on those layers")
+    if model.fp8:
+        out.append(f"FP8 (weights {model.linear_dtype}, KV {model.kv_dtype or model.dtype}): "
+                   f"the simulation is ahead of the kernels; gnomon's real engine has no FP8 "
+                   f"kernel yet and refuses such a model")
     if isinstance(predictor, RooflinePredictor):
-        out.append("roofline: datasheet peaks times default efficiencies (REFERENCE.md), "
-                   "uniform expert routing, no engine overhead, no launch gaps beyond a fixed "
-                   f"{predictor.efficiencies.launch_s * 1e6:g} µs per kernel")
-    out.append("KV capacity: HBM x 0.9 minus the weights and an estimate of the activations "
-               "(a real engine measures them with a profiling forward)")
+        eff = predictor.efficiencies
+        if eff.curves is None:
+            out.append(f"roofline: {hardware.name} has no kernel-efficiency curves; flat "
+                       f"efficiencies {dict(eff.compute)} of the peaks")
+        else:
+            if eff.curves.note:
+                out.append(f"roofline: {eff.curves.note}")
+            defaulted = sorted(n for n, cv in eff.curves.curves.items() if cv.default)
+            if defaulted:
+                out.append(f"roofline: no public measurement for the {eff.curves.generation} "
+                           f"curves {', '.join(defaulted)}; stated defaults "
+                           f"(gnomon/predict/data/efficiency.json names them)")
+        out.append(f"roofline: uniform expert routing, {eff.launch_s * 1e6:g} µs per kernel "
+                   f"launch, no CUDA graphs")
+        if predictor.overhead is None:
+            out.append("roofline: no engine overhead")
+    elif engine is not None:
+        out.append(f"engine {engine.name}: its scheduler defaults apply; its host overhead does "
+                   f"not, since {predictor.name} carries the measured host cost of its own "
+                   f"engine")
+    out.append("KV capacity: HBM x gpu_memory_utilization minus the weights and an estimate of "
+               "the activations (a real engine measures them with a profiling forward)")
     out.append("generated tokens are a fixed non-EOS id; every request runs to its "
                "workload output length (ignore_eos)")
     out.append(f"hardware {hardware.name}: {hardware.bf16_tflops.source}")
@@ -65,28 +91,61 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
              rate: Optional[float] = DEFAULT_RATE,
              num_requests: Optional[int] = DEFAULT_NUM_REQUESTS,
              predictor="roofline", tp: int = 1, args: Optional[EngineArgs] = None,
-             slo: Optional[SLO] = None, seed: int = 0,
+             engine: Union[str, EngineProfile] = DEFAULT_ENGINE,
+             concurrency: Optional[int] = None, input_len: Optional[LengthDist] = None,
+             output_len: Optional[LengthDist] = None, max_num_seqs: Optional[int] = None,
+             max_num_batched_tokens: Optional[int] = None, weight_dtype: str = "auto",
+             kv_dtype: str = "auto", slo: Optional[SLO] = None, seed: int = 0,
              progress: Optional[Callable[[int, int], None]] = None):
-    """Run the simulation; returns ``(report, trace)``. `args` default: the scheduler settings
-    a calibrated predictor was calibrated under (its domain), else `EngineArgs()`."""
-    spec = model if isinstance(model, ModelSpec) else ModelSpec.from_model(model)
+    """Run the simulation; returns ``(report, trace)``.
+
+    `engine` (a profile name or file, `gnomon.predict.engines`) gives the scheduler defaults on
+    this GPU and the host overhead the roofline adds; `max_num_seqs` and
+    `max_num_batched_tokens` override the first. `args` replaces all of the scheduler's knobs;
+    by default a calibrated predictor runs under the ones it was calibrated with (its domain).
+    `concurrency` caps the requests in flight (`run_workload`); `input_len` / `output_len`
+    replace a synthetic workload's lengths; `weight_dtype` / `kv_dtype` ("auto", "bfloat16",
+    "fp8") override what the model's config declares."""
+    spec = model if isinstance(model, ModelSpec) else ModelSpec.from_model(
+        model, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     hw = resolve_hardware(hardware)
-    pred = make_predictor(predictor, hw) if isinstance(predictor, str) else predictor
+    profile = resolve_engine(engine)
+    pred = (make_predictor(predictor, hw, profile.overhead) if isinstance(predictor, str)
+            else predictor)
     if args is None:
         calibrated_under = getattr(pred, "info", {}).get("engine")
-        args = EngineArgs(**calibrated_under) if calibrated_under else EngineArgs()
+        knobs = dict(calibrated_under) if calibrated_under else profile.scheduler_defaults(hw)
+        for name, value in (("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens)):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"{name}: expected a positive int, got {value!r}")
+                knobs[name] = value
+        knobs["max_num_seqs"] = min(knobs["max_num_seqs"], knobs["max_num_batched_tokens"])
+        args = EngineArgs(**knobs)
     synthetic_rate = None  # a trace or a given Workload carries its own arrivals
     if isinstance(workload, str):
         synthetic_rate = None if workload.startswith("trace:") else rate
         workload = resolve(workload, num_requests=num_requests, rate=synthetic_rate,
-                           vocab_size=spec.config.vocab_size, seed=seed)
-    engine = simulated_engine(spec, hw, pred, tp=tp, args=args)
-    trace: RunTrace = run_workload(engine, workload, progress=progress)
+                           vocab_size=spec.config.vocab_size, seed=seed, input_len=input_len,
+                           output_len=output_len)
+    sim = simulated_engine(spec, hw, pred, tp=tp, args=args,
+                           gpu_memory_utilization=profile.gpu_memory_utilization)
+    trace: RunTrace = run_workload(sim, workload, concurrency=concurrency, progress=progress)
+    rate_shown = "inf" if synthetic_rate is not None and math.isinf(synthetic_rate) \
+        else synthetic_rate
     setup = {"model": spec.name, "hardware": hw.name, "predictor": pred.name, "tp": tp,
+             "dtypes": {"activations": spec.dtype, "weights": spec.linear_dtype,
+                        "experts": "mxfp4" if spec.mxfp4_experts else spec.linear_dtype,
+                        "kv_cache": spec.kv_dtype or spec.dtype},
              "workload": {"name": workload.name, "description": workload.description,
-                          "num_requests": workload.num_requests,
-                          "rate": synthetic_rate},
-             "engine": {**args.kwargs(), "num_kv_blocks": trace.num_kv_blocks}}
-    report = build_report(trace=trace, metrics=compute_metrics(trace, slo or SLO()), setup=setup,
-                          limits=limits_for(spec, pred, hw))
+                          "num_requests": workload.num_requests, "rate": rate_shown,
+                          "concurrency": concurrency},
+             "engine": {"profile": profile.name, "description": profile.description,
+                        **args.kwargs(), "num_kv_blocks": trace.num_kv_blocks,
+                        "gpu_memory_utilization": profile.gpu_memory_utilization,
+                        "overhead": (asdict(profile.overhead)
+                                     if isinstance(pred, RooflinePredictor) else None)}}
+    report = build_report(trace=trace, metrics=compute_metrics(trace, slo or SLO(), num_gpus=tp),
+                          setup=setup, limits=limits_for(spec, pred, hw, profile))
     return report, trace

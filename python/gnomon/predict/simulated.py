@@ -111,7 +111,7 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
                             max_num_seqs=max_num_seqs, tp=tp)
     per_block = kv_bytes_per_block(num_layers=c.num_layers, block_size=block_size,
                                    num_kv_heads=kv_heads_per_gpu(c, tp), head_dim=c.head_dim,
-                                   dtype_size=model.dtype_bytes)
+                                   dtype_size=model.kv_bytes)
     budget = usable - weights - acts
     if budget < per_block:
         raise PredictionRefused(

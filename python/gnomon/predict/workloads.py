@@ -11,8 +11,9 @@ prefix groups and token ids come from independent streams spawned from the seed,
 `rate` (with the same seed) keeps the requests identical and only stretches their arrivals.
 
 Entry points: `synthetic(spec)`, `named(name, ...)` for the presets in `WORKLOADS`,
-`load_trace(path)`, and `resolve(spec_string, ...)` which accepts ``"chat"``,
-``"long-context"`` and ``"trace:PATH"``.
+`load_trace(path)`, and `resolve(spec_string, ...)` which accepts a preset name (``"chat"``,
+``"long-context"``, ``"random"``, ``"sharegpt"``) and ``"trace:PATH"``. `parse_rate` and
+`parse_length` read the command line's ``--rate`` and ``--input-len`` / ``--output-len``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 import numbers
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -65,6 +66,32 @@ def _check_rate(rate) -> None:
     if not _is_real(rate) or math.isnan(rate) or rate <= 0:
         raise ValueError(f"rate must be a number > 0 (requests/s; math.inf for all at time 0), "
                          f"got {rate!r}")
+
+
+def parse_rate(text: str, flag: str = "--rate") -> float:
+    """Requests per second from text: a positive number, or ``inf`` (every request at t=0)."""
+    try:
+        rate = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag}: expected a number of requests/s > 0 or inf, got {text!r}") \
+            from None
+    if math.isnan(rate) or rate <= 0:
+        raise ValueError(f"{flag}: expected a number of requests/s > 0 or inf, got {text!r}")
+    return rate
+
+
+def parse_length(text: str, flag: str) -> "LengthDist":
+    """A token count from text: ``N`` (fixed) or ``LOW:HIGH`` (uniform, both inclusive, as the
+    random dataset of ``vllm bench`` draws with a range ratio)."""
+    parts = str(text).split(":")
+    try:
+        values = [int(p.strip()) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values) < 1 or values != sorted(values):
+        raise ValueError(f"{flag}: expected a token count N >= 1 or a range LOW:HIGH with "
+                         f"1 <= LOW <= HIGH, got {text!r}")
+    return LengthDist.fixed(values[0]) if len(values) == 1 else LengthDist.uniform(*values)
 
 
 # --------------------------------------------------------------------------- data
@@ -347,18 +374,55 @@ def _long_context(*, num_requests: int, rate: float, vocab_size: int,
                          arrival="poisson", vocab_size=vocab_size, seed=seed)
 
 
+def _random(*, num_requests: int, rate: float, vocab_size: int, seed: int = 0) -> SyntheticSpec:
+    # vllm bench's random dataset defaults: 1024 input and 128 output tokens
+    return SyntheticSpec(num_requests=num_requests, rate=rate,
+                         prompt_len=LengthDist.fixed(1024), output_len=LengthDist.fixed(128),
+                         arrival="poisson", vocab_size=vocab_size, seed=seed)
+
+
+def sharegpt_lengths() -> dict:
+    """The ShareGPT-like length model shipped in ``data/sharegpt.json``: lognormal prompt and
+    output lengths fitted to published ShareGPT statistics (the file names them)."""
+    path = os.path.join(os.path.dirname(__file__), "data", "sharegpt.json")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _length_from_data(entry: dict) -> "LengthDist":
+    return LengthDist.lognormal(median=entry["median"], sigma=entry["sigma"], low=entry["low"],
+                                high=entry["high"])
+
+
+def _sharegpt(*, num_requests: int, rate: float, vocab_size: int,
+              seed: int = 0) -> SyntheticSpec:
+    data = sharegpt_lengths()
+    return SyntheticSpec(num_requests=num_requests, rate=rate,
+                         prompt_len=_length_from_data(data["prompt"]),
+                         output_len=_length_from_data(data["output"]),
+                         arrival="poisson", vocab_size=vocab_size, seed=seed)
+
+
 WORKLOADS: Dict[str, Callable[..., SyntheticSpec]] = {
     "chat": _chat,
     "long-context": _long_context,
+    "random": _random,
+    "sharegpt": _sharegpt,
 }
 
 
-def named(name: str, *, num_requests: int, rate: float, vocab_size: int,
-          seed: int = 0) -> Workload:
-    """The preset `name` (a key of `WORKLOADS`) with these sizes."""
+def named(name: str, *, num_requests: int, rate: float, vocab_size: int, seed: int = 0,
+          input_len: Optional[LengthDist] = None,
+          output_len: Optional[LengthDist] = None) -> Workload:
+    """The preset `name` (a key of `WORKLOADS`) with these sizes; `input_len` and `output_len`
+    replace the preset's length distributions."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(sorted(WORKLOADS))}")
     spec = WORKLOADS[name](num_requests=num_requests, rate=rate, vocab_size=vocab_size, seed=seed)
+    if input_len is not None:
+        spec = replace(spec, prompt_len=input_len)
+    if output_len is not None:
+        spec = replace(spec, output_len=output_len)
     return synthetic(spec, name=name)
 
 
@@ -539,13 +603,14 @@ def load_trace(path: Union[str, os.PathLike], *, vocab_size: int = 32000, seed: 
 # --------------------------------------------------------------------------- resolve
 
 def resolve(spec: str, *, num_requests: Optional[int], rate: Optional[float], vocab_size: int,
-            seed: int = 0) -> Workload:
-    """A workload from a string: a preset name (``"chat"``, ``"long-context"``) or
-    ``"trace:PATH"``.
+            seed: int = 0, input_len: Optional[LengthDist] = None,
+            output_len: Optional[LengthDist] = None) -> Workload:
+    """A workload from a string: a preset name (a key of `WORKLOADS`) or ``"trace:PATH"``.
 
-    A preset needs `num_requests` and `rate`. A trace carries its own arrival times, so `rate`
-    must be None for it (it is refused rather than ignored); `num_requests`, if given, keeps the
-    first that many requests of the trace."""
+    A preset needs `num_requests` and `rate`; `input_len` / `output_len` replace its lengths. A
+    trace carries its own arrival times and lengths, so `rate` and the lengths must be None for
+    it (they are refused rather than ignored); `num_requests`, if given, keeps the first that
+    many requests of the trace."""
     accepted = ", ".join([*(repr(k) for k in sorted(WORKLOADS)), "'trace:PATH'"])
     if not isinstance(spec, str):
         raise ValueError(f"workload must be a str, one of {accepted}; got {spec!r}")
@@ -556,10 +621,13 @@ def resolve(spec: str, *, num_requests: Optional[int], rate: Optional[float], vo
         if rate is not None:
             raise ValueError(f"rate must be None for a trace workload ({spec!r}): a trace "
                              f"carries its own arrival times")
+        if input_len is not None or output_len is not None:
+            raise ValueError(f"input_len and output_len must be None for a trace workload "
+                             f"({spec!r}): a trace carries its own lengths")
         return load_trace(path, vocab_size=vocab_size, seed=seed, max_requests=num_requests)
     if spec in WORKLOADS:
         if num_requests is None or rate is None:
             raise ValueError(f"workload {spec!r} needs num_requests and rate")
         return named(spec, num_requests=num_requests, rate=rate, vocab_size=vocab_size,
-                     seed=seed)
+                     seed=seed, input_len=input_len, output_len=output_len)
     raise ValueError(f"unknown workload {spec!r}; accepted: {accepted}")

@@ -1,0 +1,140 @@
+"""Kernel efficiency as measured curves, per GPU generation, read from ``data/efficiency.json``.
+
+Each curve maps what a kernel's efficiency depends on to a factor, with the source of its
+points (a public kernel measurement) or, where no public figure exists, a stated default that
+says so. Between points a curve is linear in log2(x); beyond its ends it holds the end value.
+
+The roofline multiplies them (`gnomon.predict.roofline`):
+
+- ``gemm``: a dense GEMM's compute rate against its best-shape rate, by M (the rows), and
+  ``gemm_k`` by K (the reduction depth; short ones pay their prologue and epilogue);
+- ``grouped_gemm``: a grouped MoE GEMM's against the dense GEMM's of the same N and K, by
+  tokens per expert;
+- ``w4a16`` / ``w8a16``: a weight-only kernel (4- or 8-bit weights, bf16 math; MXFP4 or FP8 on
+  a chip without that math) against the bf16 GEMM at the same M;
+- ``attention_prefill_d64`` / ``_d128``: attention's compute rate as a fraction of the bf16
+  peak, by keys per query, for head dims up to 96 and above; ``attention_decode``: its KV read
+  rate as a fraction of the HBM peak, by keys per query.
+
+A generation without curves of its own (Ampere, Ada, CDNA2) borrows the nearest one's (the
+factors apply to its own peaks), and `CurveSet.note` says so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from gnomon.hardware import Hardware
+
+CURVES = ("gemm", "gemm_k", "grouped_gemm", "w4a16", "w8a16", "attention_prefill_d64",
+          "attention_prefill_d128", "attention_decode")
+DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "efficiency.json")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Points ``(x, factor)`` sorted by x, and where they come from."""
+
+    name: str
+    xs: Tuple[float, ...]
+    ys: Tuple[float, ...]
+    source: str
+    default: bool  # True: no public figure; a stated default
+
+    @classmethod
+    def from_entry(cls, name: str, entry: dict, where: str) -> "Curve":
+        points = entry.get("points")
+        if not isinstance(points, list) or not points:
+            raise ValueError(f"{where}: {name}.points: expected a list of [x, factor] pairs")
+        pairs = sorted((float(x), float(y)) for x, y in points)
+        for x, y in pairs:
+            if not (x > 0 and 0 < y <= 1):
+                raise ValueError(f"{where}: {name}: expected x > 0 and a factor in (0, 1], "
+                                 f"got [{x:g}, {y:g}]")
+        source = entry.get("source")
+        if not isinstance(source, str) or not source:
+            raise ValueError(f"{where}: {name}.source: every curve names its source")
+        return cls(name, tuple(math.log2(x) for x, _ in pairs), tuple(y for _, y in pairs),
+                   source, bool(entry.get("default", False)))
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x <= 0:
+            return ys[0]
+        lx = math.log2(x)
+        i = bisect.bisect_right(xs, lx)
+        if i == 0:
+            return ys[0]
+        if i == len(xs):
+            return ys[-1]
+        t = (lx - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return ys[i - 1] + t * (ys[i] - ys[i - 1])
+
+
+@dataclass(frozen=True)
+class CurveSet:
+    """A generation's curves; `note` says when they were borrowed from another generation."""
+
+    generation: str
+    curves: Dict[str, Curve]
+    note: Optional[str] = None
+
+    def __getitem__(self, name: str) -> Curve:
+        return self.curves[name]
+
+    def sources(self) -> Dict[str, str]:
+        return {n: ("stated default: " if c.default else "") + c.source
+                for n, c in self.curves.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _data() -> dict:
+    with open(DATA_FILE, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def best_gemm(hw: Hardware) -> Dict[str, Tuple[float, str]]:
+    """``{compute dtype: (best-shape fraction of peak, source)}`` for a catalogued GPU; empty
+    for one without a published figure."""
+    return {k: (float(v), s) for k, (v, s) in _data()["best_gemm"].get(hw.name, {}).items()}
+
+
+def defaults() -> dict:
+    """The stated defaults (memory efficiency, launch cost, ...) with their sources."""
+    return dict(_data()["defaults"])
+
+
+@functools.lru_cache(maxsize=None)
+def _generation(name: str) -> Dict[str, Curve]:
+    entry = _data()["generations"][name]
+    where = f"{DATA_FILE} generations.{name}"
+    missing = [c for c in CURVES if c not in entry]
+    if missing:
+        raise ValueError(f"{where}: lacks the curves {', '.join(missing)}")
+    return {c: Curve.from_entry(c, entry[c], where) for c in CURVES}
+
+
+def curves_for(hw: Hardware) -> Optional[CurveSet]:
+    """The curves for `hw`'s generation (borrowed from the nearest where it has none); None for
+    hardware of no generation (``host``, a file without one from another vendor)."""
+    data = _data()
+    generation = hw.generation
+    note = None
+    if generation is None:
+        generation = data["vendor_default"].get(hw.vendor)
+        if generation is None:
+            return None
+        note = (f"{hw.name} names no generation: the {generation} curves of its vendor "
+                f"{hw.vendor} apply")
+    if generation not in data["generations"]:
+        nearest = data["nearest"][generation]
+        note = (f"{hw.name} ({generation}) has no measured curves of its own: the nearest "
+                f"generation's ({nearest}) apply to its own peaks")
+        generation = nearest
+    return CurveSet(generation, _generation(generation), note)

@@ -1,0 +1,125 @@
+"""Engine profiles: the serving engine a simulation stands for (vLLM, SGLang, gnomon's own).
+
+A profile gives the engine's scheduler defaults on a GPU (``max_num_seqs``,
+``max_num_batched_tokens``, the share of HBM it takes) and its host overhead per step, each
+with its source, from ``data/engines.json`` or a user's JSON file of the same shape.
+
+`EngineOverhead`: ``per_step_s + per_seq_s * sequences in the step`` of host work (scheduling,
+input preparation, output processing). An engine that overlaps it with the GPU (``overlapped``:
+SGLang's overlap scheduler, vLLM's async scheduling) adds only what exceeds the GPU's time.
+The roofline reports it as the ``overhead`` family.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+from gnomon.hardware import Hardware
+
+DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "engines.json")
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class EngineOverhead:
+    """Host seconds per step: ``per_step_s + per_seq_s * num_seqs``, hidden behind the GPU's
+    time when ``overlapped``."""
+
+    per_step_s: float = 0.0
+    per_seq_s: float = 0.0
+    overlapped: bool = False
+
+    def __post_init__(self):
+        for name in ("per_step_s", "per_seq_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                    math.isfinite(v) and v >= 0):
+                raise ValueError(f"overhead.{name}: expected seconds >= 0, got {v!r}")
+
+    def seconds(self, num_seqs: int, gpu_seconds: float) -> float:
+        host = self.per_step_s + self.per_seq_s * num_seqs
+        return max(host - gpu_seconds, 0.0) if self.overlapped else host
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """One engine's defaults and overhead, with the sources they come from."""
+
+    name: str
+    description: str
+    overhead: EngineOverhead
+    max_num_seqs: Tuple[int, int]  # (on a large GPU, on a small one)
+    max_num_batched_tokens: Tuple[int, int]
+    large_gpu_gib: float  # a GPU of at least this much memory is "large" ...
+    large_gpu_excludes: Tuple[str, ...]  # ... unless its name contains one of these
+    gpu_memory_utilization: float
+    sources: Dict[str, str]
+
+    def is_large(self, hw: Hardware) -> bool:
+        if any(word.lower() in hw.name.lower() for word in self.large_gpu_excludes):
+            return False
+        return hw.hbm_gb.value * 1e9 >= self.large_gpu_gib * GIB
+
+    def scheduler_defaults(self, hw: Hardware) -> Dict[str, int]:
+        """``max_num_seqs`` and ``max_num_batched_tokens`` this engine picks on `hw`."""
+        i = 0 if self.is_large(hw) else 1
+        return {"max_num_seqs": self.max_num_seqs[i],
+                "max_num_batched_tokens": self.max_num_batched_tokens[i]}
+
+
+def _profile(name: str, raw: dict, where: str) -> EngineProfile:
+    try:
+        over = raw["overhead"]
+        return EngineProfile(
+            name=name, description=str(raw["description"]),
+            overhead=EngineOverhead(float(over["per_step_s"]), float(over["per_seq_s"]),
+                                    bool(over["overlapped"])),
+            max_num_seqs=tuple(int(v) for v in raw["max_num_seqs"]),
+            max_num_batched_tokens=tuple(int(v) for v in raw["max_num_batched_tokens"]),
+            large_gpu_gib=float(raw["large_gpu_gib"]),
+            large_gpu_excludes=tuple(raw.get("large_gpu_excludes", ())),
+            gpu_memory_utilization=float(raw["gpu_memory_utilization"]),
+            sources={str(k): str(v) for k, v in raw["sources"].items()})
+    except KeyError as error:
+        raise ValueError(f"{where}: engine {name!r} lacks the field {error.args[0]!r}") from None
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: engine {name!r}: {error}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def profiles() -> Dict[str, EngineProfile]:
+    """The shipped profiles by name."""
+    with open(DATA_FILE, encoding="utf-8") as f:
+        raw = json.load(f)
+    return {name: _profile(name, entry, DATA_FILE) for name, entry in raw["engines"].items()}
+
+
+def resolve_engine(spec) -> EngineProfile:
+    """A profile by name (``vllm``, ``sglang``, ``gnomon``) or from a JSON file holding one
+    engine entry (the fields of ``data/engines.json``'s entries, plus ``name``)."""
+    if isinstance(spec, EngineProfile):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(f"engine: expected a name or a .json file, got {type(spec).__name__}")
+    name = os.fspath(spec)
+    known = profiles()
+    if name in known:
+        return known[name]
+    if name.endswith(".json"):
+        try:
+            with open(name, encoding="utf-8") as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"engine: no file {name!r}") from None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"engine: {name}: not valid JSON ({error})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"engine: {name}: expected a JSON object of one engine's fields")
+        return _profile(str(raw.get("name", os.path.basename(name))), raw, name)
+    raise ValueError(f"engine: unknown {name!r}; known: {', '.join(known)}, or a .json file")
+
