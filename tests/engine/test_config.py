@@ -13,7 +13,7 @@ from gnomon.engine.rope import cos_sin_cache, rope_inv_freq
 
 # ---- presets ---------------------------------------------------------------------------------
 
-# REFERENCE.md "Model shapes": layers, hidden, heads, kv heads, head dim, intermediate, experts,
+# the models' published config.json (Hugging Face hub): layers, hidden, heads, kv heads, head dim, intermediate, experts,
 # top-k, vocab, rope theta
 REFERENCE = {
     "llama-3.1-8b": ("LlamaForCausalLM", 32, 4096, 32, 8, 128, 14336, 0, 0, 128256, 500000.0),

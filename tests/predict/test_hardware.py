@@ -1,6 +1,8 @@
 """The hardware catalogue's interconnect figures, user hardware files, and ``host``."""
 
 import json
+import os
+import textwrap
 
 import pytest
 
@@ -93,3 +95,16 @@ def test_unknown_name_lists_everything():
     message = str(e.value)
     assert all(g.name in message for g in hardware.GPUS) and "host" in message
     assert ".json" in message
+
+
+def test_the_readme_example_hardware_file_loads(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    block = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "hw.yaml"
+    path.write_text(textwrap.dedent(block))
+    hw = resolve_hardware(str(path))
+    assert set(yaml.safe_load(path.read_text())) <= {f for f in hw.__dataclass_fields__} | {
+        "source", "sources"}
+    assert hw.generation == "cdna3" and hw.fp4_tflops.given and hw.fp4_tflops.value is None
+    assert hw.hbm_tbps.source == "measured with rocm-bandwidth-test"

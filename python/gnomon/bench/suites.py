@@ -1,6 +1,6 @@
 """The benchmark suites: every op in `gnomon.ops` at shapes from real model configs.
 
-Shapes come from each model's published config.json (shared/REFERENCE.md):
+Shapes come from each model's published config.json on the Hugging Face hub:
 
 - Llama-3.1-8B: hidden 4096, 32 query / 8 KV heads of 128, intermediate 14336, rope theta 5e5;
 - Mixtral-8x7B: hidden 4096, intermediate 14336, 8 experts, top 2, softmax-then-top-k routing;

@@ -498,11 +498,11 @@ def _tiny(arch: str) -> Dict[str, Any]:
 
 
 PRESETS: Dict[str, Dict[str, Any]] = {
-    # meta-llama/Llama-3.1-8B config.json (Hugging Face hub); REFERENCE.md "Model shapes".
+    # meta-llama/Llama-3.1-8B config.json (Hugging Face hub).
     "llama-3.1-8b": _llama31(layers=32, hidden=4096, heads=32, inter=14336),
-    # meta-llama/Llama-3.1-70B config.json (Hugging Face hub); REFERENCE.md "Model shapes".
+    # meta-llama/Llama-3.1-70B config.json (Hugging Face hub).
     "llama-3.1-70b": _llama31(layers=80, hidden=8192, heads=64, inter=28672),
-    # mistralai/Mixtral-8x7B-v0.1 config.json (Hugging Face hub); REFERENCE.md "Model shapes".
+    # mistralai/Mixtral-8x7B-v0.1 config.json (Hugging Face hub).
     "mixtral-8x7b": {
         "architectures": ["MixtralForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -511,9 +511,9 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None,
         "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
     },
-    # openai/gpt-oss-20b config.json (Hugging Face hub); REFERENCE.md "Model shapes".
+    # openai/gpt-oss-20b config.json (Hugging Face hub).
     "gpt-oss-20b": _gpt_oss(layers=24, experts=32),
-    # openai/gpt-oss-120b config.json (Hugging Face hub); REFERENCE.md "Model shapes".
+    # openai/gpt-oss-120b config.json (Hugging Face hub).
     "gpt-oss-120b": _gpt_oss(layers=36, experts=128),
     # A CPU-sized Llama (21M parameters) that `gnomon calibrate` / `validate` run for real.
     "small-llama": {

@@ -11,7 +11,8 @@ each layer's ops already multiplied by the number of layers that share their cos
   ones attends ``min(c + j + 1, window)`` keys (2 FLOPs per key element for QK and 2 for PV) and
   reads the KV of the union of its queries' windows;
 - MoE reads the expected number of distinct experts under uniform routing,
-  ``E (1 - (1 - k/E)^T)`` for T tokens, and computes ``k`` experts per token;
+  ``E (1 - (1 - k/E)^T)`` for T tokens, and computes ``k`` experts per token, in two grouped
+  GEMMs (w13 with K = hidden, w2 with K = intermediate / tp);
 - lm_head, the final norm and sampling run only on the sequences that sample;
 - with ``tp > 1`` two ring all-reduces of the hidden states per layer (after the attention
   and after the MLP), counted as bytes to move (`Op.comm_bytes`).
@@ -119,12 +120,16 @@ def dense_ops(spec: ModelSpec, T: int, R: int, tp: int) -> Tuple[Op, ...]:
         ops.append(Op("moe", "topk_routing", L * 5.0 * T * E, L * (T * E * a + 2 * T * k * 4),
                       L))
         distinct = E * (1.0 - (1.0 - k / E) ** T) if T else 0.0
-        weights = distinct * 3 * H * I * spec.expert_bytes_per_param
-        # rows: tokens per expert that runs, the grouped GEMM's M
-        ops.append(Op("moe", "fused_moe", L * 2.0 * T * k * 3 * H * I,
-                      L * (weights + 2 * T * H * a + T * k * 3 * I * a), L,
-                      "fp4" if spec.mxfp4_experts else linear,
-                      rows=round(T * k / distinct) if T else 0, depth=H))
+        weights = distinct * H * I * spec.expert_bytes_per_param
+        experts = "fp4" if spec.mxfp4_experts else linear
+        per_expert = round(T * k / distinct) if T else 0  # the grouped GEMMs' M
+        # the two grouped GEMMs of the fused MoE: w13 (K = H) and, after the activation, w2
+        ops.append(Op("moe", "fused_moe[w13]", L * 2.0 * T * k * 2 * I * H,
+                      L * (2 * weights + T * H * a + T * k * 2 * I * a), L, experts,
+                      rows=per_expert, depth=H))
+        ops.append(Op("moe", "fused_moe[w2]", L * 2.0 * T * k * I * H,
+                      L * (weights + T * k * I * a + T * H * a), L, experts,
+                      rows=per_expert, depth=I))
     else:
         I = c.intermediate_size // tp
         gemm("gemm", "gate_up_proj", T, H, 2 * I)

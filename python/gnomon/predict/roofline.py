@@ -140,10 +140,15 @@ class RooflinePredictor:
             return self._allreduce_seconds(op)
         curves = self.efficiencies.curves
         attention = op.family == "attention" and op.flops
-        if attention and curves is not None:
-            memory = op.bytes / (self._hbm_bytes_per_s * curves["attention_decode"](op.rows))
-        else:
+        if curves is None or not (attention or op.depth):
             memory = op.bytes / self._bytes_per_s
+        elif attention:
+            memory = op.bytes / (self._hbm_bytes_per_s * curves["attention_decode"](op.rows))
+        elif op.name.startswith("fused_moe"):
+            memory = op.bytes / (self._hbm_bytes_per_s * curves["grouped_gemm_memory"](op.rows))
+        else:
+            memory = op.bytes / (self._hbm_bytes_per_s
+                                 * curves["gemm_memory"](op.bytes / op.launches))
         compute = 0.0
         if op.flops:
             cached = self._flops_per_s.get(op.compute)
@@ -154,7 +159,8 @@ class RooflinePredictor:
                 if attention:
                     rate = self.hardware.bf16_tflops.value * 1e12 * self._attention(op.rows)
                 else:
-                    shape = curves["grouped_gemm" if op.name == "fused_moe" else "gemm"]
+                    grouped = op.name.startswith("fused_moe")
+                    shape = curves["grouped_gemm" if grouped else "gemm"]
                     rate *= shape(op.rows) * curves["gemm_k"](op.depth)
                     if weight_only is not None:
                         rate *= curves[weight_only](op.rows)

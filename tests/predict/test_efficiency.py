@@ -1,0 +1,127 @@
+"""Kernel-efficiency curves and engine overhead: every point has a source, curves interpolate
+in log x and hold their ends, borrowed generations say so, and the roofline applies them."""
+
+import json
+import math
+
+import pytest
+
+from gnomon import hardware
+from gnomon.predict import efficiency
+from gnomon.predict.engines import EngineOverhead, profiles, resolve_engine
+from gnomon.predict.opcount import step_ops
+from gnomon.predict.roofline import RooflinePredictor
+from gnomon.predict.shapes import ModelSpec, StepShape
+
+
+def test_every_curve_and_figure_names_its_source():
+    data = efficiency._data()
+    for generation in data["generations"]:
+        for name, curve in efficiency._generation(generation).items():
+            assert curve.source and len(curve.xs) >= 1, (generation, name)
+            if curve.default:
+                assert "stated default" in curve.source
+    for gpu, figures in data["best_gemm"].items():
+        hardware.gpu(gpu)  # names a catalogued GPU
+        for value, source in figures.values():
+            assert 0 < value <= 1 and source
+    for entry in data["defaults"].values():
+        assert entry["source"]
+
+
+def test_curve_is_linear_in_log_x_and_holds_its_ends():
+    curve = efficiency.Curve.from_entry("t", {"points": [[100, 0.2], [400, 0.6]],
+                                              "source": "test"}, "here")
+    assert curve(10) == 0.2 and curve(100) == 0.2 and curve(1e6) == 0.6
+    assert curve(200) == pytest.approx(0.4)  # halfway in log2
+    assert curve(0) == 0.2
+    with pytest.raises(ValueError, match="names its source"):
+        efficiency.Curve.from_entry("t", {"points": [[1, 0.5]]}, "here")
+    with pytest.raises(ValueError, match=r"factor in \(0, 1\]"):
+        efficiency.Curve.from_entry("t", {"points": [[1, 1.5]], "source": "s"}, "here")
+
+
+def test_generations_without_curves_borrow_and_say_so():
+    a100 = efficiency.curves_for(hardware.gpu("A100"))
+    assert a100.generation == "hopper" and "A100" in a100.note and "nearest" in a100.note
+    assert efficiency.curves_for(hardware.gpu("H100")).note is None
+    assert efficiency.curves_for(hardware.gpu("MI250X")).generation == "cdna3"
+    host_like = hardware.Hardware("unit", "test", *(hardware.Figure(1.0, "t"),) * 5)
+    assert efficiency.curves_for(host_like) is None
+
+
+def test_small_k_and_few_tokens_per_expert_cost_more_per_flop():
+    h100 = RooflinePredictor("H100")
+    curves = h100.efficiencies.curves
+    assert curves["gemm_k"](512) < curves["gemm_k"](2048) < curves["gemm_k"](16384) == 1.0
+    assert curves["grouped_gemm"](256) < curves["grouped_gemm"](4096)
+    spec = ModelSpec.from_model("gpt-oss-120b")
+    ops = {op.name: op for op in step_ops(StepShape.of(spec, [(8192, 0)]))}
+    w13, w2 = ops["fused_moe[w13]"], ops["fused_moe[w2]"]
+    assert w13.rows == w2.rows == round(8192 * 4 / 128)  # all 128 experts run
+    assert (w13.depth, w2.depth) == (2880, 2880) and w13.flops == 2 * w2.flops
+
+
+def test_mxfp4_on_hopper_runs_w4a16_and_blackwell_fp4():
+    spec = ModelSpec.from_model("gpt-oss-120b")
+    h100, b200 = RooflinePredictor("H100"), RooflinePredictor("B200")
+    op = next(o for o in step_ops(StepShape.of(spec, [(16384, 0)])) if o.name == "fused_moe[w13]")
+    assert op.compute == "fp4"
+    rate_h100 = op.flops / (h100.op_seconds(op) - op.launches * h100.efficiencies.launch_s)
+    c = h100.efficiencies.curves
+    expected = (989e12 * h100.efficiencies.compute["bfloat16"] * c["grouped_gemm"](op.rows)
+                * c["gemm_k"](op.depth) * c["w4a16"](op.rows))
+    assert rate_h100 == pytest.approx(expected, rel=1e-9)
+    assert b200.op_seconds(op) < h100.op_seconds(op) / 4
+
+
+def test_attention_prefill_efficiency_grows_with_context():
+    spec = ModelSpec.from_model("llama-3.1-8b")
+    p = RooflinePredictor("H100")
+    short = p.predict(StepShape.of(spec, [(512, 0)])).breakdown["attention"]
+    long = p.predict(StepShape.of(spec, [(512, 15872)])).breakdown["attention"]
+    # 32x the keys per query costs less than 32x: FA3 runs faster at long context
+    assert long < 32 * short * 0.75
+
+
+def test_overhead_is_its_own_family_and_overlap_hides_it():
+    spec = ModelSpec.from_model("llama-3.1-8b")
+    shape = StepShape.of(spec, [(1, 500)] * 10)
+    bare = RooflinePredictor("H100").predict(shape)
+    serial = RooflinePredictor("H100", overhead=EngineOverhead(1e-3, 1e-4)).predict(shape)
+    assert bare.breakdown["overhead"] == 0
+    assert serial.breakdown["overhead"] == pytest.approx(1e-3 + 10 * 1e-4)
+    assert serial.seconds == pytest.approx(bare.seconds + 2e-3)
+    hidden = RooflinePredictor("H100", overhead=EngineOverhead(1e-3, 0, overlapped=True))
+    assert hidden.predict(shape).breakdown["overhead"] == 0  # the GPU step is longer
+    big = RooflinePredictor("H100", overhead=EngineOverhead(1.0, 0, overlapped=True))
+    assert big.predict(shape).seconds == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="per_step_s"):
+        EngineOverhead(-1.0)
+
+
+def test_engine_profiles_and_files(tmp_path):
+    for name, p in profiles().items():
+        assert p.sources["overhead"] and p.sources["scheduler"], name
+    raw = json.loads(open(resolve_engine.__globals__["DATA_FILE"]).read())["engines"]["vllm"]
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({**raw, "name": "mine",
+                                "overhead": {**raw["overhead"], "per_step_s": 0.002}}))
+    mine = resolve_engine(str(path))
+    assert mine.name == "mine" and mine.overhead.per_step_s == 0.002
+    del raw["max_num_seqs"]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="lacks the field 'max_num_seqs'"):
+        resolve_engine(str(path))
+    with pytest.raises(ValueError, match="unknown 'tgi'"):
+        resolve_engine("tgi")
+    with pytest.raises(FileNotFoundError, match="gone.json"):
+        resolve_engine(str(tmp_path / "gone.json"))
+
+
+def test_every_catalogued_gpu_prices_every_preset_model():
+    for gpu in hardware.GPUS:
+        p = RooflinePredictor(gpu)
+        for model in ("llama-3.1-8b", "gpt-oss-120b"):
+            cost = p.predict(StepShape.of(ModelSpec.from_model(model), [(256, 0), (1, 300)]))
+            assert math.isfinite(cost.seconds) and cost.seconds > 0, (gpu.name, model)

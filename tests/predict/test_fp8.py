@@ -1,0 +1,120 @@
+"""FP8 weights and an FP8 KV cache: read from a config's quantization_config or from flags,
+priced as bytes and as the FP8 peak (weight-only where the chip has no FP8 math), refused by
+the real engine."""
+
+import json
+
+import pytest
+
+from gnomon.engine.config import ModelConfig, preset_json
+from gnomon.engine.llm import LLMEngine
+from gnomon.hardware import gpu
+from gnomon.predict.cost import PredictionRefused
+from gnomon.predict.opcount import step_ops
+from gnomon.predict.roofline import RooflinePredictor
+from gnomon.predict.shapes import ModelSpec, StepShape
+from gnomon.predict.simulated import kv_blocks_for_hardware
+
+
+def _llama(quant=None):
+    raw = preset_json("llama-3.1-8b")
+    if quant is not None:
+        raw["quantization_config"] = quant
+    return ModelConfig.from_json(raw)
+
+
+CT = {"quant_method": "compressed-tensors",
+      "config_groups": {"group_0": {"targets": ["Linear"],
+                                    "weights": {"num_bits": 8, "type": "float"},
+                                    "input_activations": {"num_bits": 8, "type": "float"}}},
+      "ignore": ["lm_head"]}
+QUARK = {"quant_method": "quark",
+         "global_quant_config": {"weight": {"dtype": "fp8_e4m3"},
+                                 "input_tensors": {"dtype": "fp8_e4m3"}},
+         "layer_quant_config": {"*k_proj": {"output_tensors": {"dtype": "fp8_e4m3"}},
+                                "*v_proj": {"output_tensors": {"dtype": "fp8_e4m3"}}},
+         "exclude": ["lm_head"]}
+
+
+@pytest.mark.parametrize("quant, kv", [
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, None),
+    ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0}, None),
+    (CT, None),
+    ({**CT, "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}, "fp8"),
+    ({k: v for k, v in QUARK.items() if k != "layer_quant_config"}, None),
+    (QUARK, "fp8"),
+])
+def test_quantization_configs_declare_fp8(quant, kv):
+    config = _llama(quant)
+    assert config.quantization == "fp8" and config.kv_cache_dtype == kv
+    spec = ModelSpec.from_config(config)
+    assert spec.linear_dtype == "fp8" and spec.kv_bytes == (1 if kv else 2)
+
+
+@pytest.mark.parametrize("quant, match", [
+    ({"quant_method": "awq"}, "unknown quant_method 'awq'"),
+    ({**CT, "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}},
+     "compressed-tensors is supported with FP8 weights"),
+    ({"quant_method": "quark", "global_quant_config": {"weight": {"dtype": "fp4"}}},
+     "quark is supported with fp8_e4m3"),
+    ({"quant_method": "mxfp4"}, "gpt-oss only"),
+])
+def test_other_methods_are_refused_by_name(quant, match):
+    with pytest.raises(ValueError, match=match):
+        _llama(quant)
+
+
+def test_fp8_halves_the_linear_weights_and_the_kv():
+    bf16 = ModelSpec.from_model("llama-3.1-70b")
+    fp8 = ModelSpec.from_model("llama-3.1-70b", weight_dtype="fp8", kv_dtype="fp8")
+    c = bf16.config
+    embeddings = 2 * c.vocab_size * c.hidden_size * 2  # embedding and lm_head stay bf16
+    norms = c.num_layers * 2 * c.hidden_size * 2
+    linear = bf16.weight_bytes() - embeddings - norms
+    assert fp8.weight_bytes() == pytest.approx(embeddings + norms + linear / 2)
+    assert fp8.kv_bytes_per_token() * 2 == bf16.kv_bytes_per_token()
+    hw = gpu("MI300X")
+    assert kv_blocks_for_hardware(fp8, hw, tp=8) > 2 * kv_blocks_for_hardware(bf16, hw, tp=8)
+
+
+def test_fp8_gemms_run_at_the_fp8_peak_and_read_half_the_bytes():
+    bf16 = ModelSpec.from_model("llama-3.1-8b")
+    fp8 = ModelSpec.from_model("llama-3.1-8b", weight_dtype="fp8")
+    ops = {op.name: op for op in step_ops(StepShape.of(fp8, [(4096, 0)]))}
+    assert ops["qkv_proj"].compute == "fp8" and ops["lm_head"].compute == "bfloat16"
+    shape = [(4096, 0)]
+    h100 = RooflinePredictor("H100")
+    fast = h100.predict(StepShape.of(fp8, shape)).breakdown["gemm"]
+    slow = h100.predict(StepShape.of(bf16, shape)).breakdown["gemm"]
+    assert fast < 0.75 * slow  # compute bound: about half, lm_head aside
+
+
+def test_a_chip_without_fp8_math_runs_fp8_weight_only():
+    fp8 = ModelSpec.from_model("llama-3.1-8b", weight_dtype="fp8")
+    bf16 = ModelSpec.from_model("llama-3.1-8b")
+    a100 = RooflinePredictor("A100")
+    prefill = [(4096, 0)]  # compute bound: bf16 math at the w8a16 kernel's efficiency
+    w8a16 = a100.predict(StepShape.of(fp8, prefill)).breakdown["gemm"]
+    assert w8a16 >= a100.predict(StepShape.of(bf16, prefill)).breakdown["gemm"]
+    decode = [(1, 1000)] * 8  # memory bound: half the weight bytes
+    assert (a100.predict(StepShape.of(fp8, decode)).breakdown["gemm"]
+            < 0.7 * a100.predict(StepShape.of(bf16, decode)).breakdown["gemm"])
+
+
+def test_hardware_file_without_the_fp8_peak_refuses_naming_the_field(tmp_path):
+    base = {"name": "Mystery", "vendor": "NVIDIA", "generation": "hopper",
+            "bf16_tflops": 900, "hbm_tbps": 3, "hbm_gb": 80}
+    (tmp_path / "missing.json").write_text(json.dumps(base))
+    (tmp_path / "none.json").write_text(json.dumps({**base, "fp8_tflops": None}))
+    fp8 = ModelSpec.from_model("llama-3.1-8b", weight_dtype="fp8")
+    shape = StepShape.of(fp8, [(16, 0)])
+    with pytest.raises(PredictionRefused, match="fp8_tflops is not given"):
+        RooflinePredictor(str(tmp_path / "missing.json")).predict(shape)
+    RooflinePredictor(str(tmp_path / "none.json")).predict(shape)  # null: weight-only
+    bf16 = ModelSpec.from_model("llama-3.1-8b")
+    RooflinePredictor(str(tmp_path / "missing.json")).predict(StepShape.of(bf16, [(16, 0)]))
+
+
+def test_the_real_engine_refuses_fp8_by_name():
+    with pytest.raises(ValueError, match="FP8 weights .*no FP8 kernel"):
+        LLMEngine(_llama({"quant_method": "fp8"}), random_weights=True)
