@@ -1,9 +1,9 @@
 """paged_attention against the torch paths it replaces, on real model shapes, in the same run.
 
-Shapes (the models' config.json files): Llama-3.1-8B attention (32 query heads, 8 KV heads, head dim 128) and
-gpt-oss-20b attention (64 query heads, 8 KV heads, head dim 64, sinks, sliding window 128 on
-alternate layers); KV block size 16, bfloat16 (one float32 case for comparison). Block tables are
-shuffled, as an allocator that has run a while leaves them.
+Shapes (the models' config.json files): Llama-3.1-8B attention (32 query heads, 8 KV heads,
+head dim 128) and gpt-oss-20b attention (64 query heads, 8 KV heads, head dim 64, sinks, sliding
+window 128 on alternate layers); KV block size 16, bfloat16 (one float32 case for comparison).
+Block tables are shuffled, as an allocator that has run a while leaves them.
 
 Baselines, timed beside gnomon in the same run:
 - "gather+sdpa": gather each sequence's K/V through its block table into contiguous

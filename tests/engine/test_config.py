@@ -13,8 +13,8 @@ from gnomon.engine.rope import cos_sin_cache, rope_inv_freq
 
 # ---- presets ---------------------------------------------------------------------------------
 
-# the models' published config.json (Hugging Face hub): layers, hidden, heads, kv heads, head dim, intermediate, experts,
-# top-k, vocab, rope theta
+# the models' published config.json (Hugging Face hub): layers, hidden, heads, kv heads,
+# head dim, intermediate, experts, top-k, vocab, rope theta
 REFERENCE = {
     "llama-3.1-8b": ("LlamaForCausalLM", 32, 4096, 32, 8, 128, 14336, 0, 0, 128256, 500000.0),
     "llama-3.1-70b": ("LlamaForCausalLM", 80, 8192, 64, 8, 128, 28672, 0, 0, 128256, 500000.0),

@@ -7,7 +7,7 @@ import pytest
 
 from gnomon.engine.config import ModelConfig
 from gnomon.predict.calibrated import (FEATURES, CalibratedPredictor, bench_rows, fit,
-                                       step_features)
+                                       op_rows, step_features)
 from gnomon.predict.cost import FAMILIES, PredictionRefused
 from gnomon.predict.shapes import ModelSpec, StepShape
 
@@ -128,3 +128,36 @@ def test_gemm_rows_are_split_between_neighbouring_knots():
     assert (lo, hi) == (8, 16) and w_hi == pytest.approx(np.log2(12 / 8)) and w_lo + w_hi == 1
     with pytest.raises(PredictionRefused, match="M = 20000"):
         _knot_weights(20000)
+
+
+def test_family_rows_split_terms_that_grow_together():
+    # decode-only steps: sampling and the per-sequence overhead both grow with the sequences,
+    # so whole steps alone cannot split them; each family's own time (as the runner reports
+    # it) can. The truth puts the per-sequence cost in sampling only.
+    from gnomon.predict.calibrated import COMPUTE_FAMILIES
+    from gnomon.predict.opcount import step_ops
+
+    truth = dict.fromkeys(FEATURES, 0.0)
+    truth.update(sampling_bytes=5e-9, step=1e-4, launches=1e-6, attention_bytes=1e-9,
+                 **{f"gemm_bytes@{m}": 1e-9 for m in (1, 2, 4, 8, 16, 32)})
+    theta = np.array([truth[k] for k in FEATURES])
+    rng = np.random.default_rng(4)
+    shapes = [StepShape.of(SPEC, [(1, int(rng.integers(1, 100)))] * int(n))
+              for n in rng.integers(1, 33, size=80)]
+    steps = [(s, float(step_features(s)[0] @ theta)) for s in shapes]
+    families = []
+    for s in shapes:
+        for family in COMPUTE_FAMILIES:
+            ops = [op for op in step_ops(s) if op.family == family]
+            x = op_rows([(ops, 1.0)])[0][0]
+            if ops and x @ theta > 0:
+                families.append((ops, float(x @ theta)))
+    split = CalibratedPredictor.fit_from(steps, timed_ops=families)
+    probe = StepShape.of(SPEC, [(1, 50)] * 20)
+    want = float(step_features(probe)[0] @ theta)
+    got = split.predict(probe)
+    assert got.seconds == pytest.approx(want, rel=1e-3)
+    sampling = sum(float(x) for x, k in zip(step_features(probe)[0] * theta, FEATURES)
+                   if k.startswith("sampling"))
+    assert got.breakdown["sampling"] == pytest.approx(sampling, rel=0.02)
+    assert split.info["op_rows"] == len(families)

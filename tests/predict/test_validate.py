@@ -54,3 +54,20 @@ def test_goal_rows_use_the_noise_floor_rule(report):
         floor = row["noise_floor"]
         assert row["bound"] == (1.5 * floor if floor > 0.033 else 0.05)
         assert row["met"] == (abs(row["value"]) <= row["bound"])
+
+
+def test_a_slower_machine_runs_smaller_workloads_at_the_same_load():
+    from types import SimpleNamespace
+
+    def warm_up(busy_per_request):
+        return SimpleNamespace(steps=[SimpleNamespace(seconds=busy_per_request)] * 15,
+                               workload=SimpleNamespace(num_requests=15))
+
+    budget = val.REAL_RUN_BUDGET_S
+    assert val.machine_scale(warm_up(budget / 240), 120) == 1.0  # fast enough: full size
+    assert val.machine_scale(warm_up(budget / 60), 120) == pytest.approx(0.5)
+    assert val.machine_scale(warm_up(budget), 120) == val.MIN_SCALE
+
+
+def test_report_records_its_scale(report):
+    assert 0 < report["setup"]["scale"] <= 1

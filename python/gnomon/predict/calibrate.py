@@ -1,12 +1,17 @@
 """`calibrate`: fit a `CalibratedPredictor` to this machine.
 
-It runs a ``gnomon bench`` sweep (per-op rows) and a calibration workload through the real
-engine on a `VirtualClock` (whole-step rows), then fits the predictor on both.
+It runs a ``gnomon bench`` sweep (per-op rows), a sweep of the model's own GEMMs over M
+(`gemm_sweep`) and a calibration workload through the real engine on a `VirtualClock`
+(whole-step rows, and each step's op families as the runner timed them, `family_rows`), then
+fits the predictor on all of them.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .calibrated import CalibratedPredictor
 from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
@@ -41,6 +46,25 @@ def measured_steps(trace: RunTrace, spec: ModelSpec) -> Sequence[Tuple[StepShape
     return [(StepShape.from_batch(s.batch, spec), s.seconds) for s in trace.steps]
 
 
+def family_rows(trace: RunTrace, spec: ModelSpec):
+    """Each step's op families on their own: ``(the family's ops, the seconds the real runner
+    timed for it)``. A whole step's seconds cannot tell two terms that grow together apart
+    (sampling and the per-sequence overhead both grow with the sequences that sample); its
+    per-family times can."""
+    from .calibrated import COMPUTE_FAMILIES
+    from .opcount import step_ops
+
+    rows = []
+    for s in trace.steps:
+        ops = step_ops(StepShape.from_batch(s.batch, spec))
+        for family in COMPUTE_FAMILIES:
+            seconds = s.breakdown.get(family, 0.0)
+            mine = [op for op in ops if op.family == family]
+            if seconds > 0 and mine:
+                rows.append((mine, seconds))
+    return rows
+
+
 def real_run(model, workload, *, args: Optional[EngineArgs] = None,
              num_kv_blocks: int = CPU_KV_BLOCKS, random_weights: bool = True,
              pace: Optional[RunTrace] = None,
@@ -53,6 +77,40 @@ def real_run(model, workload, *, args: Optional[EngineArgs] = None,
                           num_kv_blocks=num_kv_blocks,
                           pace=None if pace is None else [s.seconds for s in pace.steps])
     return run_workload(engine, workload, progress=progress)
+
+
+def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7):
+    """The model's own GEMMs (`opcount.dense_ops`' gemm family: every layer's projections and
+    lm_head), timed through ``torch.nn.functional.linear`` as the runner calls them, at each
+    knot M = 1, 2, 4, ... up to `max_m`: ``[(ops, seconds)]``, the median of `repeats` passes.
+    A pass walks every layer's own weights, as a step does, so they stream from memory rather
+    than sit in a cache."""
+    import torch
+    import torch.nn.functional as F
+
+    from .calibrated import GEMM_KNOTS
+    from .opcount import dense_ops
+
+    dtype = getattr(torch, spec.dtype)
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for m in (k for k in GEMM_KNOTS if k <= max_m):
+        ops = [op for op in dense_ops(spec, m, m, 1) if op.family == "gemm"]
+        calls = []
+        for op in ops:
+            n = round(op.flops / (2 * op.rows * op.depth * op.launches))
+            x = torch.randn(m, op.depth, generator=g, dtype=dtype)
+            calls += [(x, torch.randn(n, op.depth, generator=g, dtype=dtype) * 0.02)
+                      for _ in range(op.launches)]
+        times = []
+        with torch.inference_mode():
+            for _ in range(repeats + 1):  # the first pass warms up
+                began = time.perf_counter()
+                for x, w in calls:
+                    F.linear(x, w)
+                times.append(time.perf_counter() - began)
+        out.append((ops, float(np.median(times[1:]))))
+    return out
 
 
 def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True,
@@ -77,7 +135,10 @@ def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True,
             "engine": cpu_engine_args(spec).kwargs(),
             "bench": f"suites {','.join(bench_suites) or 'none'} (quick, {bench_mode})",
             "machine": _machine()}
-    return CalibratedPredictor.fit_from(measured_steps(trace, spec), docs, info=info)
+    timed = gemm_sweep(spec, cpu_engine_args(spec).max_num_batched_tokens)
+    timed += family_rows(trace, spec)
+    return CalibratedPredictor.fit_from(measured_steps(trace, spec), docs, info=info,
+                                        timed_ops=timed)
 
 
 def _machine() -> dict:

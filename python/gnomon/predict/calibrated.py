@@ -8,12 +8,14 @@ either roof), so the gemm family's FLOPs and bytes are split over `GEMM_KNOTS` (
 with piecewise-linear weights in log2 M: its coefficients are an efficiency curve in M (measured
 here: a 512-wide fp32 projection set takes 1.6 ms at M = 1, 3.5 ms at M = 2, 3.0 ms at M = 8).
 The coefficients are non-negative, fitted by least squares on relative error (each row divided
-by its measured seconds) over two kinds of rows:
+by its measured seconds) over these rows:
 
 - per-op results from ``gnomon bench`` (each case: its family's FLOPs and bytes, one launch);
-- whole steps timed by running the real engine (``gnomon calibrate``); only these reach the
-  per-step terms, which is where the engine overhead, sampling and launch gaps the operator
-  sums miss end up.
+- the model's own GEMMs timed at each knot of M (`calibrate.gemm_sweep`): the kernels this
+  CPU runs for them, which a step's time alone cannot tell from the per-step terms;
+- whole steps timed by running the real engine (``gnomon calibrate``), and each of their op
+  families as the runner timed it; only whole steps reach the per-step terms, which is where
+  the engine overhead and launch gaps the operator sums miss end up.
 
 The breakdown gives each family its FLOP, byte and launch terms and ``overhead`` the per-step
 terms, all labelled ``fitted``. It refuses what it has not seen: ``tp > 1`` (calibration runs on
@@ -73,19 +75,35 @@ def _add_op(x: Dict[str, float], family: str, flops: float, nbytes: float, rows:
         x[f"{family}_bytes"] += nbytes
 
 
-def step_features(shape: StepShape) -> Tuple[np.ndarray, Dict[str, int]]:
-    """The feature vector (`FEATURES` order) and each family's launches."""
+def _op_features(ops, tp: int = 1) -> Tuple[Dict[str, float], Dict[str, int]]:
     x = dict.fromkeys(FEATURES, 0.0)
     launches: Dict[str, int] = dict.fromkeys(FAMILIES, 0)
-    for op in step_ops(shape):
+    for op in ops:
         if op.family not in COMPUTE_FAMILIES:
             raise PredictionRefused(f"a calibrated predictor has no coefficients for "
-                                    f"{op.family} (tp = {shape.tp}; calibration runs at tp 1)")
+                                    f"{op.family} (tp = {tp}; calibration runs at tp 1)")
         _add_op(x, op.family, op.flops, op.bytes, op.rows)
         x["launches"] += op.launches
         launches[op.family] += op.launches
+    return x, launches
+
+
+def step_features(shape: StepShape) -> Tuple[np.ndarray, Dict[str, int]]:
+    """The feature vector (`FEATURES` order) and each family's launches."""
+    x, launches = _op_features(step_ops(shape), shape.tp)
     x.update(step=1.0, seqs=float(shape.num_seqs), tokens=float(shape.num_tokens))
     return np.array([x[k] for k in FEATURES]), launches
+
+
+def op_rows(timed) -> Tuple[np.ndarray, np.ndarray]:
+    """Rows from ``(ops, seconds)`` pairs: a list of `opcount.Op` timed together (a sweep of
+    a model's own GEMMs, `calibrate.gemm_sweep`)."""
+    X, y = [], []
+    for ops, seconds in timed:
+        x, _ = _op_features(ops)
+        X.append([x[k] for k in FEATURES])
+        y.append(float(seconds))
+    return np.array(X).reshape(-1, len(FEATURES)), np.array(y)
 
 
 def bench_rows(results: dict) -> Tuple[np.ndarray, np.ndarray, List[str]]:
@@ -144,14 +162,16 @@ class CalibratedPredictor:
     # ---------------------------------------------------------------- fitting
     @classmethod
     def fit_from(cls, steps: Iterable[Tuple[StepShape, float]], bench_results: Iterable[dict] = (),
-                 info: Optional[dict] = None) -> "CalibratedPredictor":
-        """Fit on measured ``(shape, seconds)`` steps and ``gnomon bench`` results documents."""
+                 info: Optional[dict] = None, timed_ops=()) -> "CalibratedPredictor":
+        """Fit on measured ``(shape, seconds)`` steps, ``gnomon bench`` results documents and
+        `timed_ops` (``(ops, seconds)`` pairs, `op_rows`)."""
         steps = list(steps)
         if not steps:
             raise ValueError("steps: a calibration needs at least one measured step")
         X_steps = np.array([step_features(s)[0] for s, _ in steps])
         y_steps = np.array([float(t) for _, t in steps])
-        X_parts, y_parts, bench_keys = [X_steps], [y_steps], []
+        X_ops, y_ops = op_rows(timed_ops)
+        X_parts, y_parts, bench_keys = [X_steps, X_ops], [y_steps, y_ops], []
         for doc in bench_results:
             Xb, yb, keys = bench_rows(doc)
             X_parts.append(Xb)
@@ -165,7 +185,7 @@ class CalibratedPredictor:
                   "features": dict(zip(FEATURES, X_steps.max(axis=0).tolist()))}
         rel = np.abs(X_steps @ theta - y_steps) / y_steps
         meta = dict(info or {})
-        meta.update(step_rows=len(steps), bench_rows=len(bench_keys),
+        meta.update(step_rows=len(steps), bench_rows=len(bench_keys), op_rows=len(y_ops),
                     in_sample_step_ape_median=float(np.median(rel)),
                     in_sample_step_ape_p90=float(np.percentile(rel, 90)))
         return cls(theta, domain, meta)

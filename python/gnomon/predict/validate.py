@@ -14,6 +14,10 @@
 
 Goal: step median APE <= 5% and TTFT, TPOT and throughput within 5%, or 1.5x the noise floor
 where the noise floor exceeds 3.3%.
+
+Both workloads are sized to the machine (`machine_scale`): on one too slow to run the full
+ones in about two minutes, fewer requests arrive at a proportionally lower rate, so the load
+against the machine's capacity stays the same.
 """
 
 from __future__ import annotations
@@ -37,15 +41,27 @@ KIND = "gnomon.predict.validation"
 GOAL = 0.05
 NOISE_THRESHOLD = 0.033
 NOISE_FACTOR = 1.5
+VALIDATION_RATE = 25.0  # requests/s at full size (scale 1)
+REAL_RUN_BUDGET_S = 20.0  # busy seconds one real run of the full-size workload may take
+MIN_SCALE = 0.3  # below it the runs hold too few steps to tell error from noise
 
 
-def validation_workload(spec: ModelSpec, num_requests: int = 120, seed: int = 7):
+def machine_scale(warm_up: RunTrace, num_requests: int) -> float:
+    """How much of the full-size workloads this machine runs within the budget: the warm-up's
+    busy seconds per request, times `num_requests`, against `REAL_RUN_BUDGET_S` (1 on a machine
+    fast enough, less on a slower one; at least `MIN_SCALE`)."""
+    per_request = sum(s.seconds for s in warm_up.steps) / warm_up.workload.num_requests
+    return max(MIN_SCALE, min(1.0, REAL_RUN_BUDGET_S / (per_request * num_requests)))
+
+
+def validation_workload(spec: ModelSpec, num_requests: int = 120, seed: int = 7,
+                        rate: float = VALIDATION_RATE):
     """Lognormal serving-like lengths at a moderate Poisson rate (another shape and seed than
     `calibrate.calibration_workload`): prompts of median 1/10 and at most 1/2 of the sequence
     limit, outputs of median 1/32 and at most 1/8."""
     limit = cpu_engine_args(spec).max_model_len
     return synthetic(SyntheticSpec(
-        num_requests=num_requests, rate=25.0,
+        num_requests=num_requests, rate=rate,
         prompt_len=LengthDist.lognormal(limit // 10, 0.8, 16, limit // 2),
         output_len=LengthDist.lognormal(limit // 32, 0.7, 4, limit // 8),
         vocab_size=spec.config.vocab_size, seed=seed), name="validation")
@@ -97,18 +113,28 @@ def noise_step_errors(first: RunTrace, repeat: RunTrace) -> List[float]:
 def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
              calibration_requests: int = CALIBRATION_REQUESTS,
              bench_suites: Sequence[str] = CALIBRATION_BENCH_SUITES,
+             scale: Optional[float] = None,
              progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Runs the whole validation (module docstring) and returns the JSON-ready report."""
+    """Runs the whole validation (module docstring) and returns the JSON-ready report.
+    `scale` shrinks both workloads (None: `machine_scale` measures it from the warm-up)."""
     say = progress or (lambda stage: None)
     spec = ModelSpec.from_model(model)
     # The first real run in a process runs slower (page faults, allocator growth, thread pool
     # start-up); a warm-up keeps that out of both the calibration and the validation.
     say("warm-up run")
-    real_run(model, validation_workload(spec, num_requests=max(num_requests // 8, 4), seed=99))
-    say("calibrating (bench sweep + calibration workload)")
-    predictor: CalibratedPredictor = calibrate(model, bench_suites=bench_suites,
-                                               num_requests=calibration_requests)
-    workload = validation_workload(spec, num_requests=num_requests)
+    warm = real_run(model, validation_workload(spec, num_requests=max(num_requests // 8, 4),
+                                               seed=99))
+    if scale is None:
+        scale = machine_scale(warm, num_requests)
+    # A slower machine runs fewer requests at a proportionally lower rate: the same load
+    # against its capacity, the same arrival window, and about the same wall time.
+    n = max(round(num_requests * scale), 1)
+    say(f"calibrating (bench sweep, GEMM sweep, calibration workload; scale {scale:.2f})")
+    predictor: CalibratedPredictor = calibrate(
+        model, bench_suites=bench_suites,
+        num_requests=max(round(calibration_requests * scale), 1))
+    workload = validation_workload(spec, num_requests=n,
+                                   rate=VALIDATION_RATE * n / num_requests)
     say("real run 1")
     first = real_run(model, workload)
     say("real run 2")
@@ -128,6 +154,7 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
         "schema_version": SCHEMA_VERSION, "kind": KIND,
         "setup": {"model": spec.name, "predictor": predictor.name,
                   "calibration": predictor.info, "workload": workload.description,
+                  "scale": scale,
                   "engine": {**cpu_engine_args(spec).kwargs(), "num_kv_blocks": CPU_KV_BLOCKS}},
         "step_ape": step_ape,
         "step_ape_by_kind": {k: _ape_summary(errors[k]) for k in ("prefill", "decode", "mixed")},
