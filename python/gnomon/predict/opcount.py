@@ -39,7 +39,7 @@ class Op(NamedTuple):  # a tuple: attention builds a few per step, 6x faster tha
     collectives: int = 0
     rows: int = 0  # what the kernel's efficiency depends on: a GEMM's M, the tokens per expert
     # of a grouped MoE GEMM, the keys per query of attention; 0 where nothing does
-    depth: int = 0  # a GEMM's K
+    depth: int = 0  # a GEMM's K (attention: the head dim)
 
 
 NO_WINDOW = 1 << 40  # a window no context reaches: full attention
@@ -80,11 +80,12 @@ def attention_ops(shape: StepShape) -> List[Op]:
         k, kv_read = attention_sums(shape.requests, NO_WINDOW if window is None else window)
         ops.append(Op("attention", "reshape_and_cache", 0.0,
                       layers * 2 * T * kv * (a + ckv), layers))
-        # rows: keys per query, the context the kernel's efficiency depends on
+        # rows: keys per query, the context the kernel's efficiency depends on; depth: the
+        # head dim, the K of its QK^T
         ops.append(Op("attention", "paged_attention" + (f"[window {window}]" if window else ""),
                       layers * 4.0 * hq * d * k,
                       layers * (2 * kv_read * kv * ckv + 2 * T * q * a), layers,
-                      rows=k // T if T else 0))
+                      rows=k // T if T else 0, depth=d))
     return ops
 
 

@@ -140,15 +140,17 @@ class RooflinePredictor:
             return self._allreduce_seconds(op)
         curves = self.efficiencies.curves
         attention = op.family == "attention" and op.flops
-        if curves is None or not (attention or op.depth):
+        grouped = op.name.startswith("fused_moe")
+        if curves is None or not op.depth:
             memory = op.bytes / self._bytes_per_s
-        elif attention:
-            memory = op.bytes / (self._hbm_bytes_per_s * curves["attention_decode"](op.rows))
-        elif op.name.startswith("fused_moe"):
-            memory = op.bytes / (self._hbm_bytes_per_s * curves["grouped_gemm_memory"](op.rows))
         else:
-            memory = op.bytes / (self._hbm_bytes_per_s
-                                 * curves["gemm_memory"](op.bytes / op.launches))
+            if attention:
+                fraction = curves["attention_decode"](op.rows)
+            elif grouped:
+                fraction = curves["grouped_gemm_memory"](op.rows)
+            else:
+                fraction = curves["gemm_memory"](op.bytes / op.launches)
+            memory = op.bytes / (self._hbm_bytes_per_s * fraction)
         compute = 0.0
         if op.flops:
             cached = self._flops_per_s.get(op.compute)
@@ -157,9 +159,10 @@ class RooflinePredictor:
             rate, weight_only = cached
             if curves is not None:
                 if attention:
-                    rate = self.hardware.bf16_tflops.value * 1e12 * self._attention(op.rows)
+                    prefill = curves["attention_prefill_d64" if op.depth <= 96 else
+                                     "attention_prefill_d128"]
+                    rate = self.hardware.bf16_tflops.value * 1e12 * prefill(op.rows)
                 else:
-                    grouped = op.name.startswith("fused_moe")
                     shape = curves["grouped_gemm" if grouped else "gemm"]
                     rate *= shape(op.rows) * curves["gemm_k"](op.depth)
                     if weight_only is not None:
@@ -180,11 +183,6 @@ class RooflinePredictor:
         if not isinstance(shape, StepShape):
             raise TypeError(f"shape: expected a StepShape, got {type(shape).__name__}")
         self._ring_factor = 2 * (shape.tp - 1) / shape.tp
-        curves = self.efficiencies.curves
-        if curves is not None:
-            small = shape.model.config.head_dim <= 96
-            self._attention = curves["attention_prefill_d64" if small else
-                                     "attention_prefill_d128"]
         key = (shape.model, shape.num_tokens, shape.num_sampled, shape.tp)
         dense = self._dense_seconds.get(key)
         if dense is None:  # decode steps repeat the same few token counts

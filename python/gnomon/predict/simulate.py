@@ -112,6 +112,9 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
     profile = resolve_engine(engine)
     pred = (make_predictor(predictor, hw, profile.overhead) if isinstance(predictor, str)
             else predictor)
+    if args is not None and (max_num_seqs, max_num_batched_tokens) != (None, None):
+        raise ValueError("max_num_seqs, max_num_batched_tokens: pass them in args, which "
+                         "replaces every scheduler knob, or leave args None")
     if args is None:
         calibrated_under = getattr(pred, "info", {}).get("engine")
         knobs = dict(calibrated_under) if calibrated_under else profile.scheduler_defaults(hw)
