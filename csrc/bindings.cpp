@@ -123,26 +123,74 @@ py::array_t<int32_t> int32_array(const std::vector<int32_t>& values) {
   return py::array_t<int32_t>(static_cast<py::ssize_t>(values.size()), values.data());
 }
 
-// take_block_updates' reports as Python tuples: (full, appended ids, ((index, id), ...)).
+// take_block_updates' reports as Python tuples: (full, per group the appended ids, per group
+// ((index, id), ...)).
 py::list block_updates(const std::vector<BlockUpdate>& updates) {
   py::list out(updates.size());
   for (size_t i = 0; i < updates.size(); ++i) {
     const BlockUpdate& u = updates[i];
-    py::tuple appended(u.num_appended);
-    for (size_t j = 0; j < u.num_appended; ++j) appended[j] = py::int_(u.appended[j]);
-    py::tuple replaced(u.replaced.size());
-    for (size_t j = 0; j < u.replaced.size(); ++j) {
-      replaced[j] = py::make_tuple(u.replaced[j].first, u.replaced[j].second);
+    py::tuple appended(u.groups.size()), replaced(u.groups.size());
+    for (size_t g = 0; g < u.groups.size(); ++g) {
+      const GroupUpdate& group = u.groups[g];
+      py::tuple ids(group.num_appended);
+      for (size_t j = 0; j < group.num_appended; ++j) ids[j] = py::int_(group.appended[j]);
+      py::tuple pairs(group.replaced.size());
+      for (size_t j = 0; j < group.replaced.size(); ++j) {
+        pairs[j] = py::make_tuple(group.replaced[j].first, group.replaced[j].second);
+      }
+      appended[g] = std::move(ids);
+      replaced[g] = std::move(pairs);
     }
     out[i] = py::make_tuple(py::bool_(u.full), std::move(appended), std::move(replaced));
   }
   return out;
 }
 
+// The `groups` argument: one entry per KV-cache group, None (full attention) or a window >= 1.
+std::vector<int64_t> group_windows(py::handle groups) {
+  if (!PyList_Check(groups.ptr()) && !PyTuple_Check(groups.ptr())) {
+    raise<TypeError>("groups: expected a list or tuple with one entry per KV-cache group (None "
+                     "for full attention, an int >= 1 for a sliding window), got ",
+                     type_name(groups));
+  }
+  const auto items = py::reinterpret_borrow<py::sequence>(groups);
+  std::vector<int64_t> windows;
+  for (size_t g = 0; g < items.size(); ++g) {
+    const py::object item = items[g];
+    if (item.is_none()) {
+      windows.push_back(BlockAllocator::kFullAttention);
+      continue;
+    }
+    if (!PyLong_Check(item.ptr()) || PyBool_Check(item.ptr())) {
+      raise<TypeError>("groups: entry ", g, " is ", type_name(item),
+                       "; expected None (full attention) or an int >= 1 (a sliding window)");
+    }
+    int overflow = 0;
+    const long long window = PyLong_AsLongLongAndOverflow(item.ptr(), &overflow);
+    if (overflow > 0) raise<ValueError>("groups: entry ", g, " is a window beyond int64");
+    if (overflow < 0 || window < 1) {
+      raise<ValueError>("groups: entry ", g, " is a sliding window of ", window,
+                        " tokens; a window must be >= 1 (None for full attention)");
+    }
+    windows.push_back(window);
+  }
+  if (windows.empty()) {
+    raise<ValueError>("groups: expected at least one KV-cache group, got none");
+  }
+  return windows;
+}
+
+py::object window_of(const BlockAllocator& a, int64_t group) {
+  const int64_t window = a.window(group);
+  return window == BlockAllocator::kFullAttention ? py::object(py::none())
+                                                   : py::object(py::int_(window));
+}
+
 constexpr const char* kAllocatorDoc = R"doc(
 Paged KV-cache block allocator with prefix caching, in C++.
 
-BlockAllocator(num_blocks, block_size=16, enable_prefix_caching=True, *, hash_bits=64)
+BlockAllocator(num_blocks, block_size=16, enable_prefix_caching=True, *, hash_bits=64,
+               groups=(None,))
 
 Blocks hold ``block_size`` token slots; a token's slot is ``block_id * block_size + offset``.
 One allocator object is not thread-safe: call it from one thread (it keeps the GIL).
@@ -151,6 +199,18 @@ Structure
   Every block has a ref count: the number of sequences whose block table holds it. Blocks with
   ref count 0 sit in one free queue, doubly linked through the blocks themselves, so taking a
   block out of the middle is O(1). Fresh blocks are taken from the head.
+
+KV-cache groups
+  ``groups`` has one entry per group of layers that share a block table: None for full attention,
+  or an int >= 1 for a sliding window of that many tokens. All groups share the one pool. Each
+  sequence holds one table per group, all of the same length (one entry per ``block_size``
+  positions), and every call below acts on all of a sequence's groups at once: an allocation
+  gives each group its blocks or none of them.
+  A sliding group releases a block once no token still to compute can attend to it. With ``c``
+  tokens computed, the next token sits at position ``c`` and attends to ``c - window + 1 .. c``;
+  block ``i`` holds positions ``i * block_size .. (i + 1) * block_size - 1``, so it is released
+  when ``(i + 1) * block_size <= c - window + 1``. Its table entry then reads -1 (the null block),
+  so positions and slots stay aligned. The default, one full group, is the plain allocator.
 
 Prefix caching
   A full block's key is a 64-bit hash chained over the parent block's key, the block's token
@@ -161,17 +221,29 @@ Prefix caching
   A hash match also compares the stored token ids, the extra key and the cache entry the block
   was computed on top of, so a collision is a miss and can never hand out wrong KV. A block
   whose parent's content is not in the cache (after a collision) is not cached either.
+  With several groups each group caches its own blocks. The anchor group (the first full one,
+  else the first) is verified as above, along an unbroken chain from the first block. Its
+  entries' serials, never reused, each name one exact prefix. A block of another group is
+  cached against the anchor entry for the same prefix, and a hit on it counts only when the
+  lookup's anchor chain reaches that very entry; so a sliding group hits even when its older
+  blocks are evicted, and a block whose anchor entry was evicted (and perhaps recached with other
+  content, under a new serial) never matches again. A hit must be served by every group at once:
+  a full group needs all its blocks of the prefix, a sliding group only those the window of the
+  first new token sees. The hit is the longest such prefix, the minimum over the groups. When
+  the anchor itself is a sliding group (no full group), it too hits only along an unbroken chain.
 
 lookup(token_ids, extra_key=0) -> int
-  How many leading tokens already have cached KV: whole blocks only, and at least one token is
-  left to compute, so a fully cached prompt recomputes its last block. Changes no state.
+  How many leading tokens already have cached KV in every group: whole blocks only, and at least
+  one token is left to compute, so a fully cached prompt recomputes its last block. Changes no
+  state.
 
 allocate(seq_id, new_token_ids, num_new_tokens, extra_key=0) -> bool
   Appends ``new_token_ids`` to what the allocator knows of the sequence: the whole prompt for a
   new sequence; for a running one only what was appended since its last call (usually the one
   sampled token, nothing during a prompt's later chunks). For a new sequence it first claims
-  exactly the blocks ``lookup`` would count now: each claimed block's ref count goes up, a hit
-  on a free block takes it out of the free queue, and the claimed tokens count as computed.
+  exactly the blocks ``lookup`` would count now (in a sliding group those its window needs; the
+  entries before read -1): each claimed block's ref count goes up, a hit on a free block takes
+  it out of the free queue, and the claimed tokens count as computed.
   The admitting call counts the prefix-cache ``queries`` (prompt tokens) and ``hits`` (claimed
   tokens). Then it makes sure the sequence has slots for its computed tokens plus
   ``num_new_tokens``. ``extra_key`` applies at admission; a running sequence keeps its own.
@@ -184,7 +256,7 @@ allocate(seq_id, new_token_ids, num_new_tokens, extra_key=0) -> bool
 commit(seq_id, num_computed_tokens)
   After a forward: records how many of the sequence's tokens now have KV. It may not decrease,
   nor exceed the tokens allocated or the token ids known. Blocks that became full enter the
-  prefix cache; a newly full block whose content is already cached (a duplicate, as when a fully
+  prefix cache, and then sliding groups release the blocks their window left behind; a newly full block whose content is already cached (a duplicate, as when a fully
   cached prompt recomputes its last block) stays out of the cache and is freed like any
   uncached block.
 
@@ -207,46 +279,57 @@ step(commit_seq_ids, num_computed_tokens, free_seq_ids, seq_ids, new_token_ids,
   their ``take_block_updates`` reports.
 
 free(seq_id)
-  Releases the sequence's blocks in reverse block-table order, so a chain's tail is evicted
-  before its head. A block reaching ref count 0 returns to the free queue: at the tail if it
+  Releases the sequence's blocks in reverse block-table order (every group at each position),
+  so a chain's tail is evicted before its head. A block reaching ref count 0 returns to the free queue: at the tail if it
   holds cached content (LRU), at the head if not. Taking a cached free block as a fresh block
   evicts it and removes its hash entry. Pending copies into blocks nobody holds are dropped.
 
 fork(parent_seq_id, child_seq_id)
-  The child shares every block of the parent (ref count +1 each), for parallel sampling. The
-  parent must have no allocated tokens left uncommitted.
+  The child shares every block of the parent in every group (ref count +1 each), for parallel
+  sampling. The parent must have no allocated tokens left uncommitted.
 
 pending_copies() -> list[tuple[int, int]]
   Returns and clears the copy-on-write ``(src, dst)`` block pairs to copy before the forward.
 
-take_block_updates(seq_ids) -> list[tuple[bool, tuple[int, ...], tuple[tuple[int, int], ...]]]
+take_block_updates(seq_ids) -> list[tuple[bool, tuple[tuple[int, ...], ...],
+                                       tuple[tuple[tuple[int, int], ...], ...]]]
   Per sequence (a 1-D int array of distinct known ids, as the batch forms take), what changed in
-  its block table since its previous report, as ``(full, appended, replaced)``, and marks it
-  reported. The first report of a sequence (new, forked, or admitted again after ``free``) has
-  ``full`` True and ``appended`` its whole table. Later reports give the ids appended since, and
-  ``replaced``: the ``(index, block_id)`` entries already reported that copy-on-write replaced in
-  place. Applying the reports in order rebuilds ``block_table(seq_id)`` exactly, at a cost that
-  grows with what changed, not with the table.
+  its block tables since its previous report, as ``(full, appended, replaced)`` with one entry
+  per group in ``appended`` and in ``replaced``, and marks it reported. The first report of a
+  sequence (new, forked, or admitted again after ``free``) has ``full`` True and ``appended`` its
+  whole tables. Later reports give the ids appended since, and ``replaced``: the
+  ``(index, block_id)`` entries already reported that were replaced in place, by copy-on-write
+  or by a window's release (block id -1). Applying the reports in order rebuilds
+  ``block_table(seq_id, group)`` exactly, at a cost that grows with what changed, not with the
+  table.
 
-Inspection: block_table(seq_id) (a new int32 array), num_computed_tokens(seq_id),
+Inspection: block_table(seq_id, group=0) (a new int32 array), num_computed_tokens(seq_id),
 ref_count(block_id), free_queue() (block ids in queue order), cached_blocks() (sorted ids),
 the properties num_blocks, block_size, num_free_blocks, num_cached_blocks, usage (the used
 fraction), and stats(), a dict with exactly the keys queries, hits (both in tokens), hit_rate,
 allocations (successful allocate calls, per sequence in a batch), failed_allocations and
-evictions (cached blocks reused as fresh ones).
+evictions (cached blocks reused as fresh ones). ``groups`` is the tuple of group windows (None for
+full attention), and group_stats() a list with one dict per group: window, blocks_in_use,
+cached_blocks, evictions and released (blocks its window released).
 
 reset_prefix_cache() -> bool
   Drops every cache entry; refuses, returning False, while any block is in use.
 
-Bad input (an unknown sequence id, a fork into a present id, a non-positive size, a token id
+Bad input (an unknown sequence id or group, a fork into a present id, a non-positive size or
+window, an empty group list, a token id
 outside int32, a negative num_new_tokens, a commit beyond what was allocated) raises KeyError
 or ValueError naming the argument, and leaves the allocator unchanged.
 )doc";
 
 void bind_allocator(py::module_& m) {
   py::class_<BlockAllocator>(m, "BlockAllocator", kAllocatorDoc)
-      .def(py::init<int64_t, int64_t, bool, int>(), "num_blocks"_a, "block_size"_a = 16,
-           "enable_prefix_caching"_a = true, py::kw_only(), "hash_bits"_a = 64)
+      .def(py::init([](int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
+                       int hash_bits, py::handle groups) {
+             return new BlockAllocator(num_blocks, block_size, enable_prefix_caching, hash_bits,
+                                       group_windows(groups));
+           }),
+           "num_blocks"_a, "block_size"_a = 16, "enable_prefix_caching"_a = true, py::kw_only(),
+           "hash_bits"_a = 64, "groups"_a = py::make_tuple(py::none()))
       .def(
           "lookup",
           [](const BlockAllocator& self, py::handle token_ids, const py::int_& extra_key) {
@@ -311,10 +394,10 @@ void bind_allocator(py::module_& m) {
       .def("reset_prefix_cache", &BlockAllocator::reset_prefix_cache)
       .def(
           "block_table",
-          [](const BlockAllocator& self, int64_t seq_id) {
-            return int32_array(self.block_table(seq_id));
+          [](const BlockAllocator& self, int64_t seq_id, int64_t group) {
+            return int32_array(self.block_table(seq_id, group));
           },
-          "seq_id"_a)
+          "seq_id"_a, "group"_a = 0)
       .def("num_computed_tokens", &BlockAllocator::num_computed_tokens, "seq_id"_a)
       .def("__contains__", &BlockAllocator::contains, "seq_id"_a)
       .def("__len__", &BlockAllocator::num_sequences)
@@ -332,6 +415,26 @@ void bind_allocator(py::module_& m) {
                              "failed_allocations"_a = s.failed_allocations,
                              "evictions"_a = s.evictions);
            })
+      .def("group_stats",
+           [](const BlockAllocator& self) {
+             py::list out;
+             for (int64_t g = 0; g < self.num_groups(); ++g) {
+               const GroupStats& s = self.group_stats(g);
+               out.append(py::dict("window"_a = window_of(self, g),
+                                   "blocks_in_use"_a = s.blocks_in_use,
+                                   "cached_blocks"_a = self.num_group_cached_blocks(g),
+                                   "evictions"_a = s.evictions, "released"_a = s.released));
+             }
+             return out;
+           })
+      .def_property_readonly("groups",
+                             [](const BlockAllocator& self) {
+                               py::tuple windows(self.num_groups());
+                               for (int64_t g = 0; g < self.num_groups(); ++g) {
+                                 windows[g] = window_of(self, g);
+                               }
+                               return windows;
+                             })
       .def_property_readonly("num_blocks", &BlockAllocator::num_blocks)
       .def_property_readonly("block_size", &BlockAllocator::block_size)
       .def_property_readonly("enable_prefix_caching", &BlockAllocator::prefix_caching)

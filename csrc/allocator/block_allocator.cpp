@@ -38,7 +38,7 @@ uint64_t BlockAllocator::hash_block(uint64_t parent_key, const int32_t* tokens, 
 }
 
 BlockAllocator::BlockAllocator(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
-                               int hash_bits)
+                               int hash_bits, std::vector<int64_t> windows)
     : block_size_(block_size),
       prefix_caching_(enable_prefix_caching),
       hash_bits_(hash_bits),
@@ -54,6 +54,19 @@ BlockAllocator::BlockAllocator(int64_t num_blocks, int64_t block_size, bool enab
   if (hash_bits < 1 || hash_bits > 64) {
     raise<ValueError>("hash_bits: expected an integer in [1, 64], got ", hash_bits);
   }
+  if (windows.empty()) {
+    raise<ValueError>("groups: expected at least one KV-cache group, got none");
+  }
+  for (size_t g = 0; g < windows.size(); ++g) {
+    if (windows[g] < 0) {
+      raise<ValueError>("groups: entry ", g, " has sliding window ", windows[g],
+                        "; a window must be >= 1 (or full attention)");
+    }
+  }
+  groups_.resize(windows.size());
+  for (size_t g = 0; g < windows.size(); ++g) groups_[g].window = windows[g];
+  const auto full = std::find(windows.begin(), windows.end(), kFullAttention);
+  anchor_ = full == windows.end() ? 0 : full - windows.begin();
   key_mask_ = hash_bits == 64 ? ~uint64_t{0} : (uint64_t{1} << hash_bits) - 1;
   const auto n = static_cast<int32_t>(num_blocks);
   blocks_.resize(n);
@@ -73,7 +86,7 @@ BlockAllocator::BlockAllocator(int64_t num_blocks, int64_t block_size, bool enab
   prev_[tail_] = last;
   if (prefix_caching_) {
     cached_tokens_.resize(static_cast<size_t>(num_blocks) * block_size);
-    cache_.reserve(n);
+    for (Group& group : groups_) group.cache.reserve(n);
   }
 }
 
@@ -100,22 +113,34 @@ void BlockAllocator::unlink(int32_t block) {
   --num_free_;
 }
 
-int32_t BlockAllocator::take_fresh_block() {
+int32_t BlockAllocator::take_fresh_block(int64_t group) {
   const int32_t block = next_[head_];
   unlink(block);
   Block& b = blocks_[block];
   if (b.cached) {
-    cache_.erase(b.key);
+    groups_[b.group].cache.erase(b.key);
     b.cached = false;
     ++stats_.evictions;
+    ++groups_[b.group].stats.evictions;
   }
   b.ref_count = 1;
+  b.group = static_cast<int32_t>(group);
+  ++groups_[group].stats.blocks_in_use;
   return block;
+}
+
+void BlockAllocator::claim(int32_t block) {
+  Block& b = blocks_[block];
+  if (b.ref_count++ == 0) {
+    unlink(block);
+    ++groups_[b.group].stats.blocks_in_use;
+  }
 }
 
 void BlockAllocator::release(int32_t block) {
   Block& b = blocks_[block];
   if (--b.ref_count == 0) {
+    --groups_[b.group].stats.blocks_in_use;
     if (b.cached) {
       push_tail(block);
     } else {
@@ -127,71 +152,173 @@ void BlockAllocator::release(int32_t block) {
 // ---------------------------------------------------------------------------------------------
 // The prefix cache
 
-bool BlockAllocator::holds_content(int32_t block, uint64_t parent_serial, uint64_t extra_key,
+bool BlockAllocator::holds_content(int32_t block, uint64_t verify_serial, uint64_t extra_key,
                                    const int32_t* tokens) const {
   const Block& b = blocks_[block];
   const int32_t* stored = cached_tokens_.data() + static_cast<size_t>(block) * block_size_;
-  return b.parent_serial == parent_serial && b.extra_key == extra_key &&
+  return b.verify_serial == verify_serial && b.extra_key == extra_key &&
          std::equal(tokens, tokens + block_size_, stored);
 }
 
-template <typename Visit>
-BlockAllocator::Chain BlockAllocator::walk_cache(TokenSpan tokens, uint64_t extra_key,
-                                                 Visit&& visit) const {
-  Chain chain{0, 0, kRootSerial};
-  if (!prefix_caching_ || tokens.size == 0) return chain;
+int64_t BlockAllocator::first_needed(int64_t group, int64_t num_tokens) const {
+  // The next token to compute sits at position num_tokens and attends to the positions
+  // num_tokens - window + 1 .. num_tokens: blocks wholly before the first of those are not needed.
+  const int64_t window = groups_[group].window;
+  if (window == kFullAttention) return 0;
+  return std::max<int64_t>(0, num_tokens - window + 1) / block_size_;
+}
+
+// The longest cached prefix that every group can serve. The anchor group's chain is walked and
+// verified entry by entry through parent serials, as a single group always was; an entry's serial
+// then names one exact prefix. Another group's block for block i counts only if it was cached
+// against the anchor entry that this walk found for block i, so a block whose KV was computed on
+// any other prefix never matches, even when its own older blocks are evicted. Each group needs
+// only the blocks the window of the first new token sees (all of them for full attention).
+// `found`, when given, receives per group the block for each of the chain's blocks, or
+// kNullBlock, group-major.
+BlockAllocator::Chain BlockAllocator::find_prefix(TokenSpan tokens, uint64_t extra_key,
+                                                  std::vector<int32_t>* found) const {
+  if (!prefix_caching_ || tokens.size == 0) return Chain{0, 0, kRootSerial};
   // Leave at least one token to compute, so a fully cached prompt still yields logits.
   const int64_t max_blocks = (static_cast<int64_t>(tokens.size) - 1) / block_size_;
+  std::vector<uint64_t> keys, serials;
+  std::vector<int32_t> anchor_blocks;
+  uint64_t key = 0, serial = kRootSerial;
+  const auto& anchor_cache = groups_[anchor_].cache;
   for (int64_t i = 0; i < max_blocks; ++i) {
     const int32_t* block_tokens = tokens.data + i * block_size_;
-    const uint64_t key = hash_block(chain.key, block_tokens, block_size_, extra_key) & key_mask_;
-    const auto found = cache_.find(key);
-    if (found == cache_.end() ||
-        !holds_content(found->second, chain.serial, extra_key, block_tokens)) {
+    key = hash_block(key, block_tokens, block_size_, extra_key) & key_mask_;
+    const auto entry = anchor_cache.find(key);
+    if (entry == anchor_cache.end() ||
+        !holds_content(entry->second, serial, extra_key, block_tokens)) {
       break;
     }
-    visit(found->second);
-    chain = Chain{i + 1, key, blocks_[found->second].serial};
+    serial = blocks_[entry->second].serial;
+    keys.push_back(key);
+    serials.push_back(serial);
+    anchor_blocks.push_back(entry->second);
   }
-  return chain;
+  const int64_t chain = static_cast<int64_t>(keys.size());
+  const int64_t num_groups = this->num_groups();
+  std::vector<int32_t> local;
+  std::vector<int32_t>& blocks = found != nullptr ? *found : local;
+  blocks.assign(num_groups * chain, kNullBlock);
+  // run[g * chain + i]: how many blocks up to i group g holds without a gap.
+  std::vector<int64_t> run(num_groups * chain, 0);
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const auto& cache = groups_[g].cache;
+    for (int64_t i = 0; i < chain; ++i) {
+      int32_t block = kNullBlock;
+      if (g == anchor_) {
+        block = anchor_blocks[i];
+      } else {
+        const auto entry = cache.find(keys[i]);
+        if (entry != cache.end() && holds_content(entry->second, serials[i], extra_key,
+                                                  tokens.data + i * block_size_)) {
+          block = entry->second;
+        }
+      }
+      blocks[g * chain + i] = block;
+      run[g * chain + i] = block == kNullBlock ? 0 : 1 + (i > 0 ? run[g * chain + i - 1] : 0);
+    }
+  }
+  int64_t hit = chain;
+  for (; hit > 0; --hit) {
+    bool served = true;
+    for (int64_t g = 0; g < num_groups && served; ++g) {
+      served = run[g * chain + hit - 1] >= hit - first_needed(g, hit * block_size_);
+    }
+    if (served) break;
+  }
+  if (hit == 0) return Chain{0, 0, kRootSerial};
+  return Chain{hit, keys[hit - 1], serials[hit - 1]};
 }
 
 int64_t BlockAllocator::lookup(TokenSpan tokens, uint64_t extra_key) const {
-  return walk_cache(tokens, extra_key, [](int32_t) {}).num_blocks * block_size_;
+  return find_prefix(tokens, extra_key, nullptr).num_blocks * block_size_;
+}
+
+int32_t BlockAllocator::cache_block(int64_t group, int32_t block, uint64_t key,
+                                   uint64_t verify_serial, uint64_t extra_key,
+                                   const int32_t* tokens) {
+  const auto [entry, inserted] = groups_[group].cache.try_emplace(key, block);
+  if (!inserted) return entry->second;
+  Block& b = blocks_[block];
+  b.cached = true;
+  b.key = key;
+  b.serial = next_serial_++;
+  b.verify_serial = verify_serial;
+  b.extra_key = extra_key;
+  std::copy(tokens, tokens + block_size_,
+            cached_tokens_.begin() + static_cast<size_t>(block) * block_size_);
+  return block;
 }
 
 void BlockAllocator::cache_next_full_block(Sequence& seq) {
   const int64_t index = seq.num_full_committed++;
   if (seq.last_serial == kNoSerial) return;
-  const int32_t block = seq.blocks[index];
   const int32_t* tokens = seq.tokens.data() + index * block_size_;
   const uint64_t key = hash_block(seq.last_key, tokens, block_size_, seq.extra_key) & key_mask_;
-  const auto [entry, inserted] = cache_.try_emplace(key, block);
   seq.last_key = key;
-  if (!inserted) {
-    // A duplicate keeps the chain going through the entry already cached; a collision ends it.
-    const int32_t other = entry->second;
-    seq.last_serial = holds_content(other, seq.last_serial, seq.extra_key, tokens)
-                          ? blocks_[other].serial
-                          : kNoSerial;
+  // The anchor first: its entry for this block names the prefix that the other groups' blocks
+  // are cached against. A duplicate keeps the chain going through the entry already cached; a
+  // collision ends it, and nothing after it is cached in any group.
+  const int32_t block = seq.tables[anchor_].blocks[index];
+  const int32_t held = cache_block(anchor_, block, key, seq.last_serial, seq.extra_key, tokens);
+  if (held != block && !holds_content(held, seq.last_serial, seq.extra_key, tokens)) {
+    seq.last_serial = kNoSerial;
     return;
   }
-  Block& b = blocks_[block];
-  b.cached = true;
-  b.key = key;
-  b.serial = next_serial_++;
-  b.parent_serial = seq.last_serial;
-  b.extra_key = seq.extra_key;
-  std::copy(tokens, tokens + block_size_,
-            cached_tokens_.begin() + static_cast<size_t>(block) * block_size_);
-  seq.last_serial = b.serial;
+  seq.last_serial = blocks_[held].serial;
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    // Elsewhere a duplicate or a collision just leaves this block uncached.
+    if (g != anchor_) {
+      cache_block(g, seq.tables[g].blocks[index], key, seq.last_serial, seq.extra_key, tokens);
+    }
+  }
+}
+
+void BlockAllocator::mark_replaced(Table& table, int64_t index) {
+  const auto i = static_cast<int32_t>(index);
+  if (index < table.num_reported &&
+      std::find(table.replaced.begin(), table.replaced.end(), i) == table.replaced.end()) {
+    table.replaced.push_back(i);
+  }
+}
+
+// Block i holds positions [i * block_size, (i + 1) * block_size). With c tokens computed, the
+// next token sits at position c and attends to c - window + 1 .. c, so block i is released once
+// (i + 1) * block_size <= c - window + 1: then its last position, (i + 1) * block_size - 1, is
+// older than the window of every token still to come. Its entry becomes kNullBlock.
+void BlockAllocator::release_outside_window(Sequence& seq) {
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    if (groups_[g].window == kFullAttention) continue;
+    Table& table = seq.tables[g];
+    const int64_t released = first_needed(g, seq.num_computed);
+    for (int64_t i = table.num_released; i < released; ++i) {
+      if (table.blocks[i] == kNullBlock) continue;
+      release(table.blocks[i]);
+      table.blocks[i] = kNullBlock;
+      mark_replaced(table, i);
+      ++groups_[g].stats.released;
+    }
+    table.num_released = std::max(table.num_released, released);
+  }
 }
 
 bool BlockAllocator::reset_prefix_cache() {
   if (num_free_ != num_blocks()) return false;
-  for (const auto& [key, block] : cache_) blocks_[block].cached = false;
-  cache_.clear();
+  for (Group& group : groups_) {
+    for (const auto& [key, block] : group.cache) blocks_[block].cached = false;
+    group.cache.clear();
+  }
   return true;
+}
+
+int64_t BlockAllocator::num_cached_blocks() const {
+  int64_t n = 0;
+  for (const Group& group : groups_) n += static_cast<int64_t>(group.cache.size());
+  return n;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -219,38 +346,48 @@ bool BlockAllocator::allocate(int64_t seq_id, TokenSpan new_tokens, int64_t num_
 
 bool BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tokens,
                            uint64_t extra_key) {
-  claimed_.clear();
-  const Chain chain = walk_cache(tokens, extra_key, [&](int32_t b) { claimed_.push_back(b); });
-  const int64_t claimed_free = std::count_if(claimed_.begin(), claimed_.end(),
-                                             [&](int32_t b) { return blocks_[b].ref_count == 0; });
-  const int64_t computed = chain.num_blocks * block_size_;
+  const Chain chain = find_prefix(tokens, extra_key, &claimed_);
+  const auto chain_blocks = static_cast<int64_t>(claimed_.size()) / num_groups();
+  const int64_t hit = chain.num_blocks, computed = hit * block_size_;
+  int64_t claimed_free = 0;
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    for (int64_t i = first_needed(g, computed); i < hit; ++i) {
+      claimed_free += blocks_[claimed_[g * chain_blocks + i]].ref_count == 0;
+    }
+  }
   const int64_t capacity = num_blocks() * block_size_;
+  const int64_t num_table_blocks = ceil_div(computed + num_new_tokens, block_size_);
   if (num_new_tokens > capacity ||
-      ceil_div(computed + num_new_tokens, block_size_) - chain.num_blocks >
-          num_free_ - claimed_free) {
+      num_groups() * (num_table_blocks - hit) > num_free_ - claimed_free) {
     ++stats_.failed_allocations;
     return false;
   }
-  const int64_t num_table_blocks = ceil_div(computed + num_new_tokens, block_size_);
 
   // Everything that can throw happens before the pool changes.
   Sequence seq;
   seq.tokens.assign(tokens.data, tokens.data + tokens.size);
-  seq.blocks.reserve(num_table_blocks);
+  seq.tables.resize(num_groups());
   seq.num_computed = computed;
   seq.num_slots = computed + num_new_tokens;
-  seq.num_full_committed = chain.num_blocks;
+  seq.num_full_committed = hit;
   seq.last_key = chain.key;
   seq.last_serial = chain.serial;
   seq.extra_key = extra_key;
+  for (Table& table : seq.tables) table.blocks.reserve(num_table_blocks);
   Sequence& admitted = seqs_.emplace(seq_id, std::move(seq)).first->second;
 
-  for (const int32_t block : claimed_) {
-    if (blocks_[block].ref_count++ == 0) unlink(block);
-    admitted.blocks.push_back(block);
-  }
-  while (static_cast<int64_t>(admitted.blocks.size()) < num_table_blocks) {
-    admitted.blocks.push_back(take_fresh_block());
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    Table& table = admitted.tables[g];
+    table.num_released = first_needed(g, computed);
+    table.blocks.assign(table.num_released, kNullBlock);
+    for (int64_t i = table.num_released; i < hit; ++i) {
+      const int32_t block = claimed_[g * chain_blocks + i];
+      claim(block);
+      table.blocks.push_back(block);
+    }
+    while (static_cast<int64_t>(table.blocks.size()) < num_table_blocks) {
+      table.blocks.push_back(take_fresh_block(g));
+    }
   }
   stats_.queries += static_cast<int64_t>(tokens.size);
   stats_.hits += computed;
@@ -264,37 +401,41 @@ bool BlockAllocator::extend(Sequence& seq, TokenSpan new_tokens, int64_t num_new
     return false;
   }
   const int64_t slots = seq.num_computed + num_new_tokens;
-  const int64_t have = static_cast<int64_t>(seq.blocks.size());
+  const int64_t have = seq.num_entries();
   const int64_t want = ceil_div(slots, block_size_);
   // Blocks this step writes into that another sequence also holds get a private copy first.
+  // They lie at or after the first written position, so the window has not released them.
   const int64_t first_written = seq.num_computed / block_size_;
   const int64_t last_shared_candidate = std::min(have, want);
   int64_t shared = 0;
-  for (int64_t i = first_written; i < last_shared_candidate; ++i) {
-    shared += blocks_[seq.blocks[i]].ref_count > 1;
+  for (const Table& table : seq.tables) {
+    for (int64_t i = first_written; i < last_shared_candidate; ++i) {
+      shared += blocks_[table.blocks[i]].ref_count > 1;
+    }
   }
-  if (std::max<int64_t>(want - have, 0) + shared > num_free_) {
+  if (num_groups() * std::max<int64_t>(want - have, 0) + shared > num_free_) {
     ++stats_.failed_allocations;
     return false;
   }
 
-  seq.blocks.reserve(std::max(want, have));
   seq.tokens.insert(seq.tokens.end(), new_tokens.data, new_tokens.data + new_tokens.size);
-  for (int64_t i = first_written; shared > 0 && i < last_shared_candidate; ++i) {
-    const int32_t source = seq.blocks[i];
-    if (blocks_[source].ref_count == 1) continue;
-    const int32_t copy = take_fresh_block();
-    --blocks_[source].ref_count;
-    seq.blocks[i] = copy;
-    if (i * block_size_ < seq.num_computed) pending_copies_.emplace_back(source, copy);
-    const auto index = static_cast<int32_t>(i);
-    if (i < seq.num_reported &&
-        std::find(seq.replaced.begin(), seq.replaced.end(), index) == seq.replaced.end()) {
-      seq.replaced.push_back(index);
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    Table& table = seq.tables[g];
+    table.blocks.reserve(std::max(want, have));
+    for (int64_t i = first_written; shared > 0 && i < last_shared_candidate; ++i) {
+      const int32_t source = table.blocks[i];
+      if (blocks_[source].ref_count == 1) continue;
+      const int32_t copy = take_fresh_block(g);
+      --blocks_[source].ref_count;
+      table.blocks[i] = copy;
+      if (i * block_size_ < seq.num_computed) pending_copies_.emplace_back(source, copy);
+      mark_replaced(table, i);
+      --shared;
     }
-    --shared;
+    while (static_cast<int64_t>(table.blocks.size()) < want) {
+      table.blocks.push_back(take_fresh_block(g));
+    }
   }
-  while (static_cast<int64_t>(seq.blocks.size()) < want) seq.blocks.push_back(take_fresh_block());
   seq.num_slots = std::max(seq.num_slots, slots);
   ++stats_.allocations;
   return true;
@@ -318,10 +459,11 @@ void BlockAllocator::check_commit(const Sequence& seq, int64_t num_computed_toke
 
 void BlockAllocator::apply_commit(Sequence& seq, int64_t num_computed_tokens) {
   seq.num_computed = num_computed_tokens;
-  if (!prefix_caching_) return;
-  while ((seq.num_full_committed + 1) * block_size_ <= num_computed_tokens) {
+  // Newly full blocks enter the cache before the window releases them.
+  while (prefix_caching_ && (seq.num_full_committed + 1) * block_size_ <= num_computed_tokens) {
     cache_next_full_block(seq);
   }
+  release_outside_window(seq);
 }
 
 void BlockAllocator::commit(int64_t seq_id, int64_t num_computed_tokens) {
@@ -454,8 +596,13 @@ int64_t BlockAllocator::step(IntSpan commit_seq_ids, IntSpan num_computed_tokens
 void BlockAllocator::free(int64_t seq_id) {
   const auto found = seqs_.find(seq_id);
   if (found == seqs_.end()) raise<KeyError>("seq_id: unknown sequence id ", seq_id);
-  const std::vector<int32_t>& table = found->second.blocks;
-  for (auto block = table.rbegin(); block != table.rend(); ++block) release(*block);
+  // Position by position from the end, every group at each, so a chain's tail is evicted first.
+  const Sequence& seq = found->second;
+  for (int64_t i = seq.num_entries() - 1; i >= 0; --i) {
+    for (const Table& table : seq.tables) {
+      if (table.blocks[i] != kNullBlock) release(table.blocks[i]);
+    }
+  }
   // A copy into a block nobody holds any more has nothing left to serve.
   pending_copies_.erase(std::remove_if(pending_copies_.begin(), pending_copies_.end(),
                                        [&](const std::pair<int32_t, int32_t>& copy) {
@@ -476,10 +623,16 @@ void BlockAllocator::fork(int64_t parent_seq_id, int64_t child_seq_id) {
                       " allocated tokens not yet committed; fork it after commit");
   }
   Sequence child = parent;
-  child.num_reported = 0;  // new to whoever reads the updates: its first report is its table
-  child.replaced.clear();
+  for (Table& table : child.tables) {
+    table.num_reported = 0;  // new to whoever reads the updates: its first report is its table
+    table.replaced.clear();
+  }
   const Sequence& forked = seqs_.emplace(child_seq_id, std::move(child)).first->second;
-  for (const int32_t block : forked.blocks) ++blocks_[block].ref_count;
+  for (const Table& table : forked.tables) {
+    for (const int32_t block : table.blocks) {
+      if (block != kNullBlock) ++blocks_[block].ref_count;
+    }
+  }
 }
 
 std::vector<std::pair<int32_t, int32_t>> BlockAllocator::take_pending_copies() {
@@ -494,14 +647,21 @@ std::vector<BlockUpdate>& BlockAllocator::take_block_updates(IntSpan seq_ids) {
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& seq = *batch[i];
     BlockUpdate& update = updates_[i];
-    const auto size = static_cast<int64_t>(seq.blocks.size());
-    update.full = seq.num_reported == 0;
-    update.appended = seq.blocks.data() + seq.num_reported;
-    update.num_appended = static_cast<size_t>(size - seq.num_reported);
-    update.replaced.clear();
-    for (const int32_t index : seq.replaced) update.replaced.emplace_back(index, seq.blocks[index]);
-    seq.replaced.clear();
-    seq.num_reported = size;
+    update.full = seq.tables[0].num_reported == 0;
+    update.groups.resize(seq.tables.size());
+    for (size_t g = 0; g < seq.tables.size(); ++g) {
+      Table& table = seq.tables[g];
+      GroupUpdate& out = update.groups[g];
+      const auto size = static_cast<int64_t>(table.blocks.size());
+      out.appended = table.blocks.data() + table.num_reported;
+      out.num_appended = static_cast<size_t>(size - table.num_reported);
+      out.replaced.clear();
+      for (const int32_t index : table.replaced) {
+        out.replaced.emplace_back(index, table.blocks[index]);
+      }
+      table.replaced.clear();
+      table.num_reported = size;
+    }
   }
   return updates_;
 }
@@ -509,8 +669,16 @@ std::vector<BlockUpdate>& BlockAllocator::take_block_updates(IntSpan seq_ids) {
 // ---------------------------------------------------------------------------------------------
 // Inspection
 
-const std::vector<int32_t>& BlockAllocator::block_table(int64_t seq_id) const {
-  return sequence(seq_id, "seq_id").blocks;
+void BlockAllocator::check_group(int64_t group) const {
+  if (group < 0 || group >= num_groups()) {
+    raise<ValueError>("group: expected 0 <= group < ", num_groups(), " (the KV-cache groups), got ",
+                      group);
+  }
+}
+
+const std::vector<int32_t>& BlockAllocator::block_table(int64_t seq_id, int64_t group) const {
+  check_group(group);
+  return sequence(seq_id, "seq_id").tables[group].blocks;
 }
 
 int64_t BlockAllocator::num_computed_tokens(int64_t seq_id) const {
@@ -533,8 +701,10 @@ std::vector<int32_t> BlockAllocator::free_queue() const {
 
 std::vector<int32_t> BlockAllocator::cached_blocks() const {
   std::vector<int32_t> cached;
-  cached.reserve(cache_.size());
-  for (const auto& [key, block] : cache_) cached.push_back(block);
+  cached.reserve(num_cached_blocks());
+  for (const Group& group : groups_) {
+    for (const auto& [key, block] : group.cache) cached.push_back(block);
+  }
   std::sort(cached.begin(), cached.end());
   return cached;
 }

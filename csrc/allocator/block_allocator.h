@@ -26,13 +26,18 @@ struct TokenSpan {
   size_t size = 0;
 };
 
-// What changed in one sequence's block table since its previous report (take_block_updates).
-// `appended` points into the table and stays valid until the allocator next changes.
-struct BlockUpdate {
-  bool full = false;  // the first report of the sequence: `appended` is its whole table
+// What changed in one group's block table of a sequence since its previous report
+// (take_block_updates). `appended` points into the table and stays valid until the allocator next
+// changes.
+struct GroupUpdate {
   const int32_t* appended = nullptr;
   size_t num_appended = 0;
   std::vector<std::pair<int32_t, int32_t>> replaced;  // (index, new block id), index < reported
+};
+
+struct BlockUpdate {
+  bool full = false;  // the first report of the sequence: `appended` is each whole table
+  std::vector<GroupUpdate> groups;
 };
 
 struct AllocatorStats {
@@ -43,12 +48,25 @@ struct AllocatorStats {
   int64_t evictions = 0;
 };
 
+// One KV-cache group's counters: blocks its tables hold now, its cache entries, the cached
+// blocks reused as fresh ones, and the blocks its window released.
+struct GroupStats {
+  int64_t blocks_in_use = 0;
+  int64_t evictions = 0;
+  int64_t released = 0;
+};
+
 class BlockAllocator {
  public:
   static constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 3;  // int32 ids plus two sentinels
   static constexpr int64_t kMaxBlockSize = int64_t{1} << 20;
 
-  BlockAllocator(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching, int hash_bits);
+  static constexpr int32_t kNullBlock = -1;  // a table entry whose block the window released
+  static constexpr int64_t kFullAttention = 0;
+
+  // `windows` has one entry per KV-cache group: kFullAttention, or a sliding window >= 1.
+  BlockAllocator(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching, int hash_bits,
+                 std::vector<int64_t> windows = {kFullAttention});
 
   int64_t lookup(TokenSpan tokens, uint64_t extra_key) const;
   bool allocate(int64_t seq_id, TokenSpan new_tokens, int64_t num_new_tokens, uint64_t extra_key);
@@ -65,7 +83,7 @@ class BlockAllocator {
   std::vector<BlockUpdate>& take_block_updates(IntSpan seq_ids);
   bool reset_prefix_cache();
 
-  const std::vector<int32_t>& block_table(int64_t seq_id) const;
+  const std::vector<int32_t>& block_table(int64_t seq_id, int64_t group = 0) const;
   int64_t num_computed_tokens(int64_t seq_id) const;
   bool contains(int64_t seq_id) const { return seqs_.count(seq_id) != 0; }
   int32_t ref_count(int64_t block_id) const;
@@ -77,10 +95,16 @@ class BlockAllocator {
   bool prefix_caching() const { return prefix_caching_; }
   int hash_bits() const { return hash_bits_; }
   int64_t num_free_blocks() const { return num_free_; }
-  int64_t num_cached_blocks() const { return static_cast<int64_t>(cache_.size()); }
+  int64_t num_cached_blocks() const;
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
   double usage() const { return 1.0 - static_cast<double>(num_free_) / num_blocks(); }
   const AllocatorStats& stats() const { return stats_; }
+  int64_t num_groups() const { return static_cast<int64_t>(groups_.size()); }
+  int64_t window(int64_t group) const { return groups_[group].window; }
+  const GroupStats& group_stats(int64_t group) const { return groups_[group].stats; }
+  int64_t num_group_cached_blocks(int64_t group) const {
+    return static_cast<int64_t>(groups_[group].cache.size());
+  }
 
   // The full-width chained key of one block; the allocator keeps its low hash_bits bits.
   static uint64_t hash_block(uint64_t parent_key, const int32_t* tokens, size_t count,
@@ -89,43 +113,65 @@ class BlockAllocator {
  private:
   struct Block {
     int32_t ref_count = 0;
+    int32_t group = 0;  // the group whose table holds it, or whose cache entry it is
     bool cached = false;
     uint64_t key = 0;
-    uint64_t serial = 0;         // unique per cache entry, never reused
-    uint64_t parent_serial = 0;  // the entry this block's KV was computed on top of
+    uint64_t serial = 0;  // unique per cache entry, never reused
+    // The anchor entry this block's KV is checked against: in the anchor group the parent entry
+    // it was computed on top of; in any other group the anchor's entry for the same prefix.
+    uint64_t verify_serial = 0;
     uint64_t extra_key = 0;
+  };
+
+  struct Group {
+    int64_t window = kFullAttention;
+    std::unordered_map<uint64_t, int32_t> cache;
+    GroupStats stats;
+  };
+
+  // One group's block table of a sequence.
+  struct Table {
+    std::vector<int32_t> blocks;
+    int64_t num_released = 0;       // leading entries the window has released (kNullBlock)
+    int64_t num_reported = 0;       // leading entries already reported
+    std::vector<int32_t> replaced;  // reported entries replaced in place since then
   };
 
   struct Sequence {
     std::vector<int32_t> tokens;
-    std::vector<int32_t> blocks;
+    std::vector<Table> tables;  // one per group, all of the same length
     int64_t num_computed = 0;
-    int64_t num_slots = 0;           // tokens the block table was last sized for
+    int64_t num_slots = 0;           // tokens the block tables were last sized for
     int64_t num_full_committed = 0;  // leading full blocks already offered to the cache
     uint64_t last_key = 0;           // chain key of the last of those blocks
-    uint64_t last_serial = 0;        // cache entry holding that block's content, or none
+    uint64_t last_serial = 0;        // anchor entry holding that block's prefix, or none
     uint64_t extra_key = 0;
     uint64_t batch_mark = 0;
-    int64_t num_reported = 0;           // leading table entries already reported
-    std::vector<int32_t> replaced;      // reported entries replaced in place since then
+    int64_t num_entries() const { return static_cast<int64_t>(tables[0].blocks.size()); }
   };
 
+  // The cached prefix of a prompt: its length in blocks, and the chain key and anchor serial
+  // after it.
   struct Chain {
     int64_t num_blocks = 0;
     uint64_t key = 0;
     uint64_t serial = 0;
   };
 
-  template <typename Visit>
-  Chain walk_cache(TokenSpan tokens, uint64_t extra_key, Visit&& visit) const;
-  bool holds_content(int32_t block, uint64_t parent_serial, uint64_t extra_key,
+  Chain find_prefix(TokenSpan tokens, uint64_t extra_key, std::vector<int32_t>* found) const;
+  int64_t first_needed(int64_t group, int64_t num_tokens) const;
+  bool holds_content(int32_t block, uint64_t verify_serial, uint64_t extra_key,
                      const int32_t* tokens) const;
 
   bool admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tokens, uint64_t extra_key);
   bool extend(Sequence& seq, TokenSpan new_tokens, int64_t num_new_tokens);
   void check_commit(const Sequence& seq, int64_t num_computed_tokens) const;
   void apply_commit(Sequence& seq, int64_t num_computed_tokens);
+  int32_t cache_block(int64_t group, int32_t block, uint64_t key, uint64_t verify_serial,
+                      uint64_t extra_key, const int32_t* tokens);
   void cache_next_full_block(Sequence& seq);
+  void release_outside_window(Sequence& seq);
+  static void mark_replaced(Table& table, int64_t index);
 
   Sequence& sequence(int64_t seq_id, const char* arg);
   const Sequence& sequence(int64_t seq_id, const char* arg) const;
@@ -137,7 +183,9 @@ class BlockAllocator {
   int64_t extend_batch(const std::vector<Sequence*>& batch, const int32_t* tokens,
                        IntSpan new_token_counts, IntSpan num_new_tokens);
 
-  int32_t take_fresh_block();
+  void check_group(int64_t group) const;
+  int32_t take_fresh_block(int64_t group);
+  void claim(int32_t block);
   void release(int32_t block);
   void push_head(int32_t block);
   void push_tail(int32_t block);
@@ -158,7 +206,8 @@ class BlockAllocator {
   int32_t tail_;
   int64_t num_free_;
 
-  std::unordered_map<uint64_t, int32_t> cache_;
+  std::vector<Group> groups_;
+  int64_t anchor_ = 0;  // the group whose cache chain verifies every hit: the first full one
   std::vector<int32_t> cached_tokens_;  // block_size token ids per block, valid while cached
   uint64_t next_serial_;
 
