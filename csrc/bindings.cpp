@@ -227,7 +227,8 @@ Prefix caching
   cached against the anchor entry for the same prefix, and a hit on it counts only when the
   lookup's anchor chain reaches that very entry; so a sliding group hits even when its older
   blocks are evicted, and a block whose anchor entry was evicted (and perhaps recached with other
-  content, under a new serial) never matches again. A hit must be served by every group at once:
+  content, under a new serial) never matches again; the next block computed for its key in that
+  group replaces it. A hit must be served by every group at once:
   a full group needs all its blocks of the prefix, a sliding group only those the window of the
   first new token sees. The hit is the longest such prefix, the minimum over the groups. When
   the anchor itself is a sliding group (no full group), it too hits only along an unbroken chain.
@@ -279,9 +280,10 @@ step(commit_seq_ids, num_computed_tokens, free_seq_ids, seq_ids, new_token_ids,
   their ``take_block_updates`` reports.
 
 free(seq_id)
-  Releases the sequence's blocks in reverse block-table order (every group at each position),
-  so a chain's tail is evicted before its head. A block reaching ref count 0 returns to the free queue: at the tail if it
-  holds cached content (LRU), at the head if not. Taking a cached free block as a fresh block
+  Releases the sequence's blocks in reverse block-table order, so a chain's tail is evicted
+  before its head; at each position every group, the anchor last, so an anchor entry outlives
+  the blocks cached against it. A block reaching ref count 0 returns to the free queue: at the
+  tail if it holds cached content (LRU), at the head if not. Taking a cached free block as a fresh block
   evicts it and removes its hash entry. Pending copies into blocks nobody holds are dropped.
 
 fork(parent_seq_id, child_seq_id)

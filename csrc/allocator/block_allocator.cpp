@@ -242,7 +242,15 @@ int32_t BlockAllocator::cache_block(int64_t group, int32_t block, uint64_t key,
                                    uint64_t verify_serial, uint64_t extra_key,
                                    const int32_t* tokens) {
   const auto [entry, inserted] = groups_[group].cache.try_emplace(key, block);
-  if (!inserted) return entry->second;
+  if (!inserted) {
+    // The anchor keeps the entry it has: later entries may be chained on top of it. Elsewhere
+    // an entry that does not verify against this prefix (its anchor entry evicted, or a
+    // colliding key) gives its key to the block just computed.
+    const int32_t other = entry->second;
+    if (group == anchor_ || holds_content(other, verify_serial, extra_key, tokens)) return other;
+    blocks_[other].cached = false;
+    entry->second = block;
+  }
   Block& b = blocks_[block];
   b.cached = true;
   b.key = key;
@@ -262,7 +270,8 @@ void BlockAllocator::cache_next_full_block(Sequence& seq) {
   seq.last_key = key;
   // The anchor first: its entry for this block names the prefix that the other groups' blocks
   // are cached against. A duplicate keeps the chain going through the entry already cached; a
-  // collision ends it, and nothing after it is cached in any group.
+  // collision ends it, and nothing after it is cached in any group. Elsewhere a duplicate
+  // leaves this block uncached.
   const int32_t block = seq.tables[anchor_].blocks[index];
   const int32_t held = cache_block(anchor_, block, key, seq.last_serial, seq.extra_key, tokens);
   if (held != block && !holds_content(held, seq.last_serial, seq.extra_key, tokens)) {
@@ -271,7 +280,6 @@ void BlockAllocator::cache_next_full_block(Sequence& seq) {
   }
   seq.last_serial = blocks_[held].serial;
   for (int64_t g = 0; g < num_groups(); ++g) {
-    // Elsewhere a duplicate or a collision just leaves this block uncached.
     if (g != anchor_) {
       cache_block(g, seq.tables[g].blocks[index], key, seq.last_serial, seq.extra_key, tokens);
     }
@@ -376,6 +384,7 @@ bool BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tok
   for (Table& table : seq.tables) table.blocks.reserve(num_table_blocks);
   Sequence& admitted = seqs_.emplace(seq_id, std::move(seq)).first->second;
 
+  // Every group claims its hit before any takes a fresh block, which could evict a claimed one.
   for (int64_t g = 0; g < num_groups(); ++g) {
     Table& table = admitted.tables[g];
     table.num_released = first_needed(g, computed);
@@ -385,8 +394,11 @@ bool BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tok
       claim(block);
       table.blocks.push_back(block);
     }
-    while (static_cast<int64_t>(table.blocks.size()) < num_table_blocks) {
-      table.blocks.push_back(take_fresh_block(g));
+  }
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    std::vector<int32_t>& blocks = admitted.tables[g].blocks;
+    while (static_cast<int64_t>(blocks.size()) < num_table_blocks) {
+      blocks.push_back(take_fresh_block(g));
     }
   }
   stats_.queries += static_cast<int64_t>(tokens.size);
@@ -596,11 +608,13 @@ int64_t BlockAllocator::step(IntSpan commit_seq_ids, IntSpan num_computed_tokens
 void BlockAllocator::free(int64_t seq_id) {
   const auto found = seqs_.find(seq_id);
   if (found == seqs_.end()) raise<KeyError>("seq_id: unknown sequence id ", seq_id);
-  // Position by position from the end, every group at each, so a chain's tail is evicted first.
+  // Position by position from the end, so a chain's tail is evicted first; at each position
+  // the anchor last, so an anchor entry outlives the blocks cached against it.
   const Sequence& seq = found->second;
   for (int64_t i = seq.num_entries() - 1; i >= 0; --i) {
-    for (const Table& table : seq.tables) {
-      if (table.blocks[i] != kNullBlock) release(table.blocks[i]);
+    for (int64_t step = 1; step <= num_groups(); ++step) {
+      const int32_t block = seq.tables[(anchor_ + step) % num_groups()].blocks[i];
+      if (block != kNullBlock) release(block);
     }
   }
   // A copy into a block nobody holds any more has nothing left to serve.

@@ -30,10 +30,14 @@ def hash_block(parent_key: int, tokens, extra_key: int) -> int:
     return mix64(h)
 
 
+NULL = -1
+
+
 @dataclass
 class Seq:
     tokens: list
-    blocks: list
+    tables: list  # per group, one list of block ids (NULL where the window released one)
+    released: list  # per group, the leading entries the window has released
     num_computed: int
     num_slots: int
     num_full_committed: int
@@ -44,9 +48,10 @@ class Seq:
 
 @dataclass
 class CacheEntry:
+    group: int
     key: int
     serial: int
-    parent_serial: int
+    verify_serial: int
     extra_key: int
     tokens: tuple
 
@@ -74,13 +79,20 @@ def _int_list(values, arg: str) -> list:
 
 class PyBlockAllocator:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
-                 *, hash_bits: int = 64):
+                 *, hash_bits: int = 64, groups=(None,)):
         if num_blocks < 1:
             raise ValueError(f"num_blocks: expected an integer >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size: expected an integer >= 1, got {block_size}")
         if not 1 <= hash_bits <= 64:
             raise ValueError(f"hash_bits: expected an integer in [1, 64], got {hash_bits}")
+        if not groups or any(w is not None and w < 1 for w in groups):
+            raise ValueError(f"groups: expected windows >= 1 or None, at least one, got {groups}")
+        self.groups = tuple(groups)
+        self._anchor = self.groups.index(None) if None in self.groups else 0
+        self._owner = [0] * num_blocks  # the group whose table or cache holds each block
+        self.group_counters = [{"blocks_in_use": 0, "evictions": 0, "released": 0}
+                               for _ in self.groups]
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -96,7 +108,7 @@ class PyBlockAllocator:
             last = b
         self._next[last], self._prev[self._tail] = self._tail, last
         self.num_free_blocks = num_blocks
-        self._cache: dict[int, int] = {}
+        self._caches: list[dict[int, int]] = [{} for _ in self.groups]
         self._serial = FIRST_SERIAL
         self._seqs: dict[int, Seq] = {}
         self._copies: list[tuple[int, int]] = []
@@ -118,47 +130,98 @@ class PyBlockAllocator:
         self._prev[b] = self._next[b] = -1
         self.num_free_blocks -= 1
 
-    def _take_fresh(self) -> int:
+    def _take_fresh(self, g: int) -> int:
         b = self._next[self._head]
         self._unlink(b)
         entry = self._entry[b]
         if entry is not None:
-            del self._cache[entry.key]
+            del self._caches[entry.group][entry.key]
             self._entry[b] = None
             self._stats.evictions += 1
+            self.group_counters[entry.group]["evictions"] += 1
         self._ref[b] = 1
+        self._owner[b] = g
+        self.group_counters[g]["blocks_in_use"] += 1
         return b
+
+    def _claim(self, b: int) -> None:
+        if self._ref[b] == 0:
+            self._unlink(b)
+            self.group_counters[self._owner[b]]["blocks_in_use"] += 1
+        self._ref[b] += 1
 
     def _release(self, b: int) -> None:
         self._ref[b] -= 1
         if self._ref[b] == 0:
+            self.group_counters[self._owner[b]]["blocks_in_use"] -= 1
             self._link_after(self._prev[self._tail] if self._entry[b] is not None else self._head, b)
 
     # -- the prefix cache ----------------------------------------------------------------------
 
-    def _holds(self, b: int, parent_serial: int, extra_key: int, tokens: tuple) -> bool:
+    def _holds(self, b: int, verify_serial: int, extra_key: int, tokens: tuple) -> bool:
         e = self._entry[b]
-        return e.parent_serial == parent_serial and e.extra_key == extra_key and e.tokens == tokens
+        return e.verify_serial == verify_serial and e.extra_key == extra_key and e.tokens == tokens
+
+    def _first_needed(self, g: int, num_tokens: int) -> int:
+        window = self.groups[g]
+        return 0 if window is None else max(0, num_tokens - window + 1) // self.block_size
 
     def _walk(self, tokens: list, extra_key: int):
-        """(claimed blocks, chain key, chain serial) along the cached prefix of `tokens`."""
-        blocks, key, serial = [], 0, ROOT_SERIAL
+        """(per group the hit's blocks, NULL where not needed; chain key; anchor serial)."""
+        none = [[] for _ in self.groups], 0, ROOT_SERIAL
         if not self.enable_prefix_caching or not tokens:
-            return blocks, key, serial
+            return none
         bs = self.block_size
+        chunks, keys, serials, anchor_blocks = [], [], [], []
+        key, serial = 0, ROOT_SERIAL
         for i in range((len(tokens) - 1) // bs):
             chunk = tuple(tokens[i * bs:(i + 1) * bs])
-            k = hash_block(key, chunk, extra_key) & self._mask
-            b = self._cache.get(k)
+            key = hash_block(key, chunk, extra_key) & self._mask
+            b = self._caches[self._anchor].get(key)
             if b is None or not self._holds(b, serial, extra_key, chunk):
                 break
-            blocks.append(b)
-            key, serial = k, self._entry[b].serial
-        return blocks, key, serial
+            serial = self._entry[b].serial
+            chunks.append(chunk)
+            keys.append(key)
+            serials.append(serial)
+            anchor_blocks.append(b)
+        found = []
+        for g in range(len(self.groups)):
+            if g == self._anchor:
+                found.append(anchor_blocks)
+                continue
+            row = []
+            for chunk, k, s in zip(chunks, keys, serials):
+                b = self._caches[g].get(k)
+                row.append(b if b is not None and self._holds(b, s, extra_key, chunk) else NULL)
+            found.append(row)
+
+        def served(hit):
+            return all(NULL not in row[self._first_needed(g, hit * bs):hit]
+                       for g, row in enumerate(found))
+
+        hit = next(h for h in range(len(keys), -1, -1) if h == 0 or served(h))
+        if hit == 0:
+            return none
+        claims = [[NULL] * self._first_needed(g, hit * bs) + row[self._first_needed(g, hit * bs):hit]
+                  for g, row in enumerate(found)]
+        return claims, keys[hit - 1], serials[hit - 1]
 
     def lookup(self, token_ids, extra_key: int = 0) -> int:
         tokens = _int_list(token_ids, "token_ids")
-        return len(self._walk(tokens, extra_key & M64)[0]) * self.block_size
+        return len(self._walk(tokens, extra_key & M64)[0][0]) * self.block_size
+
+    def _cache_block(self, g: int, b: int, key: int, verify: int, extra_key: int, chunk) -> int:
+        """Caches block b of group g under key unless the key is taken; the key's block."""
+        other = self._caches[g].get(key)
+        if other is not None:
+            if g == self._anchor or self._holds(other, verify, extra_key, chunk):
+                return other
+            self._entry[other] = None  # stale or colliding: the new block takes the key
+        self._caches[g][key] = b
+        self._entry[b] = CacheEntry(g, key, self._serial, verify, extra_key, chunk)
+        self._serial += 1
+        return b
 
     def _cache_next_full_block(self, s: Seq) -> None:
         i = s.num_full_committed
@@ -169,25 +232,39 @@ class PyBlockAllocator:
         chunk = tuple(s.tokens[i * bs:(i + 1) * bs])
         key = hash_block(s.last_key, chunk, s.extra_key) & self._mask
         s.last_key = key
-        other = self._cache.get(key)
-        if other is not None:
-            held = self._holds(other, s.last_serial, s.extra_key, chunk)
-            s.last_serial = self._entry[other].serial if held else NO_SERIAL
-            self.duplicates += held
-            self.collisions += not held
-            return
-        b = s.blocks[i]
-        self._cache[key] = b
-        self._entry[b] = CacheEntry(key, self._serial, s.last_serial, s.extra_key, chunk)
-        s.last_serial = self._serial
-        self._serial += 1
+        b = s.tables[self._anchor][i]
+        held = self._cache_block(self._anchor, b, key, s.last_serial, s.extra_key, chunk)
+        if held != b:
+            same = self._holds(held, s.last_serial, s.extra_key, chunk)
+            self.duplicates += same
+            self.collisions += not same
+            if not same:
+                s.last_serial = NO_SERIAL
+                return
+        s.last_serial = self._entry[held].serial
+        for g in range(len(self.groups)):
+            if g != self._anchor:
+                self._cache_block(g, s.tables[g][i], key, s.last_serial, s.extra_key, chunk)
+
+    def _release_outside_window(self, s: Seq) -> None:
+        for g, window in enumerate(self.groups):
+            if window is None:
+                continue
+            table, released = s.tables[g], self._first_needed(g, s.num_computed)
+            for i in range(s.released[g], released):
+                if table[i] != NULL:
+                    self._release(table[i])
+                    table[i] = NULL
+                    self.group_counters[g]["released"] += 1
+            s.released[g] = max(s.released[g], released)
 
     def reset_prefix_cache(self) -> bool:
         if self.num_free_blocks != self.num_blocks:
             return False
-        for b in self._cache.values():
-            self._entry[b] = None
-        self._cache.clear()
+        for cache in self._caches:
+            for b in cache.values():
+                self._entry[b] = None
+            cache.clear()
         return True
 
     # -- sequences -----------------------------------------------------------------------------
@@ -208,21 +285,23 @@ class PyBlockAllocator:
         return self._admit(seq_id, tokens, num_new_tokens, extra_key & M64)
 
     def _admit(self, seq_id: int, tokens: list, num_new: int, extra_key: int) -> bool:
-        bs = self.block_size
-        claimed, key, serial = self._walk(tokens, extra_key)
-        claimed_free = sum(1 for b in claimed if self._ref[b] == 0)
-        computed = len(claimed) * bs
+        bs, groups = self.block_size, len(self.groups)
+        claims, key, serial = self._walk(tokens, extra_key)
+        hit = len(claims[0])
+        claimed_free = sum(1 for row in claims for b in row if b != NULL and self._ref[b] == 0)
+        computed = hit * bs
         want = _ceil_div(computed + num_new, bs)
-        if num_new > self.num_blocks * bs or want - len(claimed) > self.num_free_blocks - claimed_free:
+        if num_new > self.num_blocks * bs or \
+                groups * (want - hit) > self.num_free_blocks - claimed_free:
             self._stats.failed_allocations += 1
             return False
-        for b in claimed:
-            if self._ref[b] == 0:
-                self._unlink(b)
-            self._ref[b] += 1
-        blocks = claimed + [self._take_fresh() for _ in range(want - len(claimed))]
-        self._seqs[seq_id] = Seq(tokens, blocks, computed, computed + num_new, len(claimed), key,
-                                 serial, extra_key)
+        for b in (b for row in claims for b in row if b != NULL):
+            self._claim(b)
+        tables = [row + [self._take_fresh(g) for _ in range(want - hit)]
+                  for g, row in enumerate(claims)]
+        released = [self._first_needed(g, computed) for g in range(groups)]
+        self._seqs[seq_id] = Seq(tokens, tables, released, computed, computed + num_new, hit,
+                                 key, serial, extra_key)
         self._stats.queries += len(tokens)
         self._stats.hits += computed
         self._stats.allocations += 1
@@ -234,22 +313,24 @@ class PyBlockAllocator:
             self._stats.failed_allocations += 1
             return False
         slots = s.num_computed + num_new
-        have, want = len(s.blocks), _ceil_div(slots, bs)
+        have, want = len(s.tables[0]), _ceil_div(slots, bs)
         first_written = s.num_computed // bs
-        written_shared = [i for i in range(first_written, min(have, want))
-                          if self._ref[s.blocks[i]] > 1]
-        if max(want - have, 0) + len(written_shared) > self.num_free_blocks:
+        written_shared = [[i for i in range(first_written, min(have, want))
+                           if self._ref[table[i]] > 1] for table in s.tables]
+        if len(self.groups) * max(want - have, 0) + sum(map(len, written_shared)) > \
+                self.num_free_blocks:
             self._stats.failed_allocations += 1
             return False
         s.tokens.extend(tokens)
-        for i in written_shared:
-            src = s.blocks[i]
-            dst = self._take_fresh()
-            self._ref[src] -= 1
-            s.blocks[i] = dst
-            if i * bs < s.num_computed:
-                self._copies.append((src, dst))
-        s.blocks.extend(self._take_fresh() for _ in range(want - have))
+        for g, (table, shared) in enumerate(zip(s.tables, written_shared)):
+            for i in shared:
+                src = table[i]
+                dst = self._take_fresh(g)
+                self._ref[src] -= 1
+                table[i] = dst
+                if i * bs < s.num_computed:
+                    self._copies.append((src, dst))
+            table.extend(self._take_fresh(g) for _ in range(want - have))
         s.num_slots = max(s.num_slots, slots)
         self._stats.allocations += 1
         return True
@@ -270,6 +351,7 @@ class PyBlockAllocator:
         if self.enable_prefix_caching:
             while (s.num_full_committed + 1) * self.block_size <= n:
                 self._cache_next_full_block(s)
+        self._release_outside_window(s)
 
     def commit(self, seq_id: int, num_computed_tokens: int) -> None:
         s = self._seq(seq_id, "seq_id")
@@ -316,8 +398,11 @@ class PyBlockAllocator:
 
     def free(self, seq_id: int) -> None:
         s = self._seq(seq_id, "seq_id")
-        for b in reversed(s.blocks):
-            self._release(b)
+        order = [(self._anchor + step) % len(self.groups) for step in range(1, len(self.groups) + 1)]
+        for i in reversed(range(len(s.tables[0]))):
+            for g in order:  # the anchor last
+                if s.tables[g][i] != NULL:
+                    self._release(s.tables[g][i])
         self._copies = [(src, dst) for src, dst in self._copies if self._ref[dst] > 0]
         del self._seqs[seq_id]
 
@@ -328,11 +413,14 @@ class PyBlockAllocator:
         if p.num_slots != p.num_computed:
             raise ValueError(f"parent_seq_id: sequence {parent_seq_id} has allocated tokens "
                              "not yet committed; fork it after commit")
-        self._seqs[child_seq_id] = Seq(list(p.tokens), list(p.blocks), p.num_computed,
-                                       p.num_slots, p.num_full_committed, p.last_key,
-                                       p.last_serial, p.extra_key)
-        for b in p.blocks:
-            self._ref[b] += 1
+        self._seqs[child_seq_id] = Seq(list(p.tokens), [list(t) for t in p.tables],
+                                       list(p.released), p.num_computed, p.num_slots,
+                                       p.num_full_committed, p.last_key, p.last_serial,
+                                       p.extra_key)
+        for table in p.tables:
+            for b in table:
+                if b != NULL:
+                    self._ref[b] += 1
 
     def pending_copies(self) -> list:
         copies, self._copies = self._copies, []
@@ -340,8 +428,10 @@ class PyBlockAllocator:
 
     # -- inspection ----------------------------------------------------------------------------
 
-    def block_table(self, seq_id: int) -> list:
-        return list(self._seq(seq_id, "seq_id").blocks)
+    def block_table(self, seq_id: int, group: int = 0) -> list:
+        if not 0 <= group < len(self.groups):
+            raise ValueError(f"group: expected 0 <= group < {len(self.groups)}, got {group}")
+        return list(self._seq(seq_id, "seq_id").tables[group])
 
     def num_computed_tokens(self, seq_id: int) -> int:
         return self._seq(seq_id, "seq_id").num_computed
@@ -365,11 +455,17 @@ class PyBlockAllocator:
         return order
 
     def cached_blocks(self) -> list:
-        return sorted(self._cache.values())
+        return sorted(b for cache in self._caches for b in cache.values())
 
     @property
     def num_cached_blocks(self) -> int:
-        return len(self._cache)
+        return sum(map(len, self._caches))
+
+    def group_stats(self) -> list:
+        return [{"window": window, "blocks_in_use": c["blocks_in_use"],
+                 "cached_blocks": len(cache), "evictions": c["evictions"],
+                 "released": c["released"]}
+                for window, c, cache in zip(self.groups, self.group_counters, self._caches)]
 
     @property
     def usage(self) -> float:

@@ -971,23 +971,23 @@ def test_prefix_caching_disabled():
 def test_block_updates_report_the_table_then_only_what_changed():
     a = gnomon.BlockAllocator(16, 4)
     assert a.allocate(1, list(range(10)), 10)  # 3 blocks
-    assert a.take_block_updates([1]) == [(True, (0, 1, 2), ())]
-    assert a.take_block_updates([1]) == [(False, (), ())]
+    assert a.take_block_updates([1]) == [(True, ((0, 1, 2),), ((),))]  # one group: one entry
+    assert a.take_block_updates([1]) == [(False, ((),), ((),))]
     a.commit(1, 10)
     assert a.allocate_batch([1], [10, 11, 12], [3], [3])  # 13 tokens: a 4th block
-    assert a.take_block_updates([1]) == [(False, (3,), ())]
+    assert a.take_block_updates([1]) == [(False, ((3,),), ((),))]
     a.commit(1, 13)
     a.fork(1, 2)  # the child is new to whoever reads the updates
-    assert a.take_block_updates(np.array([2], np.int64)) == [(True, (0, 1, 2, 3), ())]
+    assert a.take_block_updates(np.array([2], np.int64)) == [(True, ((0, 1, 2, 3),), ((),))]
     # both write into the shared last block: the first gets a private copy, reported in place;
     # the second is then the block's only holder and keeps it
     assert a.allocate_batch([1, 2], [13, 14], [1, 1], [1, 1]) == 2
-    (full1, app1, rep1), (full2, app2, rep2) = a.take_block_updates([1, 2])
+    (full1, (app1,), (rep1,)), (full2, (app2,), (rep2,)) = a.take_block_updates([1, 2])
     assert not full1 and not full2 and app1 == app2 == () and rep2 == ()
     assert rep1 == ((3, int(a.block_table(1)[3])),) and a.block_table(2)[3] == 3
     a.free(2)
     assert a.allocate(2, list(range(5)), 5)  # admitted again: reported in full again
-    assert a.take_block_updates([2]) == [(True, tuple(a.block_table(2).tolist()), ())]
+    assert a.take_block_updates([2]) == [(True, (tuple(a.block_table(2).tolist()),), ((),))]
 
 
 def test_block_updates_reject_unknown_and_duplicate_ids():
@@ -997,7 +997,7 @@ def test_block_updates_reject_unknown_and_duplicate_ids():
         a.take_block_updates([1, 7])
     with pytest.raises(ValueError, match="seq_ids"):
         a.take_block_updates([1, 1])
-    assert a.take_block_updates([1]) == [(True, (0,), ())]  # nothing was marked reported
+    assert a.take_block_updates([1]) == [(True, ((0,),), ((),))]  # nothing was marked reported
 
 
 # ---------------------------------------------------------------------------------------------

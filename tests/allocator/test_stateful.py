@@ -2,7 +2,9 @@
 
 Both are driven with the same calls; after each step every observable must agree, and the
 structural invariants must hold on the C++ allocator. Small pools, small token alphabets and
-narrow hashes make hits, evictions, copy-on-write and hash collisions common.
+narrow hashes make hits, evictions, copy-on-write and hash collisions common. KV-cache groups
+(full and sliding windows, the anchor first or not) make window releases and sliding hits over
+evicted older blocks common too.
 
 Hypothesis explores and shrinks; `test_long_random_workloads` drives the same rules for many
 more steps with a seeded generator, to reach deep states (full pools, long LRU chains).
@@ -18,7 +20,7 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import gnomon
-from allocator.model import PyBlockAllocator
+from allocator.model import M64, PyBlockAllocator
 
 PREFIXES = ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 0, 0, 0, 0], [7] * 12)
 
@@ -31,20 +33,29 @@ extra_keys = st.sampled_from([0, 0, 0, 5, -1])
 int_dtypes = st.sampled_from([np.int32, np.int64])
 batches = st.lists(st.tuples(picks, tokens, st.integers(0, 4)), min_size=1, max_size=6)
 has_sequences = precondition(lambda self: self.model._seqs)
+GROUPS = [(None,), (None,), (None, 2), (5, None), (3,), (None, 1, 6)]
 
 
 class AllocatorMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(1, 20), block_size=st.sampled_from([1, 2, 4]),
-                caching=st.booleans(), hash_bits=st.sampled_from([1, 2, 3, 64]))
-    def create(self, num_blocks, block_size, caching, hash_bits):
-        self.real = gnomon.BlockAllocator(num_blocks, block_size, caching, hash_bits=hash_bits)
-        self.model = PyBlockAllocator(num_blocks, block_size, caching, hash_bits=hash_bits)
+                caching=st.booleans(), hash_bits=st.sampled_from([1, 2, 3, 64]),
+                groups=st.sampled_from(GROUPS))
+    def create(self, num_blocks, block_size, caching, hash_bits, groups=(None,)):
+        self.real = gnomon.BlockAllocator(num_blocks, block_size, caching, hash_bits=hash_bits,
+                                          groups=groups)
+        self.model = PyBlockAllocator(num_blocks, block_size, caching, hash_bits=hash_bits,
+                                      groups=groups)
         self.next_id = 0
         self.copies_seen = 0
-        self.reader = {}  # seq_id -> block table rebuilt from take_block_updates' reports
+        self.reader = {}  # seq_id -> block tables rebuilt from take_block_updates' reports
+        self.kv_of = {}  # block -> the prefix whose KV its last commit computed
 
     def both(self, method, *args):
         """Calls `method` on both allocators; they must return the same or raise the same."""
+        # a commit may cache a block and release it behind a window in one call: record the KV
+        # from the tables as they were before it
+        before = {seq_id: self.tables(seq_id) for seq_id in self.model._seqs} \
+            if method in ("commit", "commit_batch") else {}
         outcomes = []
         for allocator in (self.real, self.model):
             try:
@@ -52,6 +63,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             except (ValueError, KeyError, TypeError) as error:
                 outcomes.append(("raised", type(error)))
         assert outcomes[0] == outcomes[1], (method, args, outcomes)
+        for seq_id, tables in before.items():
+            s = self.model._seqs[seq_id]
+            self.record(tables, s, s.num_computed)
         return outcomes[0]
 
     def live(self, pick):
@@ -71,7 +85,19 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule(prompt=prompts, extra_key=extra_keys, chunk=st.integers(0, 12))
     def admit(self, prompt, extra_key, chunk):
         cached = self.model.lookup(prompt, extra_key)
-        self.both("allocate", self.fresh_id(), prompt, min(len(prompt) - cached, chunk), extra_key)
+        seq_id = self.fresh_id()
+        if self.both("allocate", seq_id, prompt, min(len(prompt) - cached, chunk), extra_key)[1]:
+            self.check_hit_kv(seq_id, prompt, extra_key)
+
+    def check_hit_kv(self, seq_id, prompt, extra_key):
+        """Every block a hit claimed, in every group, holds the KV of this very prompt's prefix."""
+        bs = self.real.block_size
+        for g in range(len(self.model.groups)):
+            table = self.real.block_table(seq_id, g).tolist()
+            for i in range(self.real.num_computed_tokens(seq_id) // bs):
+                if table[i] != -1:
+                    assert self.kv_of[table[i]] == (extra_key & M64, tuple(prompt[:(i + 1) * bs])), \
+                        (g, i, table[i])
 
     @has_sequences
     @rule(pick=picks, new=tokens, num_new=st.integers(0, 6))
@@ -136,16 +162,18 @@ class AllocatorMachine(RuleBasedStateMachine):
     def apply_reports(self, seq_ids, reports):
         """Rebuild tables as a runner does; each must then equal the allocator's."""
         for seq_id, (full, appended, replaced) in zip(seq_ids, reports):
+            assert len(appended) == len(replaced) == len(self.real.groups)
             if full:
-                self.reader[seq_id] = list(appended)
+                self.reader[seq_id] = [list(ids) for ids in appended]
             else:
                 assert seq_id in self.reader, "a delta for a sequence never reported in full"
-                table = self.reader[seq_id]
-                table.extend(appended)
-                for index, block in replaced:
-                    assert 0 <= index < len(table) - len(appended)
-                    table[index] = block
-            assert self.reader[seq_id] == self.real.block_table(seq_id).tolist()
+                for table, ids, pairs in zip(self.reader[seq_id], appended, replaced):
+                    table.extend(ids)
+                    for index, block in pairs:
+                        assert 0 <= index < len(table) - len(ids)
+                        table[index] = block
+            assert self.reader[seq_id] == [self.real.block_table(seq_id, g).tolist()
+                                           for g in range(len(self.real.groups))]
 
     @has_sequences
     @rule(batch=batches, dtype=int_dtypes)
@@ -172,6 +200,8 @@ class AllocatorMachine(RuleBasedStateMachine):
                 [len(new) for new, _ in chosen.values()],
                 [num_new for _, num_new in chosen.values()])
         model = copy.deepcopy(self.model)
+        before = {seq_id: (self.tables(seq_id), copy.deepcopy(self.model._seqs[seq_id]))
+                  for seq_id in commits}  # a sequence may commit and be freed in one step
         arrays = [np.array(a, np.int64) for a in args]
         try:
             model.commit_batch(arrays[0], arrays[1])
@@ -188,6 +218,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert outcome == expected, (args, outcome, expected)
         self.model = model
         if outcome[0] == "ok":
+            for seq_id, n in zip(commits, computed):
+                self.record(*before[seq_id], n)
             for seq_id in freed:
                 self.reader.pop(seq_id, None)
             self.apply_reports(args[3][:fitted], reports)
@@ -219,20 +251,54 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert real.cached_blocks().tolist() == model.cached_blocks()
         assert [real.ref_count(b) for b in range(real.num_blocks)] == model._ref
         assert real.stats() == model.stats()
+        assert real.group_stats() == model.group_stats()
         assert len(real) == len(model)
         for seq_id in model._seqs:
-            assert real.block_table(seq_id).tolist() == model.block_table(seq_id)
+            for g in range(len(model.groups)):
+                assert real.block_table(seq_id, g).tolist() == model.block_table(seq_id, g)
             assert real.num_computed_tokens(seq_id) == model.num_computed_tokens(seq_id)
+
+    def tables(self, seq_id):
+        return [self.real.block_table(seq_id, g).tolist() for g in range(len(self.model.groups))]
+
+    def record(self, tables, s, num_computed):
+        """What a runner computes: each committed full block holds its prefix's KV."""
+        bs = self.real.block_size
+        for table in tables:
+            for i in range(num_computed // bs):
+                if table[i] != -1:
+                    self.kv_of[table[i]] = (s.extra_key, tuple(s.tokens[:(i + 1) * bs]))
+
+    @invariant()
+    def record_kv(self):
+        for seq_id, s in self.model._seqs.items():
+            self.record(self.tables(seq_id), s, s.num_computed)
 
     @invariant()
     def pool_is_consistent(self):
-        real = self.real
-        tables = {seq_id: real.block_table(seq_id).tolist() for seq_id in self.model._seqs}
+        real, groups = self.real, self.model.groups
+        bs = real.block_size
+        tables = {}  # (seq_id, group) -> table
+        for seq_id in self.model._seqs:
+            computed = real.num_computed_tokens(seq_id)
+            held = []
+            for g, window in enumerate(groups):
+                table = real.block_table(seq_id, g).tolist()
+                tables[seq_id, g] = table
+                assert len(table) == len(real.block_table(seq_id, 0))
+                # exactly the blocks wholly behind the window are released
+                behind = 0 if window is None else max(0, computed - window + 1) // bs
+                assert all(b == -1 for b in table[:behind]), (window, computed, table)
+                held += [b for b in table[behind:]]
+            assert -1 not in held and len(set(held)) == len(held)
         holders = [0] * real.num_blocks
-        for table in tables.values():
-            assert len(set(table)) == len(table)
+        in_use = [0] * len(groups)
+        for (_, g), table in tables.items():
             for b in table:
-                holders[b] += 1
+                if b != -1:
+                    holders[b] += 1
+                    in_use[g] += holders[b] == 1
+        assert [s["blocks_in_use"] for s in real.group_stats()] == in_use
         refs = [real.ref_count(b) for b in range(real.num_blocks)]
         assert refs == holders  # each ref count is the number of sequences holding the block
         queue = real.free_queue().tolist()
@@ -240,7 +306,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert sorted(queue) == [b for b in range(real.num_blocks) if refs[b] == 0]  # never both
         assert real.num_free_blocks + sum(r > 0 for r in refs) == real.num_blocks
         for b in real.cached_blocks().tolist():  # only full, committed blocks are cached
-            for seq_id, table in tables.items():
+            for (seq_id, _), table in tables.items():
                 if b in table:
                     position = table.index(b)
                     assert (position + 1) * real.block_size <= real.num_computed_tokens(seq_id)
@@ -254,6 +320,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         for name in ("duplicates", "collisions"):
             if getattr(self.model, name):
                 event(name)
+        if any(s["released"] for s in self.real.group_stats()):
+            event("released")
 
 
 AllocatorMachine.TestCase.settings = settings(
@@ -295,7 +363,8 @@ def _run_workload(seed, steps=1500):
     rng = random.Random(seed)
     machine = AllocatorMachine()
     machine.create(num_blocks=rng.randint(4, 48), block_size=rng.choice([1, 2, 4, 8]),
-                   caching=seed % 6 != 0, hash_bits=rng.choice([2, 4, 64]))
+                   caching=seed % 6 != 0, hash_bits=rng.choice([2, 4, 64]),
+                   groups=GROUPS[seed % len(GROUPS)])
     needs_sequences = {"extend", "decode", "forward", "commit", "allocate_batch",
                        "commit_batch", "free", "fork", "fork_into_existing", "report", "step"}
     names, weights = list(WEIGHTS), list(WEIGHTS.values())
@@ -306,13 +375,14 @@ def _run_workload(seed, steps=1500):
         method = getattr(machine, name)
         method(**_draw(rng, inspect.signature(method).parameters))
         machine.observables_agree()
+        machine.record_kv()
         machine.pool_is_consistent()
     return machine
 
 
 def test_long_random_workloads():
     reach = dict.fromkeys(["hits", "evictions", "failed_allocations", "copies", "duplicates",
-                           "collisions"], 0)
+                           "collisions", "released", "sliding hits"], 0)
     for seed in range(12):
         machine = _run_workload(seed)
         stats = machine.real.stats()
@@ -322,5 +392,8 @@ def test_long_random_workloads():
         reach["copies"] += machine.copies_seen
         reach["duplicates"] += machine.model.duplicates
         reach["collisions"] += machine.model.collisions
+        reach["released"] += sum(s["released"] for s in machine.real.group_stats())
+        if any(w is not None for w in machine.model.groups):
+            reach["sliding hits"] += stats["hits"]
     # The generator must keep reaching every mechanism, or the test would pass vacuously.
     assert all(count > 0 for count in reach.values()), reach
