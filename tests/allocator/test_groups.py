@@ -205,8 +205,8 @@ def test_a_lone_sliding_group_hits_only_along_an_unbroken_chain():
     a = gnomon.BlockAllocator(12, 2, True, groups=(2,))
     prompt = toks(0, 9)
     assert a.allocate(1, prompt, 9)
-    a.commit(1, 9)  # blocks 0..3 leave the window (cached, to the queue's tail in that order)
     table = a.block_table(1).tolist()
+    a.commit(1, 9)  # blocks 0..3 leave the window (cached, to the queue's tail in that order)
     a.free(1)
     assert a.lookup(prompt) == 8  # the token at 8 needs block 3 only; the chain 0..3 is whole
     # the queue is: block 4 (uncached), the 7 never used, then blocks 0..3: take 9, evicting 0
