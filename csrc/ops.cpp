@@ -130,9 +130,11 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
 
 namespace {
 
+// With a sliding window, the entries wholly before the first query's window are never read: they
+// may be -1, the null block a sliding KV-cache group leaves where it released a block.
 void check_attention_indices(const TensorView& query_start_loc, const TensorView& seq_lens,
                              const TensorView& block_tables, const TensorView& key_cache,
-                             int64_t batch, int64_t num_tokens) {
+                             int64_t batch, int64_t num_tokens, int64_t sliding_window) {
   if (int_at(query_start_loc, 0) != 0 || int_at(query_start_loc, batch) != num_tokens) {
     raise<ValueError>("query_start_loc: must start at 0 and end at the number of query tokens (",
                       num_tokens, ")");
@@ -151,10 +153,15 @@ void check_attention_indices(const TensorView& query_start_loc, const TensorView
                         " tokens");
     }
     const int32_t* table = block_tables.ptr<const int32_t>() + b * block_tables.size(1);
+    const int64_t first_key = sliding_window > 0
+                                  ? std::max<int64_t>(0, seq_len - q_len - sliding_window + 1)
+                                  : 0;
     for (int64_t i = 0; i < (seq_len + block_size - 1) / block_size; ++i) {
-      if (table[i] < 0 || table[i] >= num_blocks) {
-        raise<ValueError>("block_tables: entry [", b, ", ", i, "] = ", table[i],
-                          " is outside [0, ", num_blocks, ")");
+      const bool read = (i + 1) * block_size > first_key;
+      if (table[i] >= num_blocks || table[i] < (read ? 0 : -1)) {
+        raise<ValueError>("block_tables: entry [", b, ", ", i, "] = ", table[i], " is outside [",
+                          read ? "0" : "-1", ", ", num_blocks, ")",
+                          read ? "" : " (it lies before the window: -1, the null block, is allowed)");
       }
     }
   }
@@ -205,7 +212,8 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
   }
 
   if (!on_gpu) {
-    check_attention_indices(query_start_loc, seq_lens, block_tables, key_cache, batch, num_tokens);
+    check_attention_indices(query_start_loc, seq_lens, block_tables, key_cache, batch, num_tokens,
+                            sliding_window);
   }
   GNOMON_RUN(on_gpu, paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
                                      query_start_loc, scale, sliding_window, sinks));

@@ -35,6 +35,9 @@
 //  clamped to [0, T] and q_len to [0, T - start], so a row written is always a row of `out`; keys
 //  at positions >= max_blocks * block_size (seq_len beyond the table) and keys whose block id is
 //  outside [0, num_blocks) are masked (never read); a negative seq_len leaves every key masked.
+//  A tile's keys start at its first row's window, so the -1 entries a sliding KV-cache group
+//  leaves before the window of a sequence's first new query are never reached (and would be
+//  masked if they were).
 #include <algorithm>
 #include <cmath>
 

@@ -165,6 +165,49 @@ def test_long_chunked_prefill():
     check_attention(make_batch([70, 1], [670, 300], block_size=16, seed=6))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_null_blocks_before_the_window_are_never_read(dtype):
+    """A sliding KV-cache group releases the blocks wholly before the window of a sequence's
+    first new query and leaves -1 in their entries: with those entries at -1 and their blocks
+    full of NaN, the output is identical."""
+    window, block_size = 20, 8
+    batch = make_batch([1, 30, 1, 5], [90, 75, 21, 40], block_size=block_size, dtype=dtype,
+                       seed=21)
+    out = ops.paged_attention(**batch, sliding_window=window)
+    released = batch["block_tables"].clone()
+    poisoned = dict(batch, block_tables=released, key_cache=batch["key_cache"].clone(),
+                    value_cache=batch["value_cache"].clone())
+    q_lens = batch["query_start_loc"].diff()
+    num_released = 0
+    for b, (q_len, seq_len) in enumerate(zip(q_lens.tolist(), batch["seq_lens"].tolist())):
+        first_key = max(0, seq_len - q_len - window + 1)
+        for i in range(first_key // block_size):
+            block = int(released[b, i])
+            poisoned["key_cache"][block] = float("nan")
+            poisoned["value_cache"][block] = float("nan")
+            released[b, i] = -1
+            num_released += 1
+    assert num_released >= 10
+    assert torch.equal(ops.paged_attention(**poisoned, sliding_window=window), out)
+    torch.testing.assert_close(out.double(), reference_attention(*batch.values(),
+                                                                  sliding_window=window),
+                               atol=ATOL[dtype], rtol=RTOL[dtype])
+
+
+def test_null_blocks_are_refused_where_they_would_be_read():
+    batch = make_batch([1], [40], block_size=8, seed=3)
+    table = batch["block_tables"]
+    table[0, 0] = -1  # positions 0..7; the query at 39 with window 32 sees 8..39
+    assert ops.paged_attention(**batch, sliding_window=32).isfinite().all()
+    with pytest.raises(ValueError, match=r"block_tables: entry \[0, 0\] = -1 is outside \[0,"):
+        ops.paged_attention(**batch, sliding_window=33)  # sees 7..39: block 0 is read
+    with pytest.raises(ValueError, match="block_tables"):
+        ops.paged_attention(**batch)  # no window: every entry is read
+    table[0, 0] = -2
+    with pytest.raises(ValueError, match=r"outside \[-1, .*the null block, is allowed"):
+        ops.paged_attention(**batch, sliding_window=32)
+
+
 def test_thread_counts_agree():
     batch = make_batch(*MIXED, block_size=5, seed=7)
     outs = []

@@ -92,7 +92,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     own (bottom-right causal), and with `sliding_window` W only to the last W of them. Query head
     h reads KV head ``h // (Hq // Hkv)``. `scale` defaults to 1/sqrt(D). `sinks` (float32 [Hq])
     adds one logit per head to the softmax denominator, contributing no value (gpt-oss).
-    Block-table entries and lengths are range-checked in C++.
+    Block-table entries and lengths are range-checked in C++. With `sliding_window`, the entries
+    wholly before the window of a sequence's first new query are never read and may be -1, the
+    null block a sliding KV-cache group leaves where it released a block.
     """
     check_tensor(query, "query", dtypes=FLOATING, dim=3)
     _check_caches(key_cache, value_cache, query.dtype)
