@@ -30,12 +30,13 @@ class CheckingRunner:
         kv = self.engine_ref[0].kv
         for s in batch.sequences:
             if hasattr(self.runner, "tables"):
-                assert self.runner.tables.table(s.seq_id) == kv.block_table(s.seq_id), s
+                for g in range(len(kv.windows)):
+                    assert self.runner.tables.table(s.seq_id, g) == kv.block_table(s.seq_id, g), s
             else:
                 assert s.seq_id in self.runner.known
             self.checked += 1
-            self.saw_delta |= not s.full and bool(s.block_ids)
-            self.saw_replaced |= bool(s.replaced_blocks)
+            self.saw_delta |= not s.full and any(s.block_ids)
+            self.saw_replaced |= any(s.replaced_blocks)
         return out
 
     def execute_logits(self, batch):
@@ -87,8 +88,8 @@ def test_simulated_runner_tracks_every_sequence():
 
 
 def _seq(seq_id, full, block_ids=(), replaced=(), computed=0):
-    return ScheduledSequence(seq_id, "r", 0, (1,), computed, tuple(block_ids), True,
-                             SamplingParams(), full, tuple(replaced))
+    return ScheduledSequence(seq_id, "r", 0, (1,), computed, (tuple(block_ids),), True,
+                             SamplingParams(), full, (tuple(replaced),))
 
 
 def test_a_delta_to_an_unseen_sequence_is_refused_by_name():
@@ -123,7 +124,7 @@ class CountingRunner:
         self.runner, self.ids = runner, 0
 
     def execute(self, batch):
-        self.ids += sum(len(s.block_ids) + len(s.replaced_blocks) for s in batch.sequences)
+        self.ids += sum(len(ids) for s in batch.sequences for ids in s.block_ids + s.replaced_blocks)
         return self.runner.execute(batch)
 
 

@@ -25,6 +25,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from gnomon.engine.config import ModelConfig  # noqa: E402
+from gnomon.engine.kv_cache import max_blocks_held  # noqa: E402
 from gnomon.engine.llm import LLM  # noqa: E402
 from gnomon.engine.sampling_params import SamplingParams  # noqa: E402
 from hf_checkpoints import write_mxfp4_checkpoint  # noqa: E402
@@ -128,6 +130,15 @@ def _llm(folder, **kw):
     return LLM(str(folder), dtype="float32", block_size=BLOCK, **kw)
 
 
+def _one_sequence_cache(folder, max_num_batched_tokens=8192):
+    """The fewest blocks that still admit the longest request alone, by the engine's own
+    arithmetic (a full group's table, plus a sliding group's window and one step), plus one:
+    too few to hold two requests at once."""
+    windows = ModelConfig.from_pretrained(folder).kv_cache_groups().windows
+    return max_blocks_held(windows, max(map(len, PROMPTS)) + MAX_TOKENS, block_size=BLOCK,
+                           max_step_tokens=max_num_batched_tokens) + 1
+
+
 def test_last_position_logits(case):
     name, model, folder, hf_logits, _ = case
     llm = _llm(folder)
@@ -161,8 +172,9 @@ def test_greedy_chunked_prefill(case):
 
 def test_greedy_preemption(case):
     name, model, folder, _, hf_tokens = case
-    # the longest request needs ceil((37 + 32) / 16) = 5 blocks; 6 cannot hold two at once
-    llm = _llm(folder, num_kv_blocks=6)
+    # the longest request needs ceil((37 + 32) / 16) = 5 blocks per group (a sliding group
+    # fewer): the cache cannot hold two at once
+    llm = _llm(folder, num_kv_blocks=_one_sequence_cache(folder))
     assert _generate(llm, PROMPTS) == hf_tokens[:len(PROMPTS)]
     assert llm.engine.scheduler.num_preemptions > 0, \
         "the tiny cache was expected to force a preemption"
@@ -188,5 +200,6 @@ def test_gpt_oss_mxfp4(tmp_path):
     torch.testing.assert_close(llm.score(PROMPTS), hf_logits, atol=ATOL, rtol=RTOL)
     assert _generate(llm, PROMPTS) == hf_tokens
     # and under a small token budget and a small cache
-    small = _llm(tmp_path / "mxfp4", max_num_batched_tokens=8, max_num_seqs=4, num_kv_blocks=6)
+    small = _llm(tmp_path / "mxfp4", max_num_batched_tokens=8, max_num_seqs=4,
+                 num_kv_blocks=_one_sequence_cache(tmp_path / "mxfp4", 8))
     assert _generate(small, PROMPTS) == hf_tokens

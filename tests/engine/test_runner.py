@@ -18,8 +18,8 @@ from gnomon.engine.batch import ScheduledBatch, ScheduledSequence
 from gnomon.engine.config import ModelConfig
 from gnomon.engine.rope import cos_sin_cache
 from gnomon.engine.kv_cache import KVCacheManager
-from gnomon.engine.runner import (ModelRunner, kv_cache_bytes_per_block,
-                                  num_kv_blocks_for_budget)
+from gnomon.engine.kv_cache import KVCacheGroups, resolve_num_blocks
+from gnomon.engine.runner import ModelRunner
 from gnomon.engine.sampling_params import SamplingParams
 from gnomon.engine.scheduler import Scheduler
 from gnomon.engine.weights import random_weights
@@ -158,7 +158,7 @@ def _blocks(prompts, block_size, num_blocks, seed=1):
 
 def _seq(i, tokens, computed, table, last):
     return ScheduledSequence(seq_id=i, request_id=i, sample_index=0, token_ids=tuple(tokens),
-                             num_computed_tokens=computed, block_ids=table,
+                             num_computed_tokens=computed, block_ids=(table,),
                              is_last_prefill_chunk=last, sampling_params=GREEDY)
 
 
@@ -267,11 +267,18 @@ def test_greedy_decode_with_scheduler_matches_reference(name):
 
 def test_kv_budget():
     cfg = ModelConfig.preset("tiny-llama")
-    per = kv_cache_bytes_per_block(cfg, 16, torch.float32)
+    geometry = dict(block_size=16, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                    dtype_size=4)
+    per = KVCacheGroups.full(cfg.num_layers).bytes_per_block(**geometry)
     assert per == 2 * 2 * 16 * 2 * 16 * 4
-    assert num_kv_blocks_for_budget(cfg, 10 * per + 5, 16, torch.float32) == 10
+    assert resolve_num_blocks(kv_cache_bytes=10 * per + 5, bytes_per_block=per) == 10
     with pytest.raises(ValueError, match="kv_cache_bytes"):
-        num_kv_blocks_for_budget(cfg, per - 1, 16, torch.float32)
+        resolve_num_blocks(kv_cache_bytes=per - 1, bytes_per_block=per)
+    # gpt-oss's two groups of one layer each share one tensor pair: half a full block's bytes
+    oss = ModelConfig.preset("tiny-gpt-oss")
+    geometry.update(num_kv_heads=oss.num_kv_heads, head_dim=oss.head_dim)
+    assert 2 * oss.kv_cache_groups().bytes_per_block(**geometry) == \
+        oss.kv_cache_groups(False).bytes_per_block(**geometry)
 
 
 def test_bad_arguments_are_named():

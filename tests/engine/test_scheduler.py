@@ -15,7 +15,8 @@ import pytest
 
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from gnomon.engine.block_tables import BlockTables
-from gnomon.engine.kv_cache import KVCacheManager, kv_bytes_per_block, resolve_num_blocks
+from gnomon.engine.kv_cache import (KVCacheGroups, KVCacheManager, kv_bytes_per_block,
+                                     resolve_num_blocks)
 from gnomon.engine.sampling_params import SamplingParams
 from gnomon.engine.scheduler import Scheduler
 from gnomon.engine.sequence import sample_seed
@@ -142,12 +143,12 @@ def run_workload(reqs, arrivals=None, **kw):
 # --------------------------------------------------------------------------- batch contract
 def test_batch_equality_and_immutability():
     p = SamplingParams()
-    a = ScheduledSequence(1, "r", 0, (1, 2), 0, (3,), True, p)
-    b = ScheduledSequence(1, "r", 0, (1, 2), 0, (3,), True, p)
+    a = ScheduledSequence(1, "r", 0, (1, 2), 0, ((3,),), True, p)
+    b = ScheduledSequence(1, "r", 0, (1, 2), 0, ((3,),), True, p)
     assert a == b and hash(a) == hash(b)
     assert ScheduledBatch((a,), ((1, 2),), (5,), 2, 0) == \
         ScheduledBatch((b,), ((1, 2),), (5,), 2, 0)
-    assert ScheduledBatch((a,)) != ScheduledBatch((a._replace(block_ids=(4,)),))
+    assert ScheduledBatch((a,)) != ScheduledBatch((a._replace(block_ids=((4,),)),))
     with pytest.raises(AttributeError):
         a.token_ids = (9,)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -493,8 +494,9 @@ def test_kv_cache_sizing():
         resolve_num_blocks(kv_cache_bytes=per - 1, bytes_per_block=per)
     with pytest.raises(ValueError, match="head_dim"):
         kv_bytes_per_block(num_layers=1, block_size=1, num_kv_heads=1, head_dim=0, dtype_size=2)
-    kv = KVCacheManager.from_budget(num_layers=2, num_kv_heads=2, head_dim=8, dtype_size=4,
-                                    block_size=4, kv_cache_bytes=2 * 2 * 4 * 2 * 8 * 4 * 3)
+    kv = KVCacheManager.from_budget(groups=KVCacheGroups.full(2), num_kv_heads=2, head_dim=8,
+                                    dtype_size=4, block_size=4,
+                                    kv_cache_bytes=2 * 2 * 4 * 2 * 8 * 4 * 3)
     assert (kv.num_blocks, kv.block_size, kv.num_free_blocks) == (3, 4, 3)
 
 

@@ -20,7 +20,7 @@ _PARAMS = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 
 def _batch(prefill: int, decode: int, seqs: int) -> ScheduledBatch:
     sequences = tuple(ScheduledSequence(seq_id=i, request_id=str(i), sample_index=0,
-                                        token_ids=(1,), num_computed_tokens=0, block_ids=(i,),
+                                        token_ids=(1,), num_computed_tokens=0, block_ids=((i,),),
                                         is_last_prefill_chunk=True, sampling_params=_PARAMS)
                       for i in range(seqs))
     return ScheduledBatch(sequences=sequences, num_prefill_tokens=prefill,

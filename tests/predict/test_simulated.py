@@ -134,7 +134,7 @@ def test_model_that_does_not_fit_is_refused_with_bytes():
 def test_step_shape_keeps_each_pair():
     seq = lambda sid, n, c, last: ScheduledSequence(  # noqa: E731
         seq_id=sid, request_id=str(sid), sample_index=0, token_ids=(1,) * n,
-        num_computed_tokens=c, block_ids=(0,), is_last_prefill_chunk=last,
+        num_computed_tokens=c, block_ids=((0,),), is_last_prefill_chunk=last,
         sampling_params=SamplingParams())
     batch = ScheduledBatch(sequences=(seq(0, 1, 40, True), seq(1, 7, 0, False)),
                            num_prefill_tokens=7, num_decode_tokens=1)

@@ -23,15 +23,16 @@ class ScheduledSequence(NamedTuple):
     ``num_computed_tokens .. num_computed_tokens + len(token_ids) - 1``, and
     ``num_computed_tokens`` tokens already have KV in the cache before the step.
 
-    The block table travels as a delta (a token's slot is
-    ``table[pos // block_size] * block_size + pos % block_size``):
+    The block tables travel as deltas, one per KV-cache group in the allocator's group order
+    (a token's slot in a group is ``table[pos // block_size] * block_size + pos % block_size``):
 
     - ``full`` True: the runner sees the sequence for the first time (new, forked, or admitted
-      again after preemption). ``block_ids`` is its whole table after this step's allocation,
-      and replaces any state the runner kept under this ``seq_id``.
-    - ``full`` False: ``block_ids`` are the ids appended since the runner last saw it, and
-      ``replaced_blocks`` the ``(index, block_id)`` entries replaced in place since then
-      (copy-on-write when an ``n > 1`` sample writes into a shared block).
+      again after preemption). ``block_ids[g]`` is group g's whole table after this step's
+      allocation, and replaces any state the runner kept under this ``seq_id``.
+    - ``full`` False: ``block_ids[g]`` are the ids appended since the runner last saw it, and
+      ``replaced_blocks[g]`` the ``(index, block_id)`` entries replaced in place since then
+      (copy-on-write when an ``n > 1`` sample writes into a shared block, and -1 where a
+      sliding group released a block behind its window). ``()`` means none in any group.
 
     A runner asked to extend a sequence it never saw in full raises RuntimeError naming it
     (`block_tables.stale_delta`).
@@ -48,11 +49,11 @@ class ScheduledSequence(NamedTuple):
     sample_index: int
     token_ids: Tuple[int, ...]
     num_computed_tokens: int
-    block_ids: Tuple[int, ...]
+    block_ids: Tuple[Tuple[int, ...], ...]
     is_last_prefill_chunk: bool
     sampling_params: SamplingParams
     full: bool = True
-    replaced_blocks: Tuple[Tuple[int, int], ...] = ()
+    replaced_blocks: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
 
     @property
     def num_new_tokens(self) -> int:
@@ -69,7 +70,8 @@ class ScheduledBatch:
     """What the runner computes in one step.
 
     ``block_copies``: copy-on-write ``(src, dst)`` block pairs to copy (K and V, every layer)
-    before the forward. ``finished_seq_ids``: sequences finished since the previous batch; the
+    before the forward. A block belongs to one KV-cache group at a time, so copying it in every
+    shared K/V tensor copies exactly that group's layers. ``finished_seq_ids``: sequences finished since the previous batch; the
     runner may drop any per-sequence state it keeps for them. A batch can have no sequences and
     still carry ``finished_seq_ids``.
     ``num_prefill_tokens`` counts tokens of sequences computing their prompt (a recomputed

@@ -1,15 +1,16 @@
 """`BlockTables`: the runner's side of the block-table deltas (`ScheduledSequence`).
 
-Each sequence a runner has seen owns one row of a persistent int32 array. A batch's deltas are
-applied in place (a full table on a sequence's first appearance, then only appended ids and
-entries replaced by copy-on-write), so the per-step cost grows with what changed, never with the
-length of the tables. Rows of finished sequences are reused. The real runner gathers a step's
-rows from this array.
+Each sequence a runner has seen owns one row of a persistent int32 array ``[groups, rows,
+columns]``: one table per KV-cache group, all of one length. A batch's deltas are applied in
+place (the full tables on a sequence's first appearance, then only appended ids and entries
+replaced in place), so the per-step cost grows with what changed, never with the length of the
+tables. Rows of finished sequences are reused. The real runner gathers a step's rows from this
+array.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,14 +23,18 @@ def stale_delta(s) -> RuntimeError:
 
 
 class BlockTables:
-    """Block tables rebuilt from `ScheduledBatch` deltas (module docstring). `num_blocks`, when
-    given, bounds every block id applied."""
+    """Block tables rebuilt from `ScheduledBatch` deltas (module docstring). `windows` has one
+    entry per KV-cache group (None for full attention); a sliding group's entries may be -1,
+    the null block. `num_blocks`, when given, bounds every other block id applied."""
 
-    def __init__(self, num_blocks: Optional[int] = None, *, rows: int = 16,
+    def __init__(self, num_blocks: Optional[int] = None, *,
+                 windows: Sequence[Optional[int]] = (None,), rows: int = 16,
                  columns: int = 16) -> None:
         self.num_blocks = num_blocks
-        self.array = np.zeros((rows, columns), dtype=np.int32)
+        self.windows = tuple(windows)
+        self.array = np.zeros((len(self.windows), rows, columns), dtype=np.int32)
         self.lengths = np.zeros(rows, dtype=np.int64)
+        self._lowest = [0 if w is None else -1 for w in self.windows]
         self._row: Dict[int, int] = {}
         self._free: List[int] = list(range(rows - 1, -1, -1))
         self.ids_applied = 0  # block ids taken from batches so far: what the deltas cost
@@ -40,15 +45,15 @@ class BlockTables:
     def __len__(self) -> int:
         return len(self._row)
 
-    def table(self, seq_id: int) -> Tuple[int, ...]:
+    def table(self, seq_id: int, group: int = 0) -> Tuple[int, ...]:
         row = self._row[seq_id]
-        return tuple(self.array[row, :self.lengths[row]].tolist())
+        return tuple(self.array[group, row, :self.lengths[row]].tolist())
 
     def apply(self, batch) -> np.ndarray:
         """Drop ``batch.finished_seq_ids``, apply each sequence's delta, and return the row of
         each of ``batch.sequences`` (int64, batch order). Raises RuntimeError for a delta to a
-        sequence never seen, ValueError for a block id out of range; the tables are then
-        unchanged up to the failing sequence."""
+        sequence never seen or out of shape, ValueError for a block id out of range; the tables
+        are then unchanged up to the failing sequence."""
         rows_of = self._row
         for seq_id in batch.finished_seq_ids:
             row = rows_of.pop(seq_id, None)
@@ -56,9 +61,14 @@ class BlockTables:
                 self._free.append(row)
         seqs = batch.sequences
         rows = np.empty(len(seqs), dtype=np.int64)
+        groups = len(self.windows)
         for i, s in enumerate(seqs):
             row = rows_of.get(s.seq_id)
             ids = s.block_ids
+            if len(ids) != groups or len({len(g) for g in ids}) != 1:
+                raise RuntimeError(f"batch: sequence {s.seq_id} carries block ids for "
+                                   f"{[len(g) for g in ids]} entries in {len(ids)} groups; "
+                                   f"expected the same count in each of {groups}")
             if s.full:
                 if row is None:
                     row = self._take_row(s.seq_id)
@@ -66,41 +76,45 @@ class BlockTables:
             elif row is None:
                 raise stale_delta(s)
             else:
-                if ids:
+                if ids[0]:
                     self._write(row, int(self.lengths[row]), ids, s.seq_id)
-                for index, block in s.replaced_blocks:
-                    if not 0 <= index < self.lengths[row]:
-                        raise RuntimeError(f"batch: sequence {s.seq_id} replaces entry {index} "
-                                           f"of a {int(self.lengths[row])}-entry block table")
-                    self._check_ids((block,), s.seq_id)
-                    self.array[row, index] = block
-                    self.ids_applied += 1
+                for g, pairs in enumerate(s.replaced_blocks):
+                    for index, block in pairs:
+                        if not 0 <= index < self.lengths[row]:
+                            raise RuntimeError(
+                                f"batch: sequence {s.seq_id} replaces entry {index} of a "
+                                f"{int(self.lengths[row])}-entry block table")
+                        self._check_ids(g, (block,), s.seq_id)
+                        self.array[g, row, index] = block
+                        self.ids_applied += 1
             rows[i] = row
         return rows
 
-    def _check_ids(self, ids, seq_id: int) -> None:
-        n = self.num_blocks
-        if n is not None and (min(ids) < 0 or max(ids) >= n):
-            raise ValueError(f"batch: sequence {seq_id}: block ids must lie in [0, {n}), got "
-                             f"{min(ids)}..{max(ids)}")
+    def _check_ids(self, group: int, ids, seq_id: int) -> None:
+        n, lowest = self.num_blocks, self._lowest[group]
+        if min(ids) < lowest or (n is not None and max(ids) >= n):
+            raise ValueError(f"batch: sequence {seq_id}: group {group}'s block ids must lie in "
+                             f"[{lowest}, {n}), got {min(ids)}..{max(ids)}")
 
     def _write(self, row: int, start: int, ids, seq_id: int) -> None:
-        end = start + len(ids)
-        if ids:
-            self._check_ids(ids, seq_id)
-            if end > self.array.shape[1]:
-                grown = np.zeros((self.array.shape[0], max(end, 2 * self.array.shape[1])),
-                                 dtype=np.int32)
-                grown[:, :self.array.shape[1]] = self.array
+        count = len(ids[0])
+        end = start + count
+        if count:
+            for g, group_ids in enumerate(ids):
+                self._check_ids(g, group_ids, seq_id)
+            if end > self.array.shape[2]:
+                groups, rows, columns = self.array.shape
+                grown = np.zeros((groups, rows, max(end, 2 * columns)), dtype=np.int32)
+                grown[:, :, :columns] = self.array
                 self.array = grown
-            self.array[row, start:end] = ids
-            self.ids_applied += len(ids)
+            self.array[:, row, start:end] = ids
+            self.ids_applied += count * len(ids)
         self.lengths[row] = end
 
     def _take_row(self, seq_id: int) -> int:
         if not self._free:
-            n = self.array.shape[0]
-            self.array = np.concatenate([self.array, np.zeros_like(self.array)])
+            n = self.array.shape[1]
+            self.array = np.concatenate([self.array, np.zeros_like(self.array)], axis=1)
             self.lengths = np.concatenate([self.lengths, np.zeros_like(self.lengths)])
             self._free = list(range(2 * n - 1, n - 1, -1))
         row = self._free.pop()

@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
+from .kv_cache import KVCacheGroups
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM")
 
 
@@ -104,6 +106,10 @@ class ModelConfig:
         """`torch_dtype` as a torch.dtype (imports torch)."""
         return torch_dtype(self.torch_dtype, "torch_dtype")
 
+    def kv_cache_groups(self, hybrid: bool = True) -> KVCacheGroups:
+        """This model's KV-cache groups (`kv_cache_groups`)."""
+        return kv_cache_groups(self, hybrid)
+
     # ---- construction --------------------------------------------------------------------
 
     @classmethod
@@ -153,6 +159,29 @@ class ModelConfig:
         """A built-in preset (real model shapes, no weights) or tiny test config; see
         `PRESETS`."""
         return _parse(preset_json(name), f"<preset {name}>")
+
+
+def kv_cache_groups(config: ModelConfig, hybrid: bool = True) -> KVCacheGroups:
+    """The KV-cache groups of `config`, from its ``layer_types`` and ``sliding_window``: with
+    `hybrid`, one group per distinct attention window (full attention first, then the sliding
+    windows from the smallest), each of its layers in order; without, or with no sliding layer,
+    one full group of every layer, whose sliding layers then keep every token's KV. Refuses
+    groups of unequal layer counts (they share one K/V tensor per position), naming
+    ``layer_types``."""
+    if not isinstance(hybrid, bool):
+        raise TypeError(f"enable_hybrid_kv: expected a bool, got {hybrid!r}")
+    windows = [config.sliding_window if t == "sliding" else None for t in config.layer_types]
+    if not hybrid or all(w is None for w in windows):
+        return KVCacheGroups.full(config.num_layers)
+    order = sorted(set(windows), key=lambda w: (w is not None, w or 0))
+    layers = tuple(tuple(i for i, w in enumerate(windows) if w == window) for window in order)
+    if len({len(group) for group in layers}) != 1:
+        counts = ", ".join(f"{len(group)} {'full' if w is None else f'window-{w}'}"
+                           for w, group in zip(order, layers))
+        raise ValueError(f"layer_types: gnomon's hybrid KV cache needs as many layers in every "
+                         f"attention group, got {counts}; pass enable_hybrid_kv=False to keep "
+                         f"full KV on every layer")
+    return KVCacheGroups(tuple(order), layers)
 
 
 def preset_json(name: str) -> Dict[str, Any]:

@@ -24,6 +24,11 @@ and jumps it to ``next_arrival_time()`` when ``step`` returns nothing.
 Default KV budget: when neither ``num_kv_blocks`` nor ``kv_cache_bytes`` is given, the cache gets
 ``DEFAULT_KV_CACHE_BYTES`` (256 MiB), capped at what ``max_num_seqs`` sequences of
 ``max_model_len`` tokens could use, and never less than one sequence of ``max_model_len``.
+
+Hybrid KV cache: with ``enable_hybrid_kv`` (the default) a model with sliding-window layers
+(gpt-oss) gets one KV-cache group per attention window over one pool, and a sliding group keeps
+only the blocks its window still sees (`gnomon.engine.kv_cache`). ``enable_hybrid_kv=False``
+keeps every token's KV on every layer, as one full group: the same tokens, more memory.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .batch import ScheduledBatch, ScheduledSequence, StepOutput
 from .config import DTYPE_BYTES, PRESETS, ModelConfig, torch_dtype
-from .kv_cache import KVCacheManager
+from .kv_cache import KVCacheManager, max_blocks_held
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Request, SampleDelta
@@ -113,7 +118,7 @@ class LLMEngine:
     ``runner`` defaults to a real `ModelRunner` over ``model``'s weights whose ``sample`` is the
     real `Sampler` (per sequence: its params, sample index and output position), with logprobs
     passed to the outputs. A runner passed in must have been built with the engine's KV geometry
-    (``num_kv_blocks``, ``block_size``) and samples by itself; its ``StepOutput.logprobs`` (if
+    (``num_kv_blocks``, ``block_size``, ``kv_groups``) and samples by itself; its ``StepOutput.logprobs`` (if
     any) reach the outputs. ``seed`` seeds the generator that unseeded random requests draw from.
     """
 
@@ -122,7 +127,8 @@ class LLMEngine:
                  max_model_len: Optional[int] = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, block_size: int = 16,
                  num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
-                 enable_prefix_caching: bool = True, seed: Optional[int] = 0) -> None:
+                 enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True,
+                 seed: Optional[int] = 0) -> None:
         if clock is not None and not callable(clock):
             raise TypeError(f"clock: expected a callable returning seconds, got {clock!r}")
         self.clock = clock or time.monotonic
@@ -163,18 +169,21 @@ class LLMEngine:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's maximum "
                              f"position {config.max_position_embeddings}")
         _positive_int("max_num_seqs", max_num_seqs)
+        _positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        self.kv_groups = config.kv_cache_groups(enable_hybrid_kv)
         elem = DTYPE_BYTES[self.dtype_name]
-        per_block = (2 * config.num_layers * self.block_size * config.num_kv_heads
-                     * config.head_dim * elem)
+        geometry = dict(num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                        dtype_size=elem, block_size=self.block_size)
         if num_kv_blocks is None and kv_cache_bytes is None:
-            per_seq = -(-self.max_model_len // self.block_size)
+            per_seq = max_blocks_held(self.kv_groups.windows, self.max_model_len,
+                                      block_size=self.block_size,
+                                      max_step_tokens=max_num_batched_tokens)
+            per_block = self.kv_groups.bytes_per_block(**geometry)
             n = min(DEFAULT_KV_CACHE_BYTES // per_block, max_num_seqs * per_seq)
             num_kv_blocks = max(n, per_seq, 1)
         self.kv = KVCacheManager.from_budget(
-            num_layers=config.num_layers, num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim, dtype_size=elem, block_size=self.block_size,
-            num_kv_blocks=num_kv_blocks, kv_cache_bytes=kv_cache_bytes,
-            enable_prefix_caching=enable_prefix_caching)
+            groups=self.kv_groups, **geometry, num_kv_blocks=num_kv_blocks,
+            kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, max_model_len=self.max_model_len,
                                    max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
@@ -192,7 +201,8 @@ class LLMEngine:
                 weights = load_weights(folder, config, dtype=self.dtype)
             runner = ModelRunner(config, weights, num_kv_blocks=self.kv.num_blocks,
                                  block_size=self.block_size, device=device, dtype=self.dtype,
-                                 sample=self._sample, max_position=self.max_model_len)
+                                 sample=self._sample, max_position=self.max_model_len,
+                                 kv_groups=self.kv_groups)
         self.runner = runner
         self._requests: Dict[object, Request] = {}
         self.detokenize: Optional[Callable[[Sequence[int]], str]] = None
@@ -285,13 +295,14 @@ class LLM:
                  max_model_len: Optional[int] = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, block_size: int = 16,
                  num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True) -> None:
         self.engine = LLMEngine(model, device=device, dtype=dtype, random_weights=random_weights,
                                 max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens,
                                 block_size=block_size, num_kv_blocks=num_kv_blocks,
                                 kv_cache_bytes=kv_cache_bytes,
-                                enable_prefix_caching=enable_prefix_caching)
+                                enable_prefix_caching=enable_prefix_caching,
+                                enable_hybrid_kv=enable_hybrid_kv)
         self.tokenizer = None
         folder = self.engine.folder
         if folder is not None and os.path.isfile(os.path.join(folder, "tokenizer.json")):
@@ -389,10 +400,10 @@ class LLM:
             if not eng.kv.allocate_new(seq_id, p, len(p) - cached):
                 raise ValueError(f"prompts[{i}]: {len(p)} tokens do not fit the free KV cache")
             try:
+                (_, tables, _), = eng.kv.take_block_updates([seq_id])  # its first: in full
                 sched = ScheduledSequence(
                     seq_id=seq_id, request_id=f"score-{i}", sample_index=0,
-                    token_ids=tuple(p[cached:]), num_computed_tokens=cached,
-                    block_ids=eng.kv.block_table(seq_id),
+                    token_ids=tuple(p[cached:]), num_computed_tokens=cached, block_ids=tables,
                     is_last_prefill_chunk=True, sampling_params=SamplingParams(temperature=0))
                 batch = ScheduledBatch(sequences=(sched,), block_copies=eng.kv.pending_copies(),
                                        num_prefill_tokens=len(p) - cached)

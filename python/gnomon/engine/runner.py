@@ -1,8 +1,10 @@
 """The real model runner: one `ScheduledBatch` in, one `StepOutput` out (DESIGN.md).
 
-`ModelRunner` owns the paged KV cache (per layer, K and V each
-``[num_kv_blocks, block_size, num_kv_heads, head_dim]``) and the RoPE cos/sin table, and runs
-the three supported architectures (Llama, Mixtral, gpt-oss) through `gnomon.ops`:
+`ModelRunner` owns the paged KV cache and the RoPE cos/sin table, and runs the three supported
+architectures (Llama, Mixtral, gpt-oss) through `gnomon.ops`. The cache follows the model's
+KV-cache groups (`gnomon.engine.kv_cache`): layer ``j`` of every group shares one K and one V
+tensor ``[num_kv_blocks, block_size, num_kv_heads, head_dim]`` and reads it through its own
+group's block table; with one group that is a tensor pair per layer.
 
     embedding
     per layer: rms_norm (fused residual add from the second norm on) -> QKV matmul (+bias)
@@ -19,10 +21,10 @@ Sampling is a callable ``sample(logits float32 [R, V], sequences) -> R token ids
 argmax (the sampler module plugs in here).
 
 Block tables arrive as deltas (`ScheduledSequence`); `tables` (a `BlockTables`) keeps each
-sequence's table in one persistent int32 array, updated in place.
-
-gpt-oss's sliding-window layers keep full KV (no hybrid allocator yet); paged_attention applies
-the window when reading.
+sequence's tables, one per group, in one persistent int32 array, updated in place. Each step
+has one slot mapping and one block table per group. paged_attention applies a sliding layer's
+window when reading; with the hybrid cache the blocks behind it are released (-1 entries),
+without it they stay.
 
 `StepOutput.breakdown` is the step's time by op family (DESIGN.md): ``overhead`` (block copies
 and input prep), ``attention`` (reshape_and_cache, paged_attention), ``gemm`` (the projections,
@@ -50,7 +52,7 @@ from gnomon import ops
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from gnomon.engine.block_tables import BlockTables
 from gnomon.engine.config import ModelConfig
-from gnomon.engine.kv_cache import kv_bytes_per_block, resolve_num_blocks
+from gnomon.engine.kv_cache import KVCacheGroups
 from gnomon.engine.rope import cos_sin_cache
 from gnomon.engine.weights import weight_shapes
 
@@ -110,21 +112,6 @@ def resolve_device(device) -> torch.device:
     return dev
 
 
-def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one KV block takes over all layers (K and V), as `kv_cache` sizes the pool."""
-    return kv_bytes_per_block(num_layers=config.num_layers, block_size=block_size,
-                              num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-                              dtype_size=torch.empty((), dtype=dtype).element_size())
-
-
-def num_kv_blocks_for_budget(config: ModelConfig, kv_cache_bytes: int, block_size: int,
-                             dtype: torch.dtype) -> int:
-    """How many KV blocks fit in `kv_cache_bytes` (all layers; gpt-oss's sliding layers keep
-    full KV too). Raises ValueError when not even one fits."""
-    return resolve_num_blocks(kv_cache_bytes=kv_cache_bytes,
-                              bytes_per_block=kv_cache_bytes_per_block(config, block_size, dtype))
-
-
 class ModelRunner:
     """Runs a model's forward over paged KV for one scheduled step at a time.
 
@@ -132,13 +119,17 @@ class ModelRunner:
     `gnomon.engine.weights`). Floating weights are cast to `dtype` (default: the embedding's
     dtype) and everything is moved to `device`; MXFP4 codes and scales stay uint8.
     `max_position` bounds positions (default: the config's ``max_position_embeddings``).
+    `kv_groups` lays out the cache (default: one full group, as a default `KVCacheManager`;
+    ``config.kv_cache_groups()`` for the hybrid cache); it must match the groups of the
+    allocator that schedules the batches.
     """
 
     def __init__(self, config: ModelConfig, weights: Dict[str, torch.Tensor], *,
                  num_kv_blocks: int, block_size: int = 16,
                  device: Union[str, torch.device] = "cpu",
                  dtype: Union[None, torch.dtype] = None, sample: Optional[SampleFn] = None,
-                 max_position: Optional[int] = None) -> None:
+                 max_position: Optional[int] = None,
+                 kv_groups: Optional[KVCacheGroups] = None) -> None:
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
         if not isinstance(weights, dict):
@@ -184,15 +175,22 @@ class ModelRunner:
         self.weights = w
 
         c = config
+        groups = KVCacheGroups.full(c.num_layers) if kv_groups is None else kv_groups
+        if not isinstance(groups, KVCacheGroups) or \
+                sum(map(len, groups.layers)) != c.num_layers:
+            raise ValueError(f"kv_groups: expected the KVCacheGroups of this model's "
+                             f"{c.num_layers} layers, got {groups!r}")
+        self.kv_groups = groups
         shape = (self.num_kv_blocks, self.block_size, c.num_kv_heads, c.head_dim)
         self.kv_caches: List[Tuple[torch.Tensor, torch.Tensor]] = [
             (torch.zeros(shape, dtype=dtype, device=self.device),
              torch.zeros(shape, dtype=dtype, device=self.device))
-            for _ in range(c.num_layers)]
+            for _ in range(groups.layers_per_group)]
+        self._layer_slots = [groups.slot_of(i) for i in range(c.num_layers)]
         self.cos_sin_cache = cos_sin_cache(c, self.max_position, device=self.device)
         self.scale = c.head_dim ** -0.5
         self._windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
-        self.tables = BlockTables(self.num_kv_blocks)
+        self.tables = BlockTables(self.num_kv_blocks, windows=groups.windows)
 
     # ------------------------------------------------------------------ inputs
     def prepare(self, batch: ScheduledBatch) -> Dict[str, torch.Tensor]:
@@ -223,9 +221,16 @@ class ModelRunner:
             i = int(np.argmax(need > have))
             raise ValueError(f"batch: sequence {seqs[i].seq_id} needs {int(need[i])} blocks for "
                              f"{int(seq_lens[i])} tokens, its block table has {int(have[i])}")
-        tables = self.tables.array[rows, :max(int(have.max(initial=0)), 1)]
-        slots = (tables[seq_of_token, positions // self.block_size].astype(np.int64)
-                 * self.block_size + positions % self.block_size)
+        tables = np.ascontiguousarray(  # [G, B, W]
+            self.tables.array[:, rows, :max(int(have.max(initial=0)), 1)])
+        blocks = tables[:, seq_of_token, positions // self.block_size]
+        if num_tokens and int(blocks.min()) < 0:
+            g, t = np.argwhere(blocks < 0)[0]
+            raise ValueError(f"batch: sequence {seqs[int(seq_of_token[t])].seq_id} writes "
+                             f"position {int(positions[t])} into a released block (-1) of "
+                             f"KV-cache group {int(g)}")
+        slots = np.ascontiguousarray(blocks.astype(np.int64) * self.block_size
+                                     + positions % self.block_size)
         sampling = np.fromiter((s.is_last_prefill_chunk for s in seqs), dtype=bool, count=nb)
         sample_rows = (qsl[1:] - 1)[sampling]
         dev = self.device
@@ -297,9 +302,10 @@ class ModelRunner:
             v = qkv[:, c.q_size + c.kv_size:].reshape(num_tokens, hkv, d).contiguous()
             ops.rotary_embedding(inputs["positions"], q, k, self.cos_sin_cache)
             tick("elementwise")
-            k_cache, v_cache = self.kv_caches[i]
-            ops.reshape_and_cache(k, v, k_cache, v_cache, inputs["slot_mapping"])
-            attn = ops.paged_attention(q, k_cache, v_cache, inputs["block_tables"],
+            group, position = self._layer_slots[i]
+            k_cache, v_cache = self.kv_caches[position]
+            ops.reshape_and_cache(k, v, k_cache, v_cache, inputs["slot_mapping"][group])
+            attn = ops.paged_attention(q, k_cache, v_cache, inputs["block_tables"][group],
                                        inputs["seq_lens"], inputs["query_start_loc"],
                                        scale=self.scale, sliding_window=self._windows[i],
                                        sinks=w.get(p + "sinks"))

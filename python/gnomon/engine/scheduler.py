@@ -39,9 +39,11 @@ Policy
   reserves ``n`` sequence slots from admission, so forking never exceeds ``max_num_seqs``; a
   preempted sample comes back as an ordinary single sequence.
 - **Requests that can never fit are refused at ``add``** with a ValueError naming the request:
-  ``ceil((prompt + max_tokens) / block_size) > num_blocks``, ``prompt + max_tokens >
-  max_model_len``, or ``n > max_num_seqs``. Nothing else changes, so the scheduler never loops on
-  one.
+  the most blocks it holds at once exceed ``num_blocks`` (``KVCacheManager.max_blocks``: a
+  full group's table, ``ceil((prompt + max_tokens) / block_size)``, plus for a sliding group
+  at most its window and one step's tokens, so a lone long sequence never livelocks),
+  ``prompt + max_tokens > max_model_len``, or ``n > max_num_seqs``. Nothing else changes, so
+  the scheduler never loops on one.
 - ``finished_seq_ids`` in a batch lists sequences finished (or aborted) since the previous batch;
   a preempted sequence keeps its id and is not listed.
 
@@ -132,7 +134,7 @@ class Scheduler:
                              f"[0, 2**31), got dtype {ids.dtype}")
         prompt = tuple(ids.tolist())
         total = len(prompt) + params.max_tokens
-        blocks = -(-total // self.kv.block_size)
+        blocks = self.kv.max_blocks(total, self.max_num_batched_tokens)
         if total > self.max_model_len:
             raise ValueError(f"request {request_id!r} can never run: prompt ({len(prompt)}) + "
                              f"max_tokens ({params.max_tokens}) = {total} tokens exceeds "
@@ -140,8 +142,8 @@ class Scheduler:
         if blocks > self.kv.num_blocks:
             raise ValueError(f"request {request_id!r} can never run: prompt ({len(prompt)}) + "
                              f"max_tokens ({params.max_tokens}) = {total} tokens need {blocks} "
-                             f"blocks of {self.kv.block_size}, the KV cache has "
-                             f"{self.kv.num_blocks}")
+                             f"blocks of {self.kv.block_size} at once (over the KV-cache "
+                             f"groups), the KV cache has {self.kv.num_blocks}")
         if params.n > self.max_num_seqs:
             raise ValueError(f"request {request_id!r} can never run: n={params.n} samples "
                              f"exceed max_num_seqs={self.max_num_seqs}")
