@@ -243,6 +243,9 @@ def _add_simulate_parser(commands) -> None:  # noqa: ANN001
     p.add_argument("--weight-dtype", default="auto",
                    help="auto (the config's quantization_config), bfloat16, float16 or fp8")
     p.add_argument("--kv-dtype", default="auto", help="auto, bfloat16, float16 or fp8")
+    p.add_argument("--no-hybrid-kv", action="store_true",
+                   help="keep full KV on sliding-window layers (by default they keep only "
+                        "their window, as vLLM's hybrid KV cache)")
     p.add_argument("--predictor", default="roofline",
                    help=f"{sim.PREDICTOR_FORMS} (default roofline)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
@@ -310,6 +313,7 @@ def _run_simulate(args) -> int:  # noqa: ANN001
                                          tp=args.tp, seed=args.seed, slo=slo,
                                          engine=args.engine, weight_dtype=args.weight_dtype,
                                          kv_dtype=args.kv_dtype, progress=progress,
+                                         enable_hybrid_kv=not args.no_hybrid_kv,
                                          **lengths, **knobs)
                 done_reports.append(report)
         if args.out:

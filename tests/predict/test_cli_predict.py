@@ -18,8 +18,25 @@ def test_bare_simulate_runs_the_embedded_case():
     run = gnomon("simulate")
     assert run.returncode == 0, run.stderr
     for text in ("gpt-oss-120b", "MI355X", "TTFT", "queueing", "prefill", "TPOT", "goodput",
-                 "KV usage peak", "full KV"):
+                 "KV usage peak", "full attention", "window 128"):
         assert text in run.stdout
+    assert "keep full KV" not in run.stdout
+
+
+def test_no_hybrid_kv_keeps_full_kv_and_says_so(tmp_path):
+    runs = {}
+    for flags in ((), ("--no-hybrid-kv",)):
+        out = tmp_path / f"{len(flags)}.json"
+        run = gnomon("simulate", "--num-requests", "20", "--out", str(out), *flags)
+        assert run.returncode == 0, run.stderr
+        runs[flags] = (run.stdout, reports.load(out))
+    (hybrid_text, hybrid), (full_text, full) = runs[()], runs[("--no-hybrid-kv",)]
+    assert "keep full KV (hybrid KV cache off)" in full_text and "window 128" not in full_text
+    assert [g["window"] for g in hybrid["metrics"]["kv"]["groups"]] == [None, 128]
+    assert [g["window"] for g in full["metrics"]["kv"]["groups"]] == [None]
+    # gpt-oss-120b has 18 full and 18 sliding layers: a hybrid block holds half the bytes
+    blocks = [doc["setup"]["engine"]["num_kv_blocks"] for doc in (hybrid, full)]
+    assert blocks[0] in (2 * blocks[1], 2 * blocks[1] + 1)
 
 
 def test_simulate_writes_report_and_plot(tmp_path):

@@ -55,9 +55,13 @@ def make_trace(requests=REQUESTS, steps=STEPS, kv=KV, *, unfinished=(), queried=
     outputs = [_output(rid, p, times, arrival, sched, first,
                        None if rid in unfinished else finish, rid not in unfinished)
                for rid, p, arrival, sched, first, finish, times in requests]
+    # two KV-cache groups splitting each sample's blocks 60:40, then 2:1 and so on
+    split = [(12, 8), (40, 20), (30, 10), (6, 4)] if kv is KV else \
+        [(round(u * 100), 0) for _, u in kv]
     return RunTrace(workload=workload, steps=list(steps), outputs=outputs,
                     token_times=token_times or {r[0]: list(r[6]) for r in requests},
-                    kv_usage=list(kv), num_kv_blocks=100, num_preemptions=2,
+                    kv_usage=list(kv), kv_windows=(None, 4), kv_group_blocks=split,
+                    num_kv_blocks=100, num_preemptions=2,
                     prefix_queried_tokens=queried, prefix_hit_tokens=hit, wall_seconds=0.25)
 
 
@@ -141,6 +145,13 @@ def test_kv_prefix_preemptions_steps():
     # each sample holds until the next: (0.2*0.5 + 0.6*0.5 + 0.4*2.3) / 3.3
     assert kv["mean_usage"] == pytest.approx(0.4)
     assert kv["series"] == [list(p) for p in KV]
+    full, sliding = kv["groups"]
+    assert (full["window"], full["peak_blocks"], full["peak_usage"]) == (None, 40, 0.4)
+    assert (sliding["window"], sliding["peak_blocks"], sliding["peak_usage"]) == (4, 20, 0.2)
+    # (12*0.5 + 40*0.5 + 30*2.3) / 3.3 blocks of 100, and (8*0.5 + 20*0.5 + 10*2.3) / 3.3
+    assert full["mean_usage"] == pytest.approx(0.95 / 3.3)
+    assert sliding["mean_usage"] == pytest.approx(0.37 / 3.3)
+    assert full["mean_usage"] + sliding["mean_usage"] == pytest.approx(kv["mean_usage"])
     assert m["prefix_cache"] == {"queried_tokens": 12, "hit_tokens": 4,
                                  "hit_rate": pytest.approx(1 / 3)}
     assert compute_metrics(make_trace(queried=0, hit=0))["prefix_cache"]["hit_rate"] is None

@@ -140,14 +140,29 @@ def _kv(trace) -> dict:
            "series": [],
            "series_basis": f"at most {MAX_SERIES_POINTS} points: the sample of highest usage "
                            "in each run of consecutive samples"}
+    windows = trace.kv_windows
+    out["groups"] = [{"window": w, "peak_blocks": None, "peak_usage": None, "mean_usage": None}
+                     for w in windows]
+    out["groups_basis"] = ("per KV-cache group (window None: full attention), the blocks its "
+                           "tables hold, as a share of the one pool; the groups sum to the "
+                           "whole")
     if len(samples) == 0:
         return out
     t, u = samples[:, 0], samples[:, 1]
-    out["peak_usage"] = float(u.max())
     weights = np.diff(t)
     total = float(weights.sum())
-    out["mean_usage"] = (float((u[:-1] * weights).sum() / total) if total > 0
-                         else float(u.mean()))
+
+    def mean(values) -> float:
+        return float((values[:-1] * weights).sum() / total) if total > 0 else float(values.mean())
+
+    out["peak_usage"] = float(u.max())
+    out["mean_usage"] = mean(u)
+    blocks = np.asarray(trace.kv_group_blocks, dtype=np.float64).reshape(len(samples),
+                                                                         len(windows))
+    for g, group in enumerate(out["groups"]):
+        group.update(peak_blocks=int(blocks[:, g].max()),
+                     peak_usage=float(blocks[:, g].max() / trace.num_kv_blocks),
+                     mean_usage=mean(blocks[:, g] / trace.num_kv_blocks))
     if len(samples) > MAX_SERIES_POINTS:
         edges = np.linspace(0, len(samples), MAX_SERIES_POINTS + 1).astype(np.int64)
         picks = [lo + int(np.argmax(u[lo:hi])) for lo, hi in zip(edges[:-1], edges[1:])]

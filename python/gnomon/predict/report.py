@@ -175,6 +175,12 @@ def render_table(report: dict, console=None) -> None:
                   f"TTFT, {g['tpot_violations']} missed TPOT)")
     other.add_row("KV usage peak", _pct(kv["peak_usage"]), f"of {kv['num_blocks']} blocks")
     other.add_row("KV usage mean", _pct(kv["mean_usage"]), "time-weighted")
+    groups = kv.get("groups", [])  # older reports lack them
+    for group in groups if len(groups) > 1 else ():
+        w = group["window"]
+        other.add_row(f"  {'full attention' if w is None else f'window {w}'}",
+                      f"{_pct(group['peak_usage'])} peak",
+                      f"{_pct(group['mean_usage'])} mean; {group['peak_blocks']} blocks at most")
     other.add_row("prefix hit rate", _pct(pc["hit_rate"]),
                   f"{pc['hit_tokens']} of {pc['queried_tokens']} queried tokens")
     other.add_row("preemptions", str(m["preemptions"]), "")

@@ -33,12 +33,14 @@ class EngineArgs:
     max_num_batched_tokens: int = 8192
     max_model_len: Optional[int] = None
     enable_prefix_caching: bool = True
+    enable_hybrid_kv: bool = True
 
     def kwargs(self) -> dict:
         return dict(block_size=self.block_size, max_num_seqs=self.max_num_seqs,
                     max_num_batched_tokens=self.max_num_batched_tokens,
                     max_model_len=self.max_model_len,
-                    enable_prefix_caching=self.enable_prefix_caching)
+                    enable_prefix_caching=self.enable_prefix_caching,
+                    enable_hybrid_kv=self.enable_hybrid_kv)
 
 
 @dataclass
@@ -50,6 +52,8 @@ class RunTrace:
     outputs: List[RequestOutput]  # in workload order
     token_times: Dict[str, Sequence[float]]  # request id -> the clock when each token came out
     kv_usage: List[Tuple[float, float]]  # (clock after a step, fraction of KV blocks in use)
+    kv_windows: Tuple[Optional[int], ...]  # per KV-cache group: its window, None for full
+    kv_group_blocks: List[Tuple[int, ...]]  # per kv_usage sample, blocks in use per group
     num_kv_blocks: int
     num_preemptions: int
     prefix_queried_tokens: int
@@ -69,7 +73,8 @@ def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
         num_kv_blocks = kv_blocks_for_hardware(
             model, resolve_hardware(hardware), block_size=args.block_size, tp=tp,
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-            gpu_memory_utilization=gpu_memory_utilization)
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_hybrid_kv=args.enable_hybrid_kv)
     clock = VirtualClock()
     runner = SimulatedRunner(model, predictor, clock, tp=tp, keep_batches=keep_batches)
     return LLMEngine(model.config, clock=clock, runner=runner, dtype=model.dtype,
@@ -127,6 +132,7 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
     in_flight = total if concurrency is None else concurrency
     send(min(in_flight, total))
     kv_usage: List[Tuple[float, float]] = []
+    kv_group_blocks: List[Tuple[int, ...]] = []
     done = 0
     # The requests just added live for the whole run: frozen, the collector's passes do not
     # walk their prompts again and again (a tenth of a simulation's time otherwise).
@@ -146,6 +152,7 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
                 runner.idle()
             else:
                 kv_usage.append((clock(), engine.kv.usage))
+                kv_group_blocks.append(tuple(g["blocks_in_use"] for g in engine.kv.group_stats()))
             if progress is not None:
                 progress(done, total)
     finally:
@@ -158,6 +165,7 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
     return RunTrace(workload=workload, steps=list(runner.steps),
                     outputs=[engine.get_output(r.request_id) for r in workload.requests],
                     token_times=token_times, kv_usage=kv_usage,
+                    kv_windows=engine.kv.windows, kv_group_blocks=kv_group_blocks,
                     num_kv_blocks=engine.num_kv_blocks,
                     num_preemptions=engine.scheduler.num_preemptions,
                     prefix_queried_tokens=int(stats["queries"]),

@@ -142,7 +142,8 @@ class ModelSpec:
         return c.num_layers * layer + vocab * (1 if c.tie_word_embeddings else 2)
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
-        """K and V of one token over all layers on one GPU (sliding layers keep full KV)."""
+        """K and V of one token over all layers on one GPU: what one token adds to a full
+        cache (a sliding layer keeps at most its window of them)."""
         c = self.config
         return 2 * c.num_layers * kv_heads_per_gpu(c, tp) * c.head_dim * self.kv_bytes
 

@@ -44,14 +44,14 @@ def make_predictor(spec: str, hardware: Union[str, Hardware],
 
 
 def limits_for(model: ModelSpec, predictor, hardware: Hardware,
-               engine: Optional[EngineProfile] = None) -> List[str]:
+               engine: Optional[EngineProfile] = None, hybrid_kv: bool = True) -> List[str]:
     """What the report cannot see, stated next to its figures."""
     out = []
     c = model.config
-    if "sliding" in c.layer_types:
-        out.append(f"{model.name}'s sliding-window layers are modelled with full KV (no hybrid "
-                   f"allocator yet): the KV capacity is the engine's, smaller than an engine "
-                   f"that keeps only {c.sliding_window} tokens on those layers")
+    if "sliding" in c.layer_types and not hybrid_kv:
+        out.append(f"{model.name}'s sliding-window layers keep full KV (hybrid KV cache off): "
+                   f"the KV capacity is smaller than an engine that keeps only "
+                   f"{c.sliding_window} tokens on those layers")
     if model.fp8:
         out.append(f"FP8 (weights {model.linear_dtype}, KV {model.kv_dtype or model.dtype}): "
                    f"the simulation is ahead of the kernels; gnomon's real engine has no FP8 "
@@ -96,6 +96,7 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
              output_len: Optional[LengthDist] = None, max_num_seqs: Optional[int] = None,
              max_num_batched_tokens: Optional[int] = None, weight_dtype: str = "auto",
              kv_dtype: str = "auto", slo: Optional[SLO] = None, seed: int = 0,
+             enable_hybrid_kv: bool = True,
              progress: Optional[Callable[[int, int], None]] = None):
     """Run the simulation; returns ``(report, trace)``.
 
@@ -105,7 +106,8 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
     by default a calibrated predictor runs under the ones it was calibrated with (its domain).
     `concurrency` caps the requests in flight (`run_workload`); `input_len` / `output_len`
     replace a synthetic workload's lengths; `weight_dtype` / `kv_dtype` ("auto", "bfloat16",
-    "fp8") override what the model's config declares."""
+    "fp8") override what the model's config declares. `enable_hybrid_kv` False keeps full KV on
+    sliding-window layers (`gnomon.engine.kv_cache`), unless `args` says."""
     spec = model if isinstance(model, ModelSpec) else ModelSpec.from_model(
         model, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     hw = resolve_hardware(hardware)
@@ -125,6 +127,7 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
                     raise ValueError(f"{name}: expected a positive int, got {value!r}")
                 knobs[name] = value
         knobs["max_num_seqs"] = min(knobs["max_num_seqs"], knobs["max_num_batched_tokens"])
+        knobs["enable_hybrid_kv"] = enable_hybrid_kv
         args = EngineArgs(**knobs)
     synthetic_rate = None  # a trace or a given Workload carries its own arrivals
     if isinstance(workload, str):
@@ -150,5 +153,6 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
                         "overhead": (asdict(profile.overhead)
                                      if isinstance(pred, RooflinePredictor) else None)}}
     report = build_report(trace=trace, metrics=compute_metrics(trace, slo or SLO(), num_gpus=tp),
-                          setup=setup, limits=limits_for(spec, pred, hw, profile))
+                          setup=setup,
+                          limits=limits_for(spec, pred, hw, profile, args.enable_hybrid_kv))
     return report, trace

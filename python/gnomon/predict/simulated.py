@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Set
 
 from gnomon.engine.batch import ScheduledBatch, StepOutput
 from gnomon.engine.block_tables import stale_delta
-from gnomon.engine.kv_cache import kv_bytes_per_block, resolve_num_blocks
+from gnomon.engine.kv_cache import resolve_num_blocks
 from gnomon.hardware import Hardware
 
 from .cost import PredictionRefused
@@ -95,11 +95,13 @@ def activation_bytes(model: ModelSpec, *, max_num_batched_tokens: int, max_num_s
 def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: int = 16,
                            tp: int = 1, max_num_batched_tokens: int = 8192,
                            max_num_seqs: int = 256,
-                           gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> int:
+                           gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+                           enable_hybrid_kv: bool = True) -> int:
     """KV blocks that fit on `hardware` (per GPU, times ``tp`` GPUs in lockstep) after the
     weights and activations, by the engine's own budget arithmetic
-    (`gnomon.engine.kv_cache`). Raises `PredictionRefused` with the bytes needed and the bytes
-    available when the model does not fit."""
+    (`gnomon.engine.kv_cache`: a block holds one token slot of every layer of one KV-cache
+    group). Raises `PredictionRefused` with the bytes needed and the bytes available when the
+    model does not fit."""
     c = model.config
     check_tp(c, tp)
     if not 0 < gpu_memory_utilization <= 1:
@@ -109,9 +111,9 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
     weights = model.weight_bytes(tp)
     acts = activation_bytes(model, max_num_batched_tokens=max_num_batched_tokens,
                             max_num_seqs=max_num_seqs, tp=tp)
-    per_block = kv_bytes_per_block(num_layers=c.num_layers, block_size=block_size,
-                                   num_kv_heads=kv_heads_per_gpu(c, tp), head_dim=c.head_dim,
-                                   dtype_size=model.kv_bytes)
+    per_block = c.kv_cache_groups(enable_hybrid_kv).bytes_per_block(
+        block_size=block_size, num_kv_heads=kv_heads_per_gpu(c, tp), head_dim=c.head_dim,
+        dtype_size=model.kv_bytes)
     budget = usable - weights - acts
     if budget < per_block:
         raise PredictionRefused(
