@@ -127,7 +127,8 @@ def _generate(llm, prompts):
 
 def _llm(folder, **kw):
     kw.setdefault("num_kv_blocks", 64)
-    return LLM(str(folder), dtype="float32", block_size=BLOCK, **kw)
+    kw.setdefault("block_size", BLOCK)
+    return LLM(str(folder), dtype="float32", **kw)
 
 
 def _one_sequence_cache(folder, max_num_batched_tokens=8192):
@@ -203,3 +204,87 @@ def test_gpt_oss_mxfp4(tmp_path):
     small = _llm(tmp_path / "mxfp4", max_num_batched_tokens=8, max_num_seqs=4,
                  num_kv_blocks=_one_sequence_cache(tmp_path / "mxfp4", 8))
     assert _generate(small, PROMPTS) == hf_tokens
+
+
+# ------------------------------------------------- gpt-oss with the hybrid KV cache (window 8)
+
+class _Spy:
+    """Wraps the engine's runner and keeps what the hybrid tests must see happen."""
+
+    def __init__(self, runner, window):
+        self.runner, self.window = runner, window
+        self.chunk_past_window = self.hit_with_released_blocks = self.copies = False
+
+    def execute(self, batch):
+        for s in batch.sequences:
+            if not s.is_last_prefill_chunk or len(s.token_ids) > 1:  # a prompt chunk
+                self.chunk_past_window |= s.num_computed_tokens > self.window
+            if s.full and s.num_computed_tokens > 0:
+                self.hit_with_released_blocks |= -1 in s.block_ids[1]
+        self.copies |= bool(batch.block_copies)
+        return self.runner.execute(batch)
+
+    def execute_logits(self, batch):
+        return self.runner.execute_logits(batch)
+
+
+def _hybrid_pair(folder, **kw):
+    """The same engine with the hybrid KV cache on (spied) and off."""
+    on, off = _llm(folder, **kw), _llm(folder, enable_hybrid_kv=False, **kw)
+    assert on.engine.kv.windows == (None, 8) and off.engine.kv.windows == (None,)
+    spy = _Spy(on.engine.runner, 8)
+    on.engine.runner = spy
+    return on, off, spy
+
+
+HYBRID_CASES = {
+    # chunks of 5 tokens: later chunks of a prompt attend across the window edge into KV that
+    # earlier steps computed, some of it in blocks already released
+    "chunked prefill": dict(max_num_batched_tokens=5, max_num_seqs=4),
+    "prefix hits": dict(),
+    "preemption": dict(max_num_batched_tokens=8, max_num_seqs=4),
+}
+
+
+@pytest.mark.skipif("gpt-oss" not in BUILDERS, reason="this transformers has no gpt-oss")
+@pytest.mark.parametrize("scenario", HYBRID_CASES)
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_hybrid_kv_matches_full_kv_and_transformers(scenario, block_size, tmp_path):
+    model = _build("gpt-oss")
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    prompts = SHARED if scenario == "prefix hits" else PROMPTS
+    _, hf_tokens = _hf_reference(model, prompts)
+    kw = dict(HYBRID_CASES[scenario], block_size=block_size)
+    if scenario == "preemption":
+        windows = ModelConfig.from_pretrained(tmp_path).kv_cache_groups().windows
+        kw["num_kv_blocks"] = max_blocks_held(windows, max(map(len, prompts)) + MAX_TOKENS,
+                                              block_size=block_size, max_step_tokens=8) + 1
+    on, off, spy = _hybrid_pair(tmp_path, **kw)
+    passes = 2 if scenario == "prefix hits" else 1  # the second pass hits the first's blocks
+    for _ in range(passes):
+        got = _generate(on, prompts)  # all blocks free after it (asserted inside)
+        assert got == _generate(off, prompts) == hf_tokens
+    assert on.engine.kv.group_stats()[1]["released"] > 0
+    if scenario == "chunked prefill":
+        assert spy.chunk_past_window
+    if scenario == "prefix hits":
+        assert on.engine.kv.stats()["hits"] > 0 and spy.hit_with_released_blocks
+    if scenario == "preemption":
+        assert on.engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.skipif("gpt-oss" not in BUILDERS, reason="this transformers has no gpt-oss")
+def test_hybrid_kv_parallel_samples(tmp_path):
+    """n=2: the samples fork every group's table and copy-on-write their shared last blocks;
+    greedy, both equal transformers' tokens, with the hybrid cache on and off."""
+    model = _build("gpt-oss")
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    _, hf_tokens = _hf_reference(model, PROMPTS)
+    on, off, spy = _hybrid_pair(tmp_path, block_size=4)
+    params = SamplingParams(n=2, max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    for llm in (on, off):
+        outs = llm.generate(PROMPTS, params)
+        assert [[list(c.token_ids) for c in o.outputs] for o in outs] == \
+            [[t, t] for t in hf_tokens]
+        assert llm.num_free_blocks == llm.num_kv_blocks
+    assert spy.copies and on.engine.kv.group_stats()[1]["released"] > 0
