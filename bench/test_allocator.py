@@ -6,8 +6,10 @@ token per step through allocate_batch + commit_batch, are preempted (freed and r
 a batch does not fit, and are freed when done. The pool is small enough to force evictions.
 Both implementations then replay the identical calls; a replay that diverges fails.
 
-Reported per implementation (extra_info): block operations per second and µs per engine step.
-A block operation is one block allocated, claimed, cached or freed.
+It runs with one KV-cache group (full attention) and with two (full and a 128-token sliding
+window, gpt-oss's layout), each its own trace. Reported per implementation and layout
+(extra_info): block operations per second, µs per block operation and per engine step. A block
+operation is one block allocated, claimed, cached, released by a window or freed.
 """
 
 from collections import deque
@@ -23,6 +25,7 @@ BLOCK_SIZE = 16
 NUM_BLOCKS = 1024
 MAX_RUNNING = 48
 NUM_REQUESTS = 300
+LAYOUTS = {"one group": (None,), "two groups": (None, 128)}
 
 
 def _requests(seed=0, num_requests=NUM_REQUESTS):
@@ -38,10 +41,10 @@ def _requests(seed=0, num_requests=NUM_REQUESTS):
     return requests, rng
 
 
-def record_trace():
+def record_trace(groups):
     """(calls, engine steps): calls are (method, args, expected result) in engine order."""
     requests, rng = _requests()
-    allocator = gnomon.BlockAllocator(NUM_BLOCKS, BLOCK_SIZE)
+    allocator = gnomon.BlockAllocator(NUM_BLOCKS, BLOCK_SIZE, groups=groups)
     calls = []
 
     def call(method, *args):
@@ -95,48 +98,56 @@ def replay(allocator, calls):
         getattr(allocator, method)(*args)
 
 
-def count_block_ops(calls):
-    """Blocks allocated, claimed, cached or freed over the trace, read off a counting replay."""
-    allocator = gnomon.BlockAllocator(NUM_BLOCKS, BLOCK_SIZE)
+def count_block_ops(calls, groups):
+    """Blocks allocated, claimed, cached, released or freed over the trace, read off a counting
+    replay."""
+    allocator = gnomon.BlockAllocator(NUM_BLOCKS, BLOCK_SIZE, groups=groups)
 
     def held(seq_ids):
-        return sum(len(allocator.block_table(s)) for s in seq_ids if s in allocator)
+        return sum(int((allocator.block_table(s, g) >= 0).sum())
+                   for s in seq_ids if s in allocator for g in range(len(groups)))
+
+    def released():
+        return sum(g["released"] for g in allocator.group_stats())
 
     ops = 0
     for method, args, _ in calls:
         if method == "lookup":
             continue
         seq_ids = args[0].tolist() if method.endswith("_batch") else [args[0]]
-        blocks, cached = held(seq_ids), allocator.num_cached_blocks
+        blocks, cached, gone = held(seq_ids), allocator.num_cached_blocks, released()
         getattr(allocator, method)(*args)
         if method.startswith("allocate"):  # fresh blocks taken, and prefix blocks claimed
             ops += held(seq_ids) - blocks
-        elif method.startswith("commit"):  # blocks entering the prefix cache
-            ops += allocator.num_cached_blocks - cached
+        elif method.startswith("commit"):  # blocks entering the cache, and those released
+            ops += allocator.num_cached_blocks - cached + released() - gone
         else:  # free
             ops += blocks
     return ops
 
 
-@pytest.fixture(scope="module")
-def trace():
-    calls, steps = record_trace()
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def trace(request):
+    groups = LAYOUTS[request.param]
+    calls, steps = record_trace(groups)
     for implementation in (gnomon.BlockAllocator, PyBlockAllocator):  # both replay it exactly
-        allocator = implementation(NUM_BLOCKS, BLOCK_SIZE)
+        allocator = implementation(NUM_BLOCKS, BLOCK_SIZE, groups=groups)
         for method, args, expected in calls:
             assert getattr(allocator, method)(*args) == expected, (implementation, method, args)
         assert allocator.stats()["evictions"] > 0, "the pool must be small enough to evict"
-    return calls, steps, count_block_ops(calls)
+    return request.param, calls, steps, count_block_ops(calls, groups)
 
 
 @pytest.mark.parametrize("implementation", [gnomon.BlockAllocator, PyBlockAllocator],
                          ids=["gnomon", "python-model"])
 def test_allocator_trace(benchmark, trace, implementation):
-    calls, steps, block_ops = trace
-    benchmark.group = "allocator engine trace"
-    benchmark.pedantic(replay, setup=lambda: ((implementation(NUM_BLOCKS, BLOCK_SIZE), calls), {}),
+    layout, calls, steps, block_ops = trace
+    groups = LAYOUTS[layout]
+    benchmark.group = f"allocator engine trace, {layout}"
+    benchmark.pedantic(replay, setup=lambda: ((implementation(NUM_BLOCKS, BLOCK_SIZE,
+                                                              groups=groups), calls), {}),
                        rounds=5 if implementation is PyBlockAllocator else 30)
-    record("allocator engine trace", benchmark.name, benchmark)
+    record(benchmark.group, benchmark.name, benchmark)
     if benchmark.stats is not None:
         seconds = benchmark.stats.stats.median
         benchmark.extra_info.update(

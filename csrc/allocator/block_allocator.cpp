@@ -67,6 +67,10 @@ BlockAllocator::BlockAllocator(int64_t num_blocks, int64_t block_size, bool enab
   for (size_t g = 0; g < windows.size(); ++g) groups_[g].window = windows[g];
   const auto full = std::find(windows.begin(), windows.end(), kFullAttention);
   anchor_ = full == windows.end() ? 0 : full - windows.begin();
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    if (g != anchor_) release_order_.push_back(g);
+  }
+  release_order_.push_back(anchor_);
   key_mask_ = hash_bits == 64 ? ~uint64_t{0} : (uint64_t{1} << hash_bits) - 1;
   const auto n = static_cast<int32_t>(num_blocks);
   blocks_.resize(n);
@@ -174,15 +178,20 @@ int64_t BlockAllocator::first_needed(int64_t group, int64_t num_tokens) const {
 // against the anchor entry that this walk found for block i, so a block whose KV was computed on
 // any other prefix never matches, even when its own older blocks are evicted. Each group needs
 // only the blocks the window of the first new token sees (all of them for full attention).
-// `found`, when given, receives per group the block for each of the chain's blocks, or
-// kNullBlock, group-major.
-BlockAllocator::Chain BlockAllocator::find_prefix(TokenSpan tokens, uint64_t extra_key,
-                                                  std::vector<int32_t>* found) const {
+// Leaves in prefix_.blocks, group-major, each group's block for each block of the anchor's
+// chain (kNullBlock where it has none), until the next call.
+BlockAllocator::Chain BlockAllocator::find_prefix(TokenSpan tokens, uint64_t extra_key) const {
+  PrefixScratch& p = prefix_;
+  p.keys.clear();
+  p.serials.clear();
+  p.anchor_blocks.clear();
+  p.blocks.clear();
   if (!prefix_caching_ || tokens.size == 0) return Chain{0, 0, kRootSerial};
   // Leave at least one token to compute, so a fully cached prompt still yields logits.
   const int64_t max_blocks = (static_cast<int64_t>(tokens.size) - 1) / block_size_;
-  std::vector<uint64_t> keys, serials;
-  std::vector<int32_t> anchor_blocks;
+  std::vector<uint64_t>& keys = p.keys;
+  std::vector<uint64_t>& serials = p.serials;
+  std::vector<int32_t>& anchor_blocks = p.anchor_blocks;
   uint64_t key = 0, serial = kRootSerial;
   const auto& anchor_cache = groups_[anchor_].cache;
   for (int64_t i = 0; i < max_blocks; ++i) {
@@ -200,11 +209,11 @@ BlockAllocator::Chain BlockAllocator::find_prefix(TokenSpan tokens, uint64_t ext
   }
   const int64_t chain = static_cast<int64_t>(keys.size());
   const int64_t num_groups = this->num_groups();
-  std::vector<int32_t> local;
-  std::vector<int32_t>& blocks = found != nullptr ? *found : local;
+  std::vector<int32_t>& blocks = p.blocks;
   blocks.assign(num_groups * chain, kNullBlock);
   // run[g * chain + i]: how many blocks up to i group g holds without a gap.
-  std::vector<int64_t> run(num_groups * chain, 0);
+  std::vector<int64_t>& run = p.runs;
+  run.assign(num_groups * chain, 0);
   for (int64_t g = 0; g < num_groups; ++g) {
     const auto& cache = groups_[g].cache;
     for (int64_t i = 0; i < chain; ++i) {
@@ -235,7 +244,7 @@ BlockAllocator::Chain BlockAllocator::find_prefix(TokenSpan tokens, uint64_t ext
 }
 
 int64_t BlockAllocator::lookup(TokenSpan tokens, uint64_t extra_key) const {
-  return find_prefix(tokens, extra_key, nullptr).num_blocks * block_size_;
+  return find_prefix(tokens, extra_key).num_blocks * block_size_;
 }
 
 int32_t BlockAllocator::cache_block(int64_t group, int32_t block, uint64_t key,
@@ -354,13 +363,14 @@ bool BlockAllocator::allocate(int64_t seq_id, TokenSpan new_tokens, int64_t num_
 
 bool BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tokens,
                            uint64_t extra_key) {
-  const Chain chain = find_prefix(tokens, extra_key, &claimed_);
-  const auto chain_blocks = static_cast<int64_t>(claimed_.size()) / num_groups();
+  const Chain chain = find_prefix(tokens, extra_key);
+  const std::vector<int32_t>& claimed = prefix_.blocks;
+  const auto chain_blocks = static_cast<int64_t>(claimed.size()) / num_groups();
   const int64_t hit = chain.num_blocks, computed = hit * block_size_;
   int64_t claimed_free = 0;
   for (int64_t g = 0; g < num_groups(); ++g) {
     for (int64_t i = first_needed(g, computed); i < hit; ++i) {
-      claimed_free += blocks_[claimed_[g * chain_blocks + i]].ref_count == 0;
+      claimed_free += blocks_[claimed[g * chain_blocks + i]].ref_count == 0;
     }
   }
   const int64_t capacity = num_blocks() * block_size_;
@@ -390,7 +400,7 @@ bool BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tok
     table.num_released = first_needed(g, computed);
     table.blocks.assign(table.num_released, kNullBlock);
     for (int64_t i = table.num_released; i < hit; ++i) {
-      const int32_t block = claimed_[g * chain_blocks + i];
+      const int32_t block = claimed[g * chain_blocks + i];
       claim(block);
       table.blocks.push_back(block);
     }
@@ -612,8 +622,8 @@ void BlockAllocator::free(int64_t seq_id) {
   // the anchor last, so an anchor entry outlives the blocks cached against it.
   const Sequence& seq = found->second;
   for (int64_t i = seq.num_entries() - 1; i >= 0; --i) {
-    for (int64_t step = 1; step <= num_groups(); ++step) {
-      const int32_t block = seq.tables[(anchor_ + step) % num_groups()].blocks[i];
+    for (const int64_t g : release_order_) {
+      const int32_t block = seq.tables[g].blocks[i];
       if (block != kNullBlock) release(block);
     }
   }

@@ -158,7 +158,14 @@ class BlockAllocator {
     uint64_t serial = 0;
   };
 
-  Chain find_prefix(TokenSpan tokens, uint64_t extra_key, std::vector<int32_t>* found) const;
+  // find_prefix's working space, reused so that admissions do not allocate.
+  struct PrefixScratch {
+    std::vector<uint64_t> keys, serials;
+    std::vector<int32_t> anchor_blocks, blocks;
+    std::vector<int64_t> runs;
+  };
+
+  Chain find_prefix(TokenSpan tokens, uint64_t extra_key) const;
   int64_t first_needed(int64_t group, int64_t num_tokens) const;
   bool holds_content(int32_t block, uint64_t verify_serial, uint64_t extra_key,
                      const int32_t* tokens) const;
@@ -208,6 +215,7 @@ class BlockAllocator {
 
   std::vector<Group> groups_;
   int64_t anchor_ = 0;  // the group whose cache chain verifies every hit: the first full one
+  std::vector<int64_t> release_order_;  // the groups in the order free releases them
   std::vector<int32_t> cached_tokens_;  // block_size token ids per block, valid while cached
   uint64_t next_serial_;
 
@@ -216,7 +224,7 @@ class BlockAllocator {
   AllocatorStats stats_;
 
   // Scratch reused across calls so the per-step path does not allocate.
-  std::vector<int32_t> claimed_;
+  mutable PrefixScratch prefix_;
   std::vector<int32_t> batch_tokens_;
   std::vector<Sequence*> batch_;
   std::vector<Sequence*> commits_;

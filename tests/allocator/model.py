@@ -398,7 +398,7 @@ class PyBlockAllocator:
 
     def free(self, seq_id: int) -> None:
         s = self._seq(seq_id, "seq_id")
-        order = [(self._anchor + step) % len(self.groups) for step in range(1, len(self.groups) + 1)]
+        order = [g for g in range(len(self.groups)) if g != self._anchor] + [self._anchor]
         for i in reversed(range(len(s.tables[0]))):
             for g in order:  # the anchor last
                 if s.tables[g][i] != NULL:
