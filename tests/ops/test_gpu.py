@@ -99,6 +99,25 @@ def test_paged_attention(dtype, case, window, sinks):
     close(got, want, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_never_reads_null_blocks(dtype):
+    """A sliding KV-cache group's released blocks: their entries -1 and their KV NaN, the GPU
+    output equals the CPU's with the blocks in place."""
+    window, block = 128, 16
+    q_lens, ctx = [1, 64, 1, 33], [2000, 700, 129, 400]
+    q, kc, vc, tables, seq_lens, qsl = _paged(dtype, q_lens, ctx, block=block)
+    want = ops.paged_attention(q, kc, vc, tables, seq_lens, qsl, sliding_window=window)
+    released, kc, vc = tables.clone(), kc.clone(), vc.clone()
+    for b, (n, c) in enumerate(zip(q_lens, ctx)):
+        for i in range(max(0, c - window + 1) // block):
+            kc[released[b, i]] = float("nan")
+            vc[released[b, i]] = float("nan")
+            released[b, i] = -1
+    assert (released == -1).sum() > 100
+    got = ops.paged_attention(*gpu(q, kc, vc, released, seq_lens, qsl), sliding_window=window)
+    close(got, want, dtype)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_reshape_and_cache_skips_padding(dtype):
     g = torch.Generator().manual_seed(3)
