@@ -35,7 +35,8 @@ import pytest
 import torch
 
 from conftest import note, record
-from gnomon.engine.config import preset_json
+from gnomon.engine.config import ModelConfig, preset_json
+from gnomon.engine.kv_cache import max_blocks_held
 from gnomon.engine.llm import LLM
 from gnomon.engine.sampling_params import SamplingParams
 
@@ -111,8 +112,12 @@ def _workload(config, vocab_size):
 
 
 def _llm(folder, prompts, output_lens, **kw):
-    """A gnomon LLM with KV room for every request at once (no preemption)."""
-    blocks = sum(-(-(len(p) + o) // 16) for p, o in zip(prompts, output_lens))
+    """A gnomon LLM with KV room for every request at once (no preemption), by the engine's
+    own arithmetic over its KV-cache groups."""
+    windows = ModelConfig.from_pretrained(folder).kv_cache_groups().windows
+    blocks = sum(max_blocks_held(windows, len(p) + o, block_size=16,
+                                 max_step_tokens=kw.get("max_num_batched_tokens", 8192))
+                 for p, o in zip(prompts, output_lens))
     return LLM(str(folder), dtype="bfloat16", block_size=16, num_kv_blocks=blocks + 16,
                max_model_len=max(len(p) + o for p, o in zip(prompts, output_lens)), **kw)
 
