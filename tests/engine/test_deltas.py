@@ -66,10 +66,13 @@ def _drive(engine, checker):
     assert [len(c.token_ids) for c in out.outputs] == [24, 24]
 
 
-def test_real_runner_rebuilds_every_table():
+@pytest.mark.parametrize("model, num_kv_blocks", [("tiny-llama", 12), ("tiny-gpt-oss", 20)])
+def test_real_runner_rebuilds_every_table(model, num_kv_blocks):
+    """tiny-gpt-oss has two KV-cache groups: every group's table is rebuilt, window releases
+    (-1 in place) included."""
     ref = [None]
-    engine = LLMEngine("tiny-llama", random_weights=True, dtype="float32", max_model_len=128,
-                       block_size=BLOCK, num_kv_blocks=12, max_num_batched_tokens=64,
+    engine = LLMEngine(model, random_weights=True, dtype="float32", max_model_len=128,
+                       block_size=BLOCK, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=64,
                        max_num_seqs=8)
     checker = CheckingRunner(engine.runner, ref)
     engine.runner = checker
@@ -128,27 +131,30 @@ class CountingRunner:
         return self.runner.execute(batch)
 
 
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt-oss"])
 @pytest.mark.parametrize("engine_kind", ["real", "simulated"])
-def test_delta_work_per_decode_step_is_independent_of_the_context(engine_kind):
+def test_delta_work_per_decode_step_is_independent_of_the_context(engine_kind, model):
     """Block ids handed to the runner per decode step, counted (no clock): the same for 8
-    sequences at ~64 and at ~400 tokens of context; only admission carries whole tables. The
-    real runner's own counter (`BlockTables.ids_applied`) agrees."""
+    sequences at ~64 and at ~400 tokens of context; only admission carries whole tables (and,
+    with a sliding group, the next step the blocks the prefill left behind the window, once).
+    The real runner's own counter (`BlockTables.ids_applied`) agrees."""
 
     def ids_per_decode_step(prompt_len):
         args = dict(block_size=BLOCK, max_model_len=512, max_num_batched_tokens=4096)
         if engine_kind == "real":
-            engine = LLMEngine("tiny-llama", random_weights=True, dtype="float32",
-                               num_kv_blocks=300, **args)
+            engine = LLMEngine(model, random_weights=True, dtype="float32",
+                               num_kv_blocks=600, **args)
         else:
-            spec = ModelSpec.from_config(ModelConfig.preset("tiny-llama"), name="tiny-llama")
+            spec = ModelSpec.from_config(ModelConfig.preset(model), name=model)
             engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
-                                      num_kv_blocks=300, args=EngineArgs(**args))
+                                      num_kv_blocks=600, args=EngineArgs(**args))
         counter = engine.runner = CountingRunner(engine.runner)
         for i in range(8):
             engine.add_request(i, [(7 * i + j) % 200 + 3 for j in range(prompt_len)],
                                SamplingParams(max_tokens=4 * BLOCK, temperature=0,
                                               ignore_eos=True), arrival_time=0)
         engine.step()  # every prompt at once: whole tables
+        engine.step()  # the first decode also reports the blocks the prefill left behind a window
         admitted = counter.ids
         steps = 0
         while engine.has_unfinished_requests():
@@ -162,4 +168,8 @@ def test_delta_work_per_decode_step_is_independent_of_the_context(engine_kind):
     long, long_admitted = ids_per_decode_step(400)
     assert long_admitted > 5 * short_admitted  # admission does scale with the prompt
     assert abs(long - short) <= 0.05 * short  # the decode steps do not
-    assert short <= 8 / BLOCK + 0.1  # about one new block per sequence every BLOCK steps
+    # about one new block per sequence and group every BLOCK steps, and in a sliding group one
+    # released (-1 in place) as often
+    windows = ModelConfig.preset(model).kv_cache_groups().windows
+    per_block = len(windows) + sum(w is not None for w in windows)
+    assert short <= 8 * per_block / BLOCK + 0.1
