@@ -2,8 +2,10 @@
 presets. Importing it needs no torch (the simulation reads configs); the RoPE tables live in
 `gnomon.engine.rope`.
 
-Three architectures are supported: ``LlamaForCausalLM``, ``MixtralForCausalLM`` and
-``GptOssForCausalLM``. Anything else is refused with a ValueError that lists them. A key the
+The architectures are those `gnomon.engine.models` registers: ``LlamaForCausalLM``,
+``MixtralForCausalLM`` and ``GptOssForCausalLM`` built in. This module reads the fields every
+architecture shares and asks the architecture's module for the rest (`ConfigReader` is what it
+reads them with). Anything else is refused with a ValueError that lists them. A key the
 model cannot be built without (``hidden_size``, ...) is required; a missing one raises a KeyError
 naming the key and the file. Optional keys default to the values of the matching transformers
 config class (for example ``rms_norm_eps`` 1e-6 for Llama, 1e-5 for Mixtral and gpt-oss).
@@ -19,9 +21,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
+from . import models
 from .kv_cache import KVCacheGroups
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM")
+SUPPORTED_ARCHITECTURES = models.architectures()  # the built-in ones (`models` registers more)
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,10 @@ def torch_dtype(name: str, what: str):
     return getattr(torch, _check_dtype(name, what))
 
 
-class _Reader:
+class ConfigReader:
+    """Reads config.json values with named errors (the file's path, the key, what it accepts);
+    the architecture modules read their own fields through it (`gnomon.engine.models`)."""
+
     def __init__(self, raw: Dict[str, Any], source: str):
         self.raw, self.source = raw, source
 
@@ -238,116 +244,93 @@ class _Reader:
     def fail(self, msg: str):
         raise ValueError(f"{self.source}: {msg}")
 
+    # ---- fields several architectures read alike
+
+    def head_dim(self) -> int:
+        """``head_dim``; by default ``hidden_size / num_attention_heads``, which must divide."""
+        hidden, heads = self.raw["hidden_size"], self.raw["num_attention_heads"]
+        if hidden % heads and self.raw.get("head_dim") is None:
+            self.fail(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) "
+                      f"and head_dim is not given")
+        return self.optional("head_dim", hidden // heads)
+
+    def require_silu_mlp(self) -> None:
+        act = self.raw.get("hidden_act", "silu")
+        if act != "silu":
+            self.fail(f"hidden_act must be 'silu', got {act!r}")
+        if self.raw.get("mlp_bias"):
+            self.fail("mlp_bias=true is not supported")
+
+    def sliding_window(self) -> Optional[int]:
+        window = self.raw.get("sliding_window")
+        if window is None:
+            return None
+        window = self.value("sliding_window", window, int)
+        if window < 1:
+            self.fail(f"sliding_window must be >= 1 or null, got {window}")
+        return window
+
+    def experts_per_token(self, key: str, num_experts: int,
+                          fallback: Optional[str] = None) -> int:
+        """The experts per token under `key` (or `fallback`), in ``[1, num_experts]``."""
+        top_k = self.raw.get(key)
+        if top_k is None and fallback is not None:
+            top_k = self.raw.get(fallback)
+        if top_k is None:
+            raise KeyError(f"{self.source}: config is missing the required key {key!r}")
+        top_k = self.value(key, top_k, int)
+        if not 1 <= top_k <= num_experts:
+            self.fail(f"the experts per token ({top_k}) must be in [1, num_local_experts = "
+                      f"{num_experts}]")
+        return top_k
+
 
 def _parse(raw: Dict[str, Any], source: str) -> ModelConfig:
-    r = _Reader(raw, source)
+    """The architecture-independent fields here; the rest from the architecture's module."""
+    r = ConfigReader(raw, source)
     archs = raw.get("architectures")
     if archs is None:
         raise KeyError(f"{source}: config is missing the required key 'architectures'")
     if isinstance(archs, str):
         archs = [archs]
-    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in models.architectures():
         r.fail(f"unsupported architecture {archs!r}; supported: "
-               f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+               f"{', '.join(models.architectures())}")
     arch = archs[0]
-    gpt_oss = arch == "GptOssForCausalLM"
-    mixtral = arch == "MixtralForCausalLM"
+    model = models.model_module(arch)
 
-    vocab = r.required("vocab_size")
-    hidden = r.required("hidden_size")
-    inter = r.required("intermediate_size")
-    layers = r.required("num_hidden_layers")
-    heads = r.required("num_attention_heads")
-    kv_heads = r.optional("num_key_value_heads", heads)
-    for key, v in (("vocab_size", vocab), ("hidden_size", hidden), ("intermediate_size", inter),
-                   ("num_hidden_layers", layers), ("num_attention_heads", heads),
-                   ("num_key_value_heads", kv_heads)):
-        if v < 1:
-            r.fail(f"{key} must be >= 1, got {v}")
+    base = dict(vocab_size=r.required("vocab_size"), hidden_size=r.required("hidden_size"),
+                intermediate_size=r.required("intermediate_size"),
+                num_layers=r.required("num_hidden_layers"),
+                num_heads=r.required("num_attention_heads"))
+    base["num_kv_heads"] = r.optional("num_key_value_heads", base["num_heads"])
+    for key, field in (("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"),
+                       ("intermediate_size", "intermediate_size"),
+                       ("num_hidden_layers", "num_layers"), ("num_attention_heads", "num_heads"),
+                       ("num_key_value_heads", "num_kv_heads")):
+        if base[field] < 1:
+            r.fail(f"{key} must be >= 1, got {base[field]}")
+    heads, kv_heads = base["num_heads"], base["num_kv_heads"]
     if heads % kv_heads:
         r.fail(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads "
                f"({kv_heads})")
-    if gpt_oss:
-        head_dim = r.optional("head_dim", 64)
-    else:
-        if hidden % heads and raw.get("head_dim") is None:
-            r.fail(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) "
-                   f"and head_dim is not given")
-        head_dim = r.optional("head_dim", hidden // heads)
+    fields = model.config_fields(r, base)
+    head_dim = fields["head_dim"]
     if head_dim < 2 or head_dim % 2:
         r.fail(f"head_dim must be even and >= 2, got {head_dim}")
     if r.optional("partial_rotary_factor", 1.0, float) != 1.0:
         r.fail("partial_rotary_factor other than 1 is not supported")
 
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        r.fail(f"hidden_act must be 'silu', got {act!r}")
-    if raw.get("mlp_bias"):
-        r.fail("mlp_bias=true is not supported")
-
-    defaults = {  # transformers' config-class defaults
-        "LlamaForCausalLM": (1e-6, 10000.0, 2048),
-        "MixtralForCausalLM": (1e-5, 1e6, 4096 * 32),
-        "GptOssForCausalLM": (1e-5, 150000.0, 131072),
-    }[arch]
-    eps = r.optional("rms_norm_eps", defaults[0], float)
-    theta = r.optional("rope_theta", defaults[1], float)
-    max_pos = r.optional("max_position_embeddings", defaults[2])
+    defaults = model.DEFAULTS  # transformers' config-class defaults
+    eps = r.optional("rms_norm_eps", defaults["rms_norm_eps"], float)
+    theta = r.optional("rope_theta", defaults["rope_theta"], float)
+    max_pos = r.optional("max_position_embeddings", defaults["max_position_embeddings"])
     if eps <= 0 or theta <= 0 or max_pos < 1:
         r.fail("rms_norm_eps and rope_theta must be > 0 and max_position_embeddings >= 1")
-    scaling = _parse_rope_scaling(r, raw.get("rope_scaling"), arch)
-
+    scaling = _parse_rope_scaling(r, raw.get("rope_scaling"), arch, model.ROPE_SCALING)
     tie = r.optional("tie_word_embeddings", False, bool)
-    attention_bias = r.optional("attention_bias", gpt_oss, bool)
-
-    num_experts, top_k, routing = 0, 0, None
-    if mixtral or gpt_oss:
-        num_experts = r.required("num_local_experts")
-        if gpt_oss:
-            top_k = raw.get("experts_per_token", raw.get("num_experts_per_tok"))
-            if top_k is None:
-                raise KeyError(f"{source}: config is missing the required key "
-                               f"'experts_per_token'")
-            top_k = r.value("experts_per_token", top_k, int)
-        else:
-            top_k = r.required("num_experts_per_tok")
-        if not 1 <= top_k <= num_experts:
-            r.fail(f"the experts per token ({top_k}) must be in [1, num_local_experts = "
-                   f"{num_experts}]")
-        routing = "topk_softmax" if gpt_oss else "softmax_topk"
-
-    sliding = raw.get("sliding_window")
-    if sliding is not None:
-        sliding = r.value("sliding_window", sliding, int)
-        if sliding < 1:
-            r.fail(f"sliding_window must be >= 1 or null, got {sliding}")
-    if gpt_oss:
-        names = raw.get("layer_types")
-        if names is None:  # transformers' default: even layers slide
-            names = ["sliding_attention" if (i + 1) % 2 else "full_attention"
-                     for i in range(layers)]
-        if not isinstance(names, list) or len(names) != layers:
-            r.fail(f"layer_types must be a list of {layers} entries (num_hidden_layers)")
-        mapping = {"sliding_attention": "sliding", "full_attention": "full"}
-        bad = [n for n in names if n not in mapping]
-        if bad:
-            r.fail(f"layer_types entries must be 'sliding_attention' or 'full_attention', got "
-                   f"{bad[0]!r}")
-        layer_types = tuple(mapping[n] for n in names)
-        if "sliding" in layer_types and sliding is None:
-            r.fail("layer_types has sliding_attention layers but sliding_window is null")
-        limit = r.optional("swiglu_limit", 7.0, float)
-        if limit != 7.0:
-            r.fail(f"swiglu_limit must be 7.0 (the limit gnomon's swiglu_oai uses), got {limit}")
-    elif mixtral and sliding is not None:
-        layer_types = ("sliding",) * layers  # Mixtral applies its window on every layer
-    else:
-        if arch == "LlamaForCausalLM":
-            sliding = None  # Llama has no sliding window
-        layer_types = ("full",) * layers
-
     quantization, kv_cache_dtype = _parse_quantization(r, raw.get("quantization_config"),
-                                                       gpt_oss)
+                                                       model.MXFP4_TENSOR is not None)
 
     eos = raw.get("eos_token_id")
     if eos is None:
@@ -361,15 +344,10 @@ def _parse(raw: Dict[str, Any], source: str) -> ModelConfig:
     _check_dtype(dtype, f"{source}: torch_dtype")
 
     return ModelConfig(
-        architecture=arch, vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling, max_position_embeddings=max_pos,
-        tie_word_embeddings=tie, num_experts=num_experts, top_k=top_k, layer_types=layer_types,
-        sliding_window=sliding if "sliding" in layer_types else None,
-        attention_bias=attention_bias, has_sinks=gpt_oss, routing=routing,
-        activation="swiglu_oai" if gpt_oss else "silu",
-        gate_up_layout="interleaved" if gpt_oss else "concat", eos_token_ids=eos_ids,
-        torch_dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+        architecture=arch, **base, **fields, rms_norm_eps=eps, rope_theta=theta,
+        rope_scaling=scaling, max_position_embeddings=max_pos, tie_word_embeddings=tie,
+        eos_token_ids=eos_ids, torch_dtype=dtype, quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype)
 
 
 QUANT_METHODS = ("mxfp4 (gpt-oss)", "fp8", "fbgemm_fp8", "compressed-tensors (fp8)",
@@ -384,7 +362,7 @@ def _is_fp8_spec(spec) -> bool:
         or spec.get("dtype") == "fp8_e4m3"
 
 
-def _parse_quantization(r: _Reader, quant, gpt_oss: bool):
+def _parse_quantization(r: ConfigReader, quant, mxfp4_experts: bool):
     """``(quantization, kv_cache_dtype)`` from a ``quantization_config``: "mxfp4" (gpt-oss's
     experts) or "fp8" (the linear layers' weights), and "fp8" where the config also declares
     an FP8 KV cache (compressed-tensors' ``kv_cache_scheme``, quark's k/v output tensors)."""
@@ -392,7 +370,7 @@ def _parse_quantization(r: _Reader, quant, gpt_oss: bool):
         return None, None
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if method == "mxfp4":
-        if not gpt_oss:
+        if not mxfp4_experts:
             r.fail("quantization_config: quant_method 'mxfp4' is supported on gpt-oss only")
         return "mxfp4", None
     if method in ("fp8", "fbgemm_fp8"):
@@ -418,7 +396,8 @@ def _parse_quantization(r: _Reader, quant, gpt_oss: bool):
            f"{', '.join(QUANT_METHODS)}")
 
 
-def _parse_rope_scaling(r: _Reader, raw, arch: str) -> Optional[RopeScaling]:
+def _parse_rope_scaling(r: ConfigReader, raw, arch: str,
+                        allowed: Tuple[str, ...]) -> Optional[RopeScaling]:
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -426,8 +405,6 @@ def _parse_rope_scaling(r: _Reader, raw, arch: str) -> Optional[RopeScaling]:
     kind = raw.get("rope_type", raw.get("type"))
     if kind == "default":
         return None
-    allowed = {"LlamaForCausalLM": ("llama3",), "MixtralForCausalLM": (),
-               "GptOssForCausalLM": ("yarn",)}[arch]
     if kind not in allowed:
         r.fail(f"rope_scaling type {kind!r} is not supported for {arch}; supported: "
                f"{', '.join(('none',) + allowed)}")

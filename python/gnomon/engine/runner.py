@@ -1,17 +1,19 @@
 """The real model runner: one `ScheduledBatch` in, one `StepOutput` out (DESIGN.md).
 
-`ModelRunner` owns the paged KV cache and the RoPE cos/sin table, and runs the three supported
-architectures (Llama, Mixtral, gpt-oss) through `gnomon.ops`. The cache follows the model's
+`ModelRunner` owns the paged KV cache and the RoPE cos/sin table, and runs any registered
+architecture (`gnomon.engine.models`: Llama, Mixtral and gpt-oss built in), asking the
+architecture's module for each layer's forward; it does not branch on the architecture. The
+cache follows the model's
 KV-cache groups (`gnomon.engine.kv_cache`): layer ``j`` of every group shares one K and one V
 tensor ``[num_kv_blocks, block_size, num_kv_heads, head_dim]`` and reads it through its own
 group's block table; with one group that is a tensor pair per layer.
 
     embedding
-    per layer: rms_norm (fused residual add from the second norm on) -> QKV matmul (+bias)
-               -> rotary_embedding -> reshape_and_cache -> ONE paged_attention for the whole
-               mixed batch (sliding window on gpt-oss's sliding layers, sinks)
-               -> O matmul (+bias) -> rms_norm (fused residual) -> SwiGLU MLP, or
-               router matmul (+bias) -> topk_routing -> fused_moe
+    per layer: the architecture's ``forward_layer``; the built-in ones are rms_norm (fused
+               residual add from the second norm on) -> QKV matmul (+bias) -> rotary_embedding
+               -> reshape_and_cache -> ONE paged_attention for the whole mixed batch (sliding
+               window, sinks) -> O matmul (+bias) -> rms_norm (fused residual) -> SwiGLU MLP,
+               or router matmul (+bias) -> topk_routing -> fused_moe
     final rms_norm and lm_head at the last position of each sequence that samples this step
     sample(logits, sequences) -> one token per sampling sequence
 
@@ -49,6 +51,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gnomon import ops
+from gnomon.engine import models
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from gnomon.engine.block_tables import BlockTables
 from gnomon.engine.config import ModelConfig
@@ -186,10 +189,11 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=self.device),
              torch.zeros(shape, dtype=dtype, device=self.device))
             for _ in range(groups.layers_per_group)]
-        self._layer_slots = [groups.slot_of(i) for i in range(c.num_layers)]
+        self.layer_slots = [groups.slot_of(i) for i in range(c.num_layers)]
         self.cos_sin_cache = cos_sin_cache(c, self.max_position, device=self.device)
         self.scale = c.head_dim ** -0.5
-        self._windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+        self.windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+        self._forward_layer = models.model_module(c.architecture).forward_layer
         self.tables = BlockTables(self.num_kv_blocks, windows=groups.windows)
 
     # ------------------------------------------------------------------ inputs
@@ -257,64 +261,16 @@ class ModelRunner:
             k[dst] = k[src]
             v[dst] = v[src]
 
-    def _mlp(self, i: int, x: torch.Tensor, tick: _FamilyTimer) -> torch.Tensor:
-        c, w, p = self.config, self.weights, f"layers.{i}."
-        if not c.is_moe:
-            gate, up = F.linear(x, w[p + "w13"]).chunk(2, dim=-1)
-            tick("gemm")
-            act = F.silu(gate) * up
-            tick("elementwise")
-            out = F.linear(act, w[p + "w2"])
-            tick("gemm")
-            return out
-        logits = F.linear(x, w[p + "router"], w.get(p + "router_bias"))
-        topk_w, topk_ids = ops.topk_routing(logits, c.top_k, mode=c.routing)
-        out = ops.fused_moe(x, w[p + "w13"], w[p + "w2"], topk_w, topk_ids,
-                            activation=c.activation, gate_up_layout=c.gate_up_layout,
-                            w13_bias=w.get(p + "w13_bias"), w2_bias=w.get(p + "w2_bias"),
-                            w13_scales=w.get(p + "w13_scales"),
-                            w2_scales=w.get(p + "w2_scales"))
-        tick("moe")
-        return out
-
     def forward(self, inputs: Dict[str, torch.Tensor],
                 tick: Optional[_FamilyTimer] = None) -> torch.Tensor:
         """The hidden states after the final norm at the sampling rows, [R, H]; `tick`
         charges each op group's time to its family."""
         tick = tick or _FamilyTimer()
         c, w = self.config, self.weights
-        num_tokens = inputs["tokens"].shape[0]
-        hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
         h = F.embedding(inputs["tokens"], w["embed"])
         residual = None
         for i in range(c.num_layers):
-            p = f"layers.{i}."
-            if residual is None:
-                residual = h
-                x = ops.rms_norm(h, w[p + "attn_norm"], c.rms_norm_eps)
-            else:
-                x = ops.rms_norm(h, w[p + "attn_norm"], c.rms_norm_eps, residual=residual)
-            tick("elementwise")
-            qkv = F.linear(x, w[p + "qkv"], w.get(p + "qkv_bias"))
-            tick("gemm")
-            q = qkv[:, :c.q_size].reshape(num_tokens, hq, d).contiguous()
-            k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(num_tokens, hkv, d).contiguous()
-            v = qkv[:, c.q_size + c.kv_size:].reshape(num_tokens, hkv, d).contiguous()
-            ops.rotary_embedding(inputs["positions"], q, k, self.cos_sin_cache)
-            tick("elementwise")
-            group, position = self._layer_slots[i]
-            k_cache, v_cache = self.kv_caches[position]
-            ops.reshape_and_cache(k, v, k_cache, v_cache, inputs["slot_mapping"][group])
-            attn = ops.paged_attention(q, k_cache, v_cache, inputs["block_tables"][group],
-                                       inputs["seq_lens"], inputs["query_start_loc"],
-                                       scale=self.scale, sliding_window=self._windows[i],
-                                       sinks=w.get(p + "sinks"))
-            tick("attention")
-            h = F.linear(attn.reshape(num_tokens, hq * d), w[p + "o"], w.get(p + "o_bias"))
-            tick("gemm")
-            x = ops.rms_norm(h, w[p + "mlp_norm"], c.rms_norm_eps, residual=residual)
-            tick("elementwise")
-            h = self._mlp(i, x, tick)
+            h, residual = self._forward_layer(self, i, h, residual, inputs, tick)
         rows = inputs["sample_rows"]
         out = ops.rms_norm(h[rows], w["norm"], c.rms_norm_eps,
                            residual=residual[rows].contiguous())

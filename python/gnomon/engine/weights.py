@@ -52,8 +52,10 @@ name                        shape                               from (HF name, u
 ``layers.{i}.router_bias``  [E]                                 ``mlp.router.bias`` (gpt-oss)
 ==========================  ==================================  ================================
 
-The w13/w2 layouts, gate/up orders (`ModelConfig.gate_up_layout`) and MXFP4 format are
-DESIGN.md's. Floating tensors are converted to the requested dtype; MXFP4 codes and scales stay
+The attention's names (``qkv``: q, then k, then v rows) are the same for every architecture and
+read here; each architecture's module (`gnomon.engine.models`) declares its MLP's names and
+shapes (``mlp_shapes``) and how its HF tensors fuse into them (``load_mlp``). The w13/w2
+layouts, gate/up orders (`ModelConfig.gate_up_layout`) and MXFP4 format are DESIGN.md's. Floating tensors are converted to the requested dtype; MXFP4 codes and scales stay
 uint8. The checkpoint must hold exactly the tensors the config calls for (besides
 ``*.rotary_emb.inv_freq`` and an ``lm_head.weight`` that tied embeddings make redundant): a
 missing, misshaped, unreadable or unexpected tensor raises `WeightsError` naming the tensor and
@@ -69,6 +71,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from safetensors import SafetensorError, safe_open
 
+from gnomon.engine import models
 from gnomon.engine.config import ModelConfig, torch_dtype
 
 SINGLE_FILE = "model.safetensors"
@@ -89,10 +92,11 @@ def weight_shapes(config: ModelConfig, *, mxfp4: bool = False) -> Dict[str, Tupl
     if mxfp4:
         _check_mxfp4_ok(config)
     c = config
-    H, I, E, D = c.hidden_size, c.intermediate_size, c.num_experts, c.head_dim
+    H, D = c.hidden_size, c.head_dim
     shapes: Dict[str, Tuple[int, ...]] = {"embed": (c.vocab_size, H), "norm": (H,),
                                           "lm_head": (c.vocab_size, H)}
     qkv = (c.num_heads + 2 * c.num_kv_heads) * D
+    mlp = models.model_module(c.architecture).mlp_shapes(c, mxfp4)
     for i in range(c.num_layers):
         p = f"layers.{i}."
         shapes[p + "attn_norm"] = (H,)
@@ -104,23 +108,7 @@ def weight_shapes(config: ModelConfig, *, mxfp4: bool = False) -> Dict[str, Tupl
         if c.has_sinks:
             shapes[p + "sinks"] = (c.num_heads,)
         shapes[p + "mlp_norm"] = (H,)
-        if not c.is_moe:
-            shapes[p + "w13"] = (2 * I, H)
-            shapes[p + "w2"] = (H, I)
-            continue
-        shapes[p + "router"] = (E, H)
-        if mxfp4:
-            shapes[p + "w13"] = (E, 2 * I, H // 2)
-            shapes[p + "w13_scales"] = (E, 2 * I, H // MXFP4_BLOCK)
-            shapes[p + "w2"] = (E, H, I // 2)
-            shapes[p + "w2_scales"] = (E, H, I // MXFP4_BLOCK)
-        else:
-            shapes[p + "w13"] = (E, 2 * I, H)
-            shapes[p + "w2"] = (E, H, I)
-        if c.architecture == "GptOssForCausalLM":
-            shapes[p + "router_bias"] = (E,)
-            shapes[p + "w13_bias"] = (E, 2 * I)
-            shapes[p + "w2_bias"] = (E, H)
+        shapes.update((p + name, shape) for name, shape in mlp.items())
     return shapes
 
 
@@ -254,9 +242,9 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
     dtype = _resolve_dtype(dtype, config)
     ckpt = _Checkpoint(folder)
     c = config
-    H, I, E, D = c.hidden_size, c.intermediate_size, c.num_experts, c.head_dim
-    gpt_oss = c.architecture == "GptOssForCausalLM"
-    mxfp4 = gpt_oss and "model.layers.0.mlp.experts.gate_up_proj_blocks" in ckpt
+    H, D = c.hidden_size, c.head_dim
+    model = models.model_module(c.architecture)
+    mxfp4 = model.MXFP4_TENSOR is not None and model.MXFP4_TENSOR in ckpt
     if mxfp4:
         _check_mxfp4_ok(c)
 
@@ -290,39 +278,7 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
         if c.has_sinks:
             out[g + "sinks"] = f(attn + "sinks", (c.num_heads,))
 
-        if c.architecture == "LlamaForCausalLM":
-            out[g + "w13"] = torch.cat([f(hf + "mlp.gate_proj.weight", (I, H)),
-                                        f(hf + "mlp.up_proj.weight", (I, H))])
-            out[g + "w2"] = f(hf + "mlp.down_proj.weight", (H, I))
-        elif c.architecture == "MixtralForCausalLM":
-            moe = hf + "block_sparse_moe."
-            out[g + "router"] = f(moe + "gate.weight", (E, H))
-            w13 = torch.empty((E, 2 * I, H), dtype=dtype)
-            w2 = torch.empty((E, H, I), dtype=dtype)
-            for e in range(E):
-                w13[e, :I] = ckpt.get(f"{moe}experts.{e}.w1.weight", (I, H))
-                w13[e, I:] = ckpt.get(f"{moe}experts.{e}.w3.weight", (I, H))
-                w2[e] = ckpt.get(f"{moe}experts.{e}.w2.weight", (H, I))
-            out[g + "w13"], out[g + "w2"] = w13, w2
-        else:
-            ex = hf + "mlp.experts."
-            out[g + "router"] = f(hf + "mlp.router.weight", (E, H))
-            out[g + "router_bias"] = f(hf + "mlp.router.bias", (E,))
-            if mxfp4:
-                nb_h, nb_i = H // MXFP4_BLOCK, I // MXFP4_BLOCK
-                out[g + "w13"] = ckpt.get(ex + "gate_up_proj_blocks", (E, 2 * I, nb_h, 16),
-                                          uint8=True).reshape(E, 2 * I, H // 2)
-                out[g + "w13_scales"] = ckpt.get(ex + "gate_up_proj_scales", (E, 2 * I, nb_h),
-                                                 uint8=True)
-                out[g + "w2"] = ckpt.get(ex + "down_proj_blocks", (E, H, nb_i, 16),
-                                         uint8=True).reshape(E, H, I // 2)
-                out[g + "w2_scales"] = ckpt.get(ex + "down_proj_scales", (E, H, nb_i),
-                                                uint8=True)
-            else:
-                out[g + "w13"] = f(ex + "gate_up_proj", (E, H, 2 * I)).transpose(1, 2).contiguous()
-                out[g + "w2"] = f(ex + "down_proj", (E, I, H)).transpose(1, 2).contiguous()
-            out[g + "w13_bias"] = f(ex + "gate_up_proj_bias", (E, 2 * I))
-            out[g + "w2_bias"] = f(ex + "down_proj_bias", (E, H))
+        out.update((g + name, t) for name, t in model.load_mlp(ckpt, c, i, mxfp4, f).items())
     ckpt.check_all_used(ignorable)
 
     expected = weight_shapes(c, mxfp4=mxfp4)

@@ -1,0 +1,85 @@
+"""The model architectures: one module per architecture, found by its Hugging Face
+``architectures`` name.
+
+An architecture module holds exactly three things, and imports torch only inside its forward, so
+that a simulation (which parses configs and counts weights) runs without torch:
+
+1. **Its config.json mapping.** ``ARCHITECTURE`` (the HF name), ``DEFAULTS`` (transformers'
+   config-class defaults for ``rms_norm_eps``, ``rope_theta`` and ``max_position_embeddings``),
+   ``ROPE_SCALING`` (the ``rope_scaling`` types it accepts besides none), ``MXFP4_TENSOR`` (the
+   checkpoint tensor of layer 0 whose presence means MXFP4 experts, or None), and
+   ``config_fields(r, base)``: its own `ModelConfig` fields (head dim, attention bias, experts and
+   routing, layer types and window, sinks, activation, gate/up layout) read through the
+   `ConfigReader` ``r``, given the architecture-independent ``base`` fields.
+2. **Its weight names.** ``mlp_shapes(config, mxfp4)``: gnomon's names and shapes under
+   ``layers.{i}.`` for its MLP; ``load_mlp(ckpt, config, i, mxfp4, dense)``: which HF tensors of
+   layer ``i`` become those weights and how they are fused (``w13``). The attention's names and
+   fusion (``qkv``) are the same for every architecture here (`gnomon.engine.weights`).
+3. **Its per-layer forward.** ``forward_layer(runner, i, h, residual, inputs, tick)`` returns
+   ``(h, residual)`` after layer ``i``, built only from `gnomon.ops` and torch matmuls (the
+   shared pieces are in `gnomon.engine.models.layers`).
+
+`register` adds an architecture by its module path, so a model defined in a user's own module
+works wherever gnomon looks architectures up; a fourth architecture is one new file and one
+`register` call (or one line in ``_BUILTIN``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Dict, Tuple, Union
+
+_BUILTIN = {
+    "LlamaForCausalLM": "gnomon.engine.models.llama",
+    "MixtralForCausalLM": "gnomon.engine.models.mixtral",
+    "GptOssForCausalLM": "gnomon.engine.models.gpt_oss",
+}
+_registry: Dict[str, str] = dict(_BUILTIN)
+_REQUIRED = ("ARCHITECTURE", "DEFAULTS", "ROPE_SCALING", "MXFP4_TENSOR", "config_fields",
+             "mlp_shapes", "load_mlp", "forward_layer")
+
+
+def register(architecture: str, module: Union[str, ModuleType]) -> None:
+    """Registers `module` (a module, or its importable dotted path) as `architecture`'s. It must
+    define the names the module docstring lists; a missing one is refused by name."""
+    if not isinstance(architecture, str) or not architecture:
+        raise TypeError(f"architecture: expected a non-empty str, got {architecture!r}")
+    path = module.__name__ if isinstance(module, ModuleType) else module
+    if not isinstance(path, str):
+        raise TypeError(f"module: expected a module or a dotted module path, got {module!r}")
+    loaded = importlib.import_module(path)
+    missing = [name for name in _REQUIRED if not hasattr(loaded, name)]
+    if missing:
+        raise ValueError(f"module: {path} does not define {', '.join(missing)} (an architecture "
+                         f"module defines {', '.join(_REQUIRED)})")
+    if loaded.ARCHITECTURE != architecture:
+        raise ValueError(f"module: {path} declares ARCHITECTURE {loaded.ARCHITECTURE!r}, not "
+                         f"{architecture!r}")
+    _registry[architecture] = path
+
+
+def unregister(architecture: str) -> None:
+    """Removes an architecture `register` added (the built-in ones stay)."""
+    if architecture in _BUILTIN:
+        raise ValueError(f"architecture: {architecture!r} is built in and stays registered")
+    _registry.pop(architecture, None)
+
+
+def architectures() -> Tuple[str, ...]:
+    """The registered architecture names."""
+    return tuple(_registry)
+
+
+def module_path(architecture: str) -> str:
+    """The dotted path of `architecture`'s module (what a worker process imports)."""
+    try:
+        return _registry[architecture]
+    except KeyError:
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: "
+                         f"{', '.join(_registry)}") from None
+
+
+def model_module(architecture: str) -> ModuleType:
+    """`architecture`'s module; ValueError naming the supported ones when it is unknown."""
+    return importlib.import_module(module_path(architecture))

@@ -1,0 +1,89 @@
+"""gpt-oss (``GptOssForCausalLM``): alternating sliding-window (128) and full attention with
+sinks and biases, a top-k-then-softmax Mixture of Experts with biases and the clamped
+``swiglu_oai`` activation (gate/up interleaved), YaRN RoPE, and MXFP4 experts."""
+
+from __future__ import annotations
+
+ARCHITECTURE = "GptOssForCausalLM"
+MXFP4_BLOCK = 32
+
+# ---- config.json ---------------------------------------------------------------------------
+
+DEFAULTS = {"rms_norm_eps": 1e-5, "rope_theta": 150000.0, "max_position_embeddings": 131072}
+ROPE_SCALING = ("yarn",)
+MXFP4_TENSOR = "model.layers.0.mlp.experts.gate_up_proj_blocks"
+LAYER_TYPES = {"sliding_attention": "sliding", "full_attention": "full"}
+
+
+def config_fields(r, base) -> dict:
+    r.require_silu_mlp()
+    layers, experts = base["num_layers"], r.required("num_local_experts")
+    top_k = r.experts_per_token("experts_per_token", experts, fallback="num_experts_per_tok")
+    window = r.sliding_window()
+    names = r.raw.get("layer_types")
+    if names is None:  # transformers' default: even layers slide
+        names = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if not isinstance(names, list) or len(names) != layers:
+        r.fail(f"layer_types must be a list of {layers} entries (num_hidden_layers)")
+    bad = [n for n in names if n not in LAYER_TYPES]
+    if bad:
+        r.fail(f"layer_types entries must be 'sliding_attention' or 'full_attention', got "
+               f"{bad[0]!r}")
+    layer_types = tuple(LAYER_TYPES[n] for n in names)
+    if "sliding" in layer_types and window is None:
+        r.fail("layer_types has sliding_attention layers but sliding_window is null")
+    limit = r.optional("swiglu_limit", 7.0, float)
+    if limit != 7.0:
+        r.fail(f"swiglu_limit must be 7.0 (the limit gnomon's swiglu_oai uses), got {limit}")
+    return dict(head_dim=r.optional("head_dim", 64),
+                attention_bias=r.optional("attention_bias", True, bool), num_experts=experts,
+                top_k=top_k, routing="topk_softmax", layer_types=layer_types,
+                sliding_window=window if "sliding" in layer_types else None, has_sinks=True,
+                activation="swiglu_oai", gate_up_layout="interleaved")
+
+
+# ---- weights -------------------------------------------------------------------------------
+
+def mlp_shapes(config, mxfp4: bool) -> dict:
+    H, I, E = config.hidden_size, config.intermediate_size, config.num_experts
+    shapes = {"router": (E, H)}
+    if mxfp4:
+        shapes.update(w13=(E, 2 * I, H // 2), w13_scales=(E, 2 * I, H // MXFP4_BLOCK),
+                      w2=(E, H, I // 2), w2_scales=(E, H, I // MXFP4_BLOCK))
+    else:
+        shapes.update(w13=(E, 2 * I, H), w2=(E, H, I))
+    shapes.update(router_bias=(E,), w13_bias=(E, 2 * I), w2_bias=(E, H))
+    return shapes
+
+
+def load_mlp(ckpt, config, i: int, mxfp4: bool, dense) -> dict:
+    """``router(_bias)``: ``mlp.router``. MXFP4: ``w13`` / ``w2`` are ``gate_up_proj_blocks``
+    [E, 2I, H/32, 16] / ``down_proj_blocks`` [E, H, I/32, 16] viewed flat, with their
+    ``*_scales``; dense: ``gate_up_proj`` [E, H, 2I] / ``down_proj`` [E, I, H] transposed (gate/up
+    interleaved). ``w13_bias`` / ``w2_bias``: ``gate_up_proj_bias`` / ``down_proj_bias``."""
+    H, I, E = config.hidden_size, config.intermediate_size, config.num_experts
+    hf = f"model.layers.{i}.mlp."
+    ex = hf + "experts."
+    out = {"router": dense(hf + "router.weight", (E, H)),
+           "router_bias": dense(hf + "router.bias", (E,))}
+    if mxfp4:
+        nb_h, nb_i = H // MXFP4_BLOCK, I // MXFP4_BLOCK
+        out["w13"] = ckpt.get(ex + "gate_up_proj_blocks", (E, 2 * I, nb_h, 16),
+                              uint8=True).reshape(E, 2 * I, H // 2)
+        out["w13_scales"] = ckpt.get(ex + "gate_up_proj_scales", (E, 2 * I, nb_h), uint8=True)
+        out["w2"] = ckpt.get(ex + "down_proj_blocks", (E, H, nb_i, 16),
+                             uint8=True).reshape(E, H, I // 2)
+        out["w2_scales"] = ckpt.get(ex + "down_proj_scales", (E, H, nb_i), uint8=True)
+    else:
+        out["w13"] = dense(ex + "gate_up_proj", (E, H, 2 * I)).transpose(1, 2).contiguous()
+        out["w2"] = dense(ex + "down_proj", (E, I, H)).transpose(1, 2).contiguous()
+    out["w13_bias"] = dense(ex + "gate_up_proj_bias", (E, 2 * I))
+    out["w2_bias"] = dense(ex + "down_proj_bias", (E, H))
+    return out
+
+
+# ---- forward -------------------------------------------------------------------------------
+
+def forward_layer(runner, i, h, residual, inputs, tick):
+    from .layers import decoder_layer, moe
+    return decoder_layer(runner, i, h, residual, inputs, tick, moe)

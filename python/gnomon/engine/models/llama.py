@@ -1,0 +1,43 @@
+"""Llama (``LlamaForCausalLM``): full attention, a dense SwiGLU MLP, llama3 RoPE scaling."""
+
+from __future__ import annotations
+
+ARCHITECTURE = "LlamaForCausalLM"
+
+# ---- config.json ---------------------------------------------------------------------------
+
+DEFAULTS = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 2048}
+ROPE_SCALING = ("llama3",)
+MXFP4_TENSOR = None
+
+
+def config_fields(r, base) -> dict:
+    r.require_silu_mlp()
+    r.sliding_window()  # checked, then dropped: Llama has no sliding window
+    return dict(head_dim=r.head_dim(), attention_bias=r.optional("attention_bias", False, bool),
+                num_experts=0, top_k=0, routing=None, layer_types=("full",) * base["num_layers"],
+                sliding_window=None, has_sinks=False, activation="silu", gate_up_layout="concat")
+
+
+# ---- weights -------------------------------------------------------------------------------
+
+def mlp_shapes(config, mxfp4: bool) -> dict:
+    H, I = config.hidden_size, config.intermediate_size
+    return {"w13": (2 * I, H), "w2": (H, I)}
+
+
+def load_mlp(ckpt, config, i: int, mxfp4: bool, dense) -> dict:
+    """``w13``: ``mlp.gate_proj`` rows, then ``mlp.up_proj`` rows; ``w2``: ``mlp.down_proj``."""
+    import torch
+
+    H, I, hf = config.hidden_size, config.intermediate_size, f"model.layers.{i}.mlp."
+    return {"w13": torch.cat([dense(hf + "gate_proj.weight", (I, H)),
+                              dense(hf + "up_proj.weight", (I, H))]),
+            "w2": dense(hf + "down_proj.weight", (H, I))}
+
+
+# ---- forward -------------------------------------------------------------------------------
+
+def forward_layer(runner, i, h, residual, inputs, tick):
+    from .layers import decoder_layer, gated_mlp
+    return decoder_layer(runner, i, h, residual, inputs, tick, gated_mlp)

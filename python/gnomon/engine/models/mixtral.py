@@ -1,0 +1,56 @@
+"""Mixtral (``MixtralForCausalLM``): a softmax-then-top-k Mixture of Experts, and the sliding
+window on every layer when the config sets one."""
+
+from __future__ import annotations
+
+ARCHITECTURE = "MixtralForCausalLM"
+
+# ---- config.json ---------------------------------------------------------------------------
+
+DEFAULTS = {"rms_norm_eps": 1e-5, "rope_theta": 1e6, "max_position_embeddings": 4096 * 32}
+ROPE_SCALING = ()
+MXFP4_TENSOR = None
+
+
+def config_fields(r, base) -> dict:
+    r.require_silu_mlp()
+    head_dim, bias = r.head_dim(), r.optional("attention_bias", False, bool)
+    experts = r.required("num_local_experts")
+    top_k = r.experts_per_token("num_experts_per_tok", experts)
+    window = r.sliding_window()
+    return dict(head_dim=head_dim, attention_bias=bias, num_experts=experts, top_k=top_k,
+                routing="softmax_topk",
+                layer_types=("sliding" if window else "full",) * base["num_layers"],
+                sliding_window=window, has_sinks=False, activation="silu",
+                gate_up_layout="concat")
+
+
+# ---- weights -------------------------------------------------------------------------------
+
+def mlp_shapes(config, mxfp4: bool) -> dict:
+    H, I, E = config.hidden_size, config.intermediate_size, config.num_experts
+    return {"router": (E, H), "w13": (E, 2 * I, H), "w2": (E, H, I)}
+
+
+def load_mlp(ckpt, config, i: int, mxfp4: bool, dense) -> dict:
+    """``router``: ``block_sparse_moe.gate``; ``w13[e]``: expert e's ``w1`` (gate) rows, then its
+    ``w3`` (up) rows; ``w2[e]``: its ``w2``."""
+    import torch
+
+    H, I, E = config.hidden_size, config.intermediate_size, config.num_experts
+    moe = f"model.layers.{i}.block_sparse_moe."
+    router = dense(moe + "gate.weight", (E, H))
+    w13 = torch.empty((E, 2 * I, H), dtype=router.dtype)
+    w2 = torch.empty((E, H, I), dtype=router.dtype)
+    for e in range(E):
+        w13[e, :I] = ckpt.get(f"{moe}experts.{e}.w1.weight", (I, H))
+        w13[e, I:] = ckpt.get(f"{moe}experts.{e}.w3.weight", (I, H))
+        w2[e] = ckpt.get(f"{moe}experts.{e}.w2.weight", (H, I))
+    return {"router": router, "w13": w13, "w2": w2}
+
+
+# ---- forward -------------------------------------------------------------------------------
+
+def forward_layer(runner, i, h, residual, inputs, tick):
+    from .layers import decoder_layer, moe
+    return decoder_layer(runner, i, h, residual, inputs, tick, moe)
