@@ -25,6 +25,7 @@ DEFAULTS = llama.DEFAULTS
 ROPE_SCALING = llama.ROPE_SCALING
 MXFP4_TENSOR = None
 mlp_shapes = llama.mlp_shapes
+MLP_SHARDING = llama.MLP_SHARDING
 load_mlp = llama.load_mlp  # the same HF names as Llama's
 
 

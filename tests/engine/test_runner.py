@@ -221,7 +221,8 @@ def test_step_output_shape_and_breakdown():
     assert out.sampled_token_ids[0] is None
     assert out.sampled_token_ids[1] == int(reference_logits(cfg, W, p[1])[-1].argmax())
     assert set(out.breakdown) == {"overhead", "attention", "gemm", "moe", "elementwise",
-                                  "sampling"}
+                                  "communication", "sampling"}
+    assert out.breakdown["communication"] == 0  # one rank: no collective
     assert out.breakdown["moe"] == 0 and min(out.breakdown[f] for f in (
         "overhead", "attention", "gemm", "elementwise", "sampling")) > 0
     assert out.seconds == pytest.approx(sum(out.breakdown.values()), rel=0.05, abs=1e-4)

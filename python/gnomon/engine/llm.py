@@ -40,6 +40,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .batch import ScheduledBatch, ScheduledSequence, StepOutput
 from .config import DTYPE_BYTES, PRESETS, ModelConfig, torch_dtype
+from .distributed import check_tp, kv_heads_per_gpu, launched_by_torchrun
 from .kv_cache import KVCacheManager, max_blocks_held
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -128,7 +129,7 @@ class LLMEngine:
                  max_num_batched_tokens: int = 8192, block_size: int = 16,
                  num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
                  enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True,
-                 seed: Optional[int] = 0) -> None:
+                 tensor_parallel_size: int = 1, seed: Optional[int] = 0) -> None:
         if clock is not None and not callable(clock):
             raise TypeError(f"clock: expected a callable returning seconds, got {clock!r}")
         self.clock = clock or time.monotonic
@@ -158,6 +159,14 @@ class LLMEngine:
             raise ValueError(f"model: {what} (quantization_config): gnomon has no FP8 kernel "
                              f"yet, so the real engine cannot run this model; gnomon simulate "
                              f"can price it")
+        self.tensor_parallel_size = check_tp(config, tensor_parallel_size)
+        distributed = launched_by_torchrun() or tensor_parallel_size > 1
+        if distributed and runner is not None:
+            raise ValueError("tensor_parallel_size: the engine builds its own tensor-parallel "
+                             "runner; pass runner=None")
+        if launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) != tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size: {tensor_parallel_size}, but torchrun "
+                             f"started WORLD_SIZE={os.environ['WORLD_SIZE']} processes")
         self.config = config
         self.folder = folder
         self.dtype_name = _dtype_name(dtype, config)
@@ -172,8 +181,9 @@ class LLMEngine:
         _positive_int("max_num_batched_tokens", max_num_batched_tokens)
         self.kv_groups = config.kv_cache_groups(enable_hybrid_kv)
         elem = DTYPE_BYTES[self.dtype_name]
-        geometry = dict(num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-                        dtype_size=elem, block_size=self.block_size)
+        # a budget in bytes is each rank's, for its KV heads
+        geometry = dict(num_kv_heads=kv_heads_per_gpu(config, tensor_parallel_size),
+                        head_dim=config.head_dim, dtype_size=elem, block_size=self.block_size)
         if num_kv_blocks is None and kv_cache_bytes is None:
             per_seq = max_blocks_held(self.kv_groups.windows, self.max_model_len,
                                       block_size=self.block_size,
@@ -189,20 +199,25 @@ class LLMEngine:
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    eos_token_ids=config.eos_token_ids)
         self._sample: Optional[_SamplerAdapter] = None  # the engine's own runner samples here
+        self.is_driver = True
         if runner is None:
-            from .runner import ModelRunner
             from .sampler import Sampler
-            from .weights import load_weights
-            from .weights import random_weights as make_random
+            from . import distributed as dist
+            from . import models
+
             self._sample = _SamplerAdapter(Sampler(seed))
-            if random_weights:
-                weights = make_random(config, self.dtype)
+            build = dist.RunnerBuilder(
+                config, folder, bool(random_weights), self.dtype_name, self.kv.num_blocks,
+                self.block_size, self.max_model_len, self.kv_groups, str(device),
+                models.module_path(config.architecture))
+            if not distributed:
+                runner = build(dist.Shard(), None, self._sample)
+            elif launched_by_torchrun() and int(os.environ["RANK"]) != 0:
+                self.is_driver = False  # this rank serves rank 0's step loop, then returns
+                dist.serve_torchrun_rank(build, tensor_parallel_size)
             else:
-                weights = load_weights(folder, config, dtype=self.dtype)
-            runner = ModelRunner(config, weights, num_kv_blocks=self.kv.num_blocks,
-                                 block_size=self.block_size, device=device, dtype=self.dtype,
-                                 sample=self._sample, max_position=self.max_model_len,
-                                 kv_groups=self.kv_groups)
+                runner = dist.DistributedRunner(
+                    dist.WorkerGroup(tensor_parallel_size, build, self._sample))
         self.runner = runner
         self._requests: Dict[object, Request] = {}
         self.detokenize: Optional[Callable[[Sequence[int]], str]] = None
@@ -222,6 +237,14 @@ class LLMEngine:
     def abort_request(self, request_id) -> None:
         self.scheduler.abort(request_id)
 
+    def close(self) -> None:
+        """Shuts a tensor-parallel engine's workers down and leaves its process group (nothing
+        to do on one rank); the engine cannot step after it."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+        self.runner = None
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -236,6 +259,9 @@ class LLMEngine:
     def step(self) -> List[SampleDelta]:
         """One step: admit arrivals up to ``clock()``, schedule, execute, update. Returns one
         `SampleDelta` per token sampled this step (module docstring)."""
+        if self.runner is None:
+            raise RuntimeError("step: this engine is closed, or it is a torchrun rank other "
+                               "than 0 (those serve rank 0's engine; generate on rank 0)")
         now = float(self.clock())
         batch = self.scheduler.schedule(now)
         sample = self._sample
@@ -295,14 +321,16 @@ class LLM:
                  max_model_len: Optional[int] = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, block_size: int = 16,
                  num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
-                 enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True) -> None:
+                 enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True,
+                 tensor_parallel_size: int = 1) -> None:
         self.engine = LLMEngine(model, device=device, dtype=dtype, random_weights=random_weights,
                                 max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens,
                                 block_size=block_size, num_kv_blocks=num_kv_blocks,
                                 kv_cache_bytes=kv_cache_bytes,
                                 enable_prefix_caching=enable_prefix_caching,
-                                enable_hybrid_kv=enable_hybrid_kv)
+                                enable_hybrid_kv=enable_hybrid_kv,
+                                tensor_parallel_size=tensor_parallel_size)
         self.tokenizer = None
         folder = self.engine.folder
         if folder is not None and os.path.isfile(os.path.join(folder, "tokenizer.json")):
@@ -323,6 +351,21 @@ class LLM:
     @property
     def num_kv_blocks(self) -> int:
         return self.engine.num_kv_blocks
+
+    @property
+    def is_driver(self) -> bool:
+        """False on a torchrun rank other than 0, which served rank 0's engine and is done."""
+        return self.engine.is_driver
+
+    def close(self) -> None:
+        """Shuts tensor-parallel workers down (`LLMEngine.close`)."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _tokenize(self, prompts) -> List[List[int]]:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):

@@ -31,7 +31,12 @@ without it they stay.
 `StepOutput.breakdown` is the step's time by op family (DESIGN.md): ``overhead`` (block copies
 and input prep), ``attention`` (reshape_and_cache, paged_attention), ``gemm`` (the projections,
 dense MLP and lm_head), ``moe`` (router, topk_routing, fused_moe), ``elementwise`` (embedding,
-norms, rotary, activation) and ``sampling``. Each op group is timed with the host clock as it
+norms, rotary, activation), ``communication`` (a tensor-parallel shard's all-reduces and
+gathers, and rank 0's broadcast of the batch; 0 on one rank) and ``sampling``.
+
+Tensor parallelism (`gnomon.engine.distributed`): given a `Shard` and its `Collectives`, the
+runner holds one rank's weights and KV heads (``local``: the config as the rank sees it) and
+runs the same forward, reducing after the row-parallel projections and gathering the logits. Each op group is timed with the host clock as it
 returns, which is its run time on the CPU; on an asynchronous device it would be launch time.
 """
 
@@ -55,12 +60,13 @@ from gnomon.engine import models
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from gnomon.engine.block_tables import BlockTables
 from gnomon.engine.config import ModelConfig
+from gnomon.engine.distributed import Shard
 from gnomon.engine.kv_cache import KVCacheGroups
 from gnomon.engine.rope import cos_sin_cache
 from gnomon.engine.weights import weight_shapes
 
 SampleFn = Callable[[torch.Tensor, Sequence[ScheduledSequence]], Sequence[int]]
-FAMILIES = ("overhead", "attention", "gemm", "moe", "elementwise", "sampling")
+FAMILIES = ("overhead", "attention", "gemm", "moe", "elementwise", "communication", "sampling")
 
 
 class _FamilyTimer:
@@ -124,7 +130,8 @@ class ModelRunner:
     `max_position` bounds positions (default: the config's ``max_position_embeddings``).
     `kv_groups` lays out the cache (default: one full group, as a default `KVCacheManager`;
     ``config.kv_cache_groups()`` for the hybrid cache); it must match the groups of the
-    allocator that schedules the batches.
+    allocator that schedules the batches. `shard` and `comm` make it one tensor-parallel rank
+    (`gnomon.engine.distributed`): `weights` are then that rank's (`shard_weights`).
     """
 
     def __init__(self, config: ModelConfig, weights: Dict[str, torch.Tensor], *,
@@ -132,7 +139,8 @@ class ModelRunner:
                  device: Union[str, torch.device] = "cpu",
                  dtype: Union[None, torch.dtype] = None, sample: Optional[SampleFn] = None,
                  max_position: Optional[int] = None,
-                 kv_groups: Optional[KVCacheGroups] = None) -> None:
+                 kv_groups: Optional[KVCacheGroups] = None, shard: Optional[Shard] = None,
+                 comm=None) -> None:
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
         if not isinstance(weights, dict):
@@ -159,7 +167,13 @@ class ModelRunner:
         self.sample: SampleFn = sample or greedy_sample
 
         mxfp4 = any(n.endswith("_scales") for n in weights)
-        expected = weight_shapes(config, mxfp4=mxfp4)
+        self.shard = shard or Shard()
+        if (comm is None) != (self.shard.size == 1):
+            raise ValueError(f"comm: expected the Collectives of a {self.shard.size}-rank group "
+                             f"exactly when shard has more than one rank, got {comm!r}")
+        self.comm = comm
+        self.local = self.shard.local_config(config, mxfp4)
+        expected = weight_shapes(self.local, mxfp4=mxfp4)
         for name, shape in expected.items():
             if name not in weights:
                 raise KeyError(f"weights: missing {name!r} (shape {shape})")
@@ -184,7 +198,7 @@ class ModelRunner:
             raise ValueError(f"kv_groups: expected the KVCacheGroups of this model's "
                              f"{c.num_layers} layers, got {groups!r}")
         self.kv_groups = groups
-        shape = (self.num_kv_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+        shape = (self.num_kv_blocks, self.block_size, self.local.num_kv_heads, c.head_dim)
         self.kv_caches: List[Tuple[torch.Tensor, torch.Tensor]] = [
             (torch.zeros(shape, dtype=dtype, device=self.device),
              torch.zeros(shape, dtype=dtype, device=self.device))
@@ -267,7 +281,7 @@ class ModelRunner:
         charges each op group's time to its family."""
         tick = tick or _FamilyTimer()
         c, w = self.config, self.weights
-        h = F.embedding(inputs["tokens"], w["embed"])
+        h = self.embed(inputs["tokens"], tick)
         residual = None
         for i in range(c.num_layers):
             h, residual = self._forward_layer(self, i, h, residual, inputs, tick)
@@ -277,9 +291,39 @@ class ModelRunner:
         tick("elementwise")
         return out
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """lm_head on final-norm hidden states; float32 [R, V]."""
-        return F.linear(hidden, self.weights["lm_head"]).float()
+    def embed(self, tokens: torch.Tensor, tick) -> torch.Tensor:
+        """The embedding rows of `tokens`; a tensor-parallel rank looks up the tokens of its
+        part of the vocabulary (zeros for the others) and the all-reduce sums the parts."""
+        table = self.weights["embed"]
+        if self.comm is None:
+            return F.embedding(tokens, table)
+        rows = table.shape[0]
+        local = tokens - self.shard.rank * rows
+        inside = ((local >= 0) & (local < rows)).unsqueeze(-1).to(table.dtype)
+        h = F.embedding(local.clamp(0, rows - 1), table) * inside
+        tick("elementwise")
+        return self.reduce(h, tick)
+
+    def reduce(self, t: torch.Tensor, tick) -> torch.Tensor:
+        """The sum of every rank's `t` (the output of a row-parallel op); `t` itself on one."""
+        if self.comm is None:
+            return t
+        self.comm.all_reduce(t)
+        tick("communication")
+        return t
+
+    def compute_logits(self, hidden: torch.Tensor, tick=None) -> torch.Tensor:
+        """lm_head on final-norm hidden states; float32 [R, V] (gathered from every rank's part
+        of the vocabulary, its padding cut, under tensor parallelism)."""
+        logits = F.linear(hidden, self.weights["lm_head"]).float()
+        if self.comm is None:
+            return logits
+        if tick is not None:
+            tick("gemm")
+        logits = self.comm.all_gather_last(logits)[:, :self.config.vocab_size]
+        if tick is not None:
+            tick("communication")
+        return logits
 
     # ------------------------------------------------------------------ step
     @torch.inference_mode()
@@ -297,7 +341,7 @@ class ModelRunner:
         inputs = self.prepare(batch)
         tick("overhead")
         hidden = self.forward(inputs, tick)
-        logits = self.compute_logits(hidden)
+        logits = self.compute_logits(hidden, tick)
         tick("gemm")
         return logits, tick.seconds
 

@@ -73,6 +73,7 @@ from safetensors import SafetensorError, safe_open
 
 from gnomon.engine import models
 from gnomon.engine.config import ModelConfig, torch_dtype
+from gnomon.engine.distributed import Shard
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -226,8 +227,11 @@ class _Checkpoint:
 
 def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] = None, *,
                  dtype: Union[None, str, torch.dtype] = None,
-                 device: Union[str, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
-    """Loads the checkpoint in `folder` into gnomon's names (see the module doc).
+                 device: Union[str, torch.device] = "cpu",
+                 shard: Optional[Shard] = None) -> Dict[str, torch.Tensor]:
+    """Loads the checkpoint in `folder` into gnomon's names (see the module doc); with a
+    tensor-parallel `shard`, only that rank's part (`shard_weights`), one layer at a time, so
+    no rank holds more than one layer's full tensors.
 
     `config` defaults to ``folder/config.json``; `dtype` (None or "auto": the config's
     torch_dtype) is the dtype of every floating tensor. gpt-oss experts load as MXFP4 when the
@@ -251,39 +255,126 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
     def f(name: str, shape: Tuple[int, ...]) -> torch.Tensor:
         return ckpt.get(name, shape).to(dtype)
 
-    out: Dict[str, torch.Tensor] = {"embed": f("model.embed_tokens.weight", (c.vocab_size, H)),
+    shard = shard or Shard()
+
+    def part(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        return shard_weights(tensors, c, shard, mxfp4=mxfp4)
+
+    top: Dict[str, torch.Tensor] = {"embed": f("model.embed_tokens.weight", (c.vocab_size, H)),
                                     "norm": f("model.norm.weight", (H,))}
     ignorable: List[str] = []
     if c.tie_word_embeddings:
-        out["lm_head"] = out["embed"]
+        top["lm_head"] = top["embed"]
         ignorable.append("lm_head.weight")
     else:
-        out["lm_head"] = f("lm_head.weight", (c.vocab_size, H))
+        top["lm_head"] = f("lm_head.weight", (c.vocab_size, H))
+    out = part(top)
 
     q, kv = c.num_heads * D, c.num_kv_heads * D
     for i in range(c.num_layers):
         hf, g = f"model.layers.{i}.", f"layers.{i}."
-        out[g + "attn_norm"] = f(hf + "input_layernorm.weight", (H,))
-        out[g + "mlp_norm"] = f(hf + "post_attention_layernorm.weight", (H,))
         attn = hf + "self_attn."
-        out[g + "qkv"] = torch.cat([f(attn + "q_proj.weight", (q, H)),
-                                    f(attn + "k_proj.weight", (kv, H)),
-                                    f(attn + "v_proj.weight", (kv, H))])
-        out[g + "o"] = f(attn + "o_proj.weight", (H, q))
+        layer = {"attn_norm": f(hf + "input_layernorm.weight", (H,)),
+                 "mlp_norm": f(hf + "post_attention_layernorm.weight", (H,)),
+                 "qkv": torch.cat([f(attn + "q_proj.weight", (q, H)),
+                                   f(attn + "k_proj.weight", (kv, H)),
+                                   f(attn + "v_proj.weight", (kv, H))]),
+                 "o": f(attn + "o_proj.weight", (H, q))}
         if c.attention_bias:
-            out[g + "qkv_bias"] = torch.cat([f(attn + "q_proj.bias", (q,)),
-                                             f(attn + "k_proj.bias", (kv,)),
-                                             f(attn + "v_proj.bias", (kv,))])
-            out[g + "o_bias"] = f(attn + "o_proj.bias", (H,))
+            layer["qkv_bias"] = torch.cat([f(attn + "q_proj.bias", (q,)),
+                                           f(attn + "k_proj.bias", (kv,)),
+                                           f(attn + "v_proj.bias", (kv,))])
+            layer["o_bias"] = f(attn + "o_proj.bias", (H,))
         if c.has_sinks:
-            out[g + "sinks"] = f(attn + "sinks", (c.num_heads,))
-
-        out.update((g + name, t) for name, t in model.load_mlp(ckpt, c, i, mxfp4, f).items())
+            layer["sinks"] = f(attn + "sinks", (c.num_heads,))
+        layer.update(model.load_mlp(ckpt, c, i, mxfp4, f))
+        out.update((g + name, t) for name, t in part(layer).items())
     ckpt.check_all_used(ignorable)
 
-    expected = weight_shapes(c, mxfp4=mxfp4)
+    expected = weight_shapes(shard.local_config(c, mxfp4), mxfp4=mxfp4)
     assert set(out) == set(expected), sorted(set(out) ^ set(expected))
     return _to_device(out, device)
+
+
+# ---- tensor-parallel shards -------------------------------------------------------------------
+
+# How the architecture-independent weights split (`gnomon.engine.distributed` states the rules).
+_SHARDING = {"embed": ("vocab", 0), "lm_head": ("vocab", 0), "norm": ("replicate", None),
+             "attn_norm": ("replicate", None), "mlp_norm": ("replicate", None),
+             "qkv": ("qkv", 0), "qkv_bias": ("qkv", 0), "o": ("row", -1),
+             "o_bias": ("once", None), "sinks": ("heads", 0)}
+_PAD = {"_scales": 127}  # an MXFP4 scale that pads: 2**0; padded codes are 0, so values are 0
+
+
+def shard_weights(weights: Dict[str, torch.Tensor], config: ModelConfig, shard: Shard, *,
+                  mxfp4: Optional[bool] = None) -> Dict[str, torch.Tensor]:
+    """Rank ``shard.rank``'s part of gnomon-named `weights` (all of a model's, or any subset),
+    by the sharding rules of `gnomon.engine.distributed` and the architecture's ``MLP_SHARDING``:
+    each fused tensor is split per component (Q, K and V heads of ``qkv``; gate and up rows of
+    ``w13``), never as one contiguous slice. `mxfp4` defaults to whether `weights` hold scales."""
+    if shard.size == 1:
+        return dict(weights)
+    if mxfp4 is None:
+        mxfp4 = any(n.endswith("_scales") for n in weights)
+    rules = {**_SHARDING, **models.model_module(config.architecture).MLP_SHARDING}
+    padded = shard.intermediate(config, mxfp4)
+    out: Dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        leaf = name.rsplit(".", 1)[-1]
+        if name == "lm_head" and config.tie_word_embeddings and "embed" in out:
+            out[name] = out["embed"]
+            continue
+        kind, dim = rules[leaf]
+        if kind in ("gate_up", "row") and padded != config.intermediate_size:
+            fill = next((v for suffix, v in _PAD.items() if leaf.endswith(suffix)), 0)
+            tensor = _pad_intermediate(tensor, dim, padded / config.intermediate_size,
+                                       fill, kind == "gate_up" and
+                                       config.gate_up_layout == "concat")
+        out[name] = _split(tensor, kind, dim, config, shard)
+    return out
+
+
+def _split(t: torch.Tensor, kind: str, dim, config: ModelConfig, shard: Shard) -> torch.Tensor:
+    if kind == "replicate":
+        return t
+    if kind == "once":  # a bias added after the all-reduce: rank 0's alone
+        return t if shard.rank == 0 else torch.zeros_like(t)
+    if kind == "vocab":
+        rows = shard.vocab(config)
+        if rows != t.shape[0]:
+            t = torch.cat([t, t.new_zeros((rows - t.shape[0],) + tuple(t.shape[1:]))])
+        return t[shard.span(rows)].contiguous()
+    D = config.head_dim
+    if kind == "heads":
+        return t[shard.span(config.num_heads)].contiguous()
+    if kind == "qkv":
+        q, kv = config.num_heads * D, config.num_kv_heads * D
+        heads = shard.span(config.num_heads)
+        kv_heads = shard.kv_heads(config)
+        return torch.cat([t[heads.start * D:heads.stop * D],
+                          t[q + kv_heads.start * D:q + kv_heads.stop * D],
+                          t[q + kv + kv_heads.start * D:q + kv + kv_heads.stop * D]]).contiguous()
+    n = t.shape[dim]
+    if kind == "gate_up" and config.gate_up_layout == "concat":
+        gate, up = t.split(n // 2, dim=dim)
+        part = shard.span(n // 2)
+        return torch.cat([gate.narrow(dim, part.start, part.stop - part.start),
+                          up.narrow(dim, part.start, part.stop - part.start)], dim=dim)
+    part = shard.span(n)  # row, or gate/up interleaved: contiguous pairs
+    return t.narrow(dim, part.start, part.stop - part.start).contiguous()
+
+
+def _pad_intermediate(t: torch.Tensor, dim: int, ratio: float, fill: int,
+                      halves: bool) -> torch.Tensor:
+    """`t` with its intermediate dimension `dim` grown by `ratio` (each half when `halves`)."""
+    def grow(part: torch.Tensor) -> torch.Tensor:
+        extra = list(part.shape)
+        extra[dim] = round(part.shape[dim] * ratio) - part.shape[dim]
+        return torch.cat([part, torch.full(extra, fill, dtype=part.dtype)], dim=dim)
+
+    if halves:
+        return torch.cat([grow(h) for h in t.split(t.shape[dim] // 2, dim=dim)], dim=dim)
+    return grow(t)
 
 
 def _to_device(weights: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor]:

@@ -11,10 +11,12 @@ that a simulation (which parses configs and counts weights) runs without torch:
    ``config_fields(r, base)``: its own `ModelConfig` fields (head dim, attention bias, experts and
    routing, layer types and window, sinks, activation, gate/up layout) read through the
    `ConfigReader` ``r``, given the architecture-independent ``base`` fields.
-2. **Its weight names.** ``mlp_shapes(config, mxfp4)``: gnomon's names and shapes under
-   ``layers.{i}.`` for its MLP; ``load_mlp(ckpt, config, i, mxfp4, dense)``: which HF tensors of
-   layer ``i`` become those weights and how they are fused (``w13``). The attention's names and
-   fusion (``qkv``) are the same for every architecture here (`gnomon.engine.weights`).
+2. **Its weight names and sharding.** ``mlp_shapes(config, mxfp4)``: gnomon's names and shapes
+   under ``layers.{i}.`` for its MLP; ``load_mlp(ckpt, config, i, mxfp4, dense)``: which HF
+   tensors of layer ``i`` become those weights and how they are fused (``w13``);
+   ``MLP_SHARDING``: how tensor parallelism splits each (``gate_up``, ``row``, ``once`` or
+   ``replicate``, and the dim). The attention's names, fusion (``qkv``) and sharding are the same
+   for every architecture here (`gnomon.engine.weights`).
 3. **Its per-layer forward.** ``forward_layer(runner, i, h, residual, inputs, tick)`` returns
    ``(h, residual)`` after layer ``i``, built only from `gnomon.ops` and torch matmuls (the
    shared pieces are in `gnomon.engine.models.layers`).
@@ -37,7 +39,7 @@ _BUILTIN = {
 }
 _registry: Dict[str, str] = dict(_BUILTIN)
 _REQUIRED = ("ARCHITECTURE", "DEFAULTS", "ROPE_SCALING", "MXFP4_TENSOR", "config_fields",
-             "mlp_shapes", "load_mlp", "forward_layer")
+             "mlp_shapes", "MLP_SHARDING", "load_mlp", "forward_layer")
 
 
 def register(architecture: str, module: Union[str, ModuleType]) -> None:

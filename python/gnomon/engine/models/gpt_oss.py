@@ -56,6 +56,14 @@ def mlp_shapes(config, mxfp4: bool) -> dict:
     return shapes
 
 
+# How tensor parallelism splits them (`gnomon.engine.weights.shard_weights`): kind and dim.
+# MXFP4 codes and scales split along N for w13 and along K for w2; w2's bias is added once.
+MLP_SHARDING = {"router": ("replicate", None), "router_bias": ("replicate", None),
+                "w13": ("gate_up", -2), "w13_scales": ("gate_up", -2),
+                "w13_bias": ("gate_up", -1), "w2": ("row", -1), "w2_scales": ("row", -1),
+                "w2_bias": ("once", None)}
+
+
 def load_mlp(ckpt, config, i: int, mxfp4: bool, dense) -> dict:
     """``router(_bias)``: ``mlp.router``. MXFP4: ``w13`` / ``w2`` are ``gate_up_proj_blocks``
     [E, 2I, H/32, 16] / ``down_proj_blocks`` [E, H, I/32, 16] viewed flat, with their

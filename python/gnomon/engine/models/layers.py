@@ -25,16 +25,17 @@ def decoder_layer(runner, i: int, h: torch.Tensor, residual, inputs, tick, mlp):
     attn = attention(runner, i, x, inputs, tick)
     h = F.linear(attn, w[p + "o"], w.get(p + "o_bias"))
     tick("gemm")
+    h = runner.reduce(h, tick)
     x = ops.rms_norm(h, w[p + "mlp_norm"], c.rms_norm_eps, residual=residual)
     tick("elementwise")
-    return mlp(runner, i, x, tick), residual
+    return runner.reduce(mlp(runner, i, x, tick), tick), residual
 
 
 def attention(runner, i: int, x: torch.Tensor, inputs, tick) -> torch.Tensor:
     """QKV projection (+bias), rotary embedding, the new K/V into layer ``i``'s cache through its
     KV-cache group's slots, and one paged_attention for the whole mixed batch (sliding window and
-    sinks where the layer has them); returns ``[T, Hq * D]``."""
-    c, w, p = runner.config, runner.weights, f"layers.{i}."
+    sinks where the layer has them); returns ``[T, Hq * D]`` (this rank's heads: ``local``)."""
+    c, w, p = runner.local, runner.weights, f"layers.{i}."
     num_tokens = x.shape[0]
     hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
     qkv = F.linear(x, w[p + "qkv"], w.get(p + "qkv_bias"))

@@ -26,6 +26,10 @@ def mlp_shapes(config, mxfp4: bool) -> dict:
     return {"w13": (2 * I, H), "w2": (H, I)}
 
 
+# How tensor parallelism splits them (`gnomon.engine.weights.shard_weights`): kind and dim.
+MLP_SHARDING = {"w13": ("gate_up", -2), "w2": ("row", -1)}
+
+
 def load_mlp(ckpt, config, i: int, mxfp4: bool, dense) -> dict:
     """``w13``: ``mlp.gate_proj`` rows, then ``mlp.up_proj`` rows; ``w2``: ``mlp.down_proj``."""
     import torch

@@ -32,6 +32,11 @@ def mlp_shapes(config, mxfp4: bool) -> dict:
     return {"router": (E, H), "w13": (E, 2 * I, H), "w2": (E, H, I)}
 
 
+# How tensor parallelism splits them (`gnomon.engine.weights.shard_weights`): kind and dim.
+# Experts are split on their intermediate dimension, not across ranks; the router is replicated.
+MLP_SHARDING = {"router": ("replicate", None), "w13": ("gate_up", -2), "w2": ("row", -1)}
+
+
 def load_mlp(ckpt, config, i: int, mxfp4: bool, dense) -> dict:
     """``router``: ``block_sparse_moe.gate``; ``w13[e]``: expert e's ``w1`` (gate) rows, then its
     ``w3`` (up) rows; ``w2[e]``: its ``w2``."""

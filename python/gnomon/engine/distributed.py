@@ -1,0 +1,412 @@
+"""Tensor parallelism over `torch.distributed`: the shard arithmetic every rank and the predictor
+share, and the process layout of a tensor-parallel engine.
+
+Sharding (Megatron style; `gnomon.engine.weights.shard_weights` applies it)
+  Each of ``N`` ranks holds its ``1/N`` of the query heads (Q rows of ``qkv``, their ``sinks``,
+  their columns of ``o``), of the KV heads (replicated when ``N`` exceeds them: rank ``r`` holds
+  KV head ``r // (N / num_kv_heads)``), of the intermediate size (gate and up rows of ``w13``,
+  columns of ``w2``; experts are split on their intermediate dimension, not across ranks) and of
+  the vocabulary, padded to a multiple of ``N`` (rows of ``embed`` and ``lm_head``). The router and
+  the norms are replicated. A row-parallel bias (``o_bias``, ``w2_bias``) is added once: rank 0
+  keeps it, the others hold zeros. MXFP4 experts whose intermediate slice is not a whole number
+  of 32-element scale blocks are padded with zero codes to ``ceil(I / 32N) * 32N``, as vLLM pads.
+  After ``o`` and after the MLP one all-reduce sums the ranks' partial outputs; the embedding is
+  a masked lookup plus an all-reduce; the logits are all-gathered and the vocabulary padding cut.
+
+Processes
+  Rank 0 holds the one scheduler and the one `BlockAllocator`, and drives the engine; every rank
+  uses its block tables, and each rank's KV cache holds its KV heads of every KV-cache group.
+  Ranks 1..N-1 are workers started with torch.multiprocessing (spawn): each builds its shard of
+  the model, then serves the step loop. Rank 0 sends each `ScheduledBatch` to them once per step
+  with ``broadcast_object_list`` (one pickled object: the batch carries only deltas, so it is
+  small; see ``bench/test_tp.py`` for its cost), and only rank 0 samples. Under ``torchrun``
+  (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` set) every process joins the existing group
+  instead: rank 0 runs the engine and the others serve.
+
+Backends: gloo on the CPU, nccl on CUDA and ROCm (RCCL answers to that name);
+``GNOMON_DIST_BACKEND`` overrides. Every collective is torch.distributed's, with the timeout
+``GNOMON_DIST_TIMEOUT_S`` (default 300 s) so that a lost rank fails a step instead of hanging it.
+A worker that raises sends its traceback to rank 0, which raises a RuntimeError naming the rank;
+rank 0 also watches the workers' processes, so a dead one is noticed before the next step.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Optional
+
+DEFAULT_TIMEOUT_S = 300.0
+MXFP4_BLOCK = 32
+
+
+# ---- the arithmetic (no torch) ---------------------------------------------------------------
+
+def check_tp(config, tensor_parallel_size) -> int:
+    """`tensor_parallel_size` if it can shard `config`: it must divide the query heads and the
+    MLP/expert intermediate size, and divide the KV heads or be a multiple of them (which are
+    then replicated). ValueError naming the dimension otherwise."""
+    n = tensor_parallel_size
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"tensor_parallel_size: expected a positive int, got {n!r}")
+    for what, size in (("attention heads (num_attention_heads)", config.num_heads),
+                       ("intermediate size (intermediate_size)", config.intermediate_size)):
+        if size % n:
+            raise ValueError(f"tensor_parallel_size: {n} does not divide the {size} {what}")
+    kv = config.num_kv_heads
+    if kv % n and n % kv:
+        raise ValueError(f"tensor_parallel_size: {n} neither divides nor is a multiple of the "
+                         f"{kv} KV heads (num_key_value_heads)")
+    return n
+
+
+def kv_heads_per_gpu(config, tp: int) -> int:
+    """KV heads one of `tp` ranks holds: split when tp divides them, replicated beyond."""
+    return max(config.num_kv_heads // tp, 1)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rank `rank` of `size` tensor-parallel ranks, and what of a model it holds."""
+
+    rank: int = 0
+    size: int = 1
+
+    def span(self, n: int) -> slice:
+        """This rank's part of a dimension of `n` (which `size` divides)."""
+        step = n // self.size
+        return slice(self.rank * step, (self.rank + 1) * step)
+
+    def kv_heads(self, config) -> slice:
+        """The KV heads this rank holds (one replicated head when `size` exceeds them)."""
+        kv = config.num_kv_heads
+        if self.size <= kv:
+            return self.span(kv)
+        head = self.rank // (self.size // kv)
+        return slice(head, head + 1)
+
+    def vocab(self, config) -> int:
+        """The vocabulary padded to a multiple of `size`."""
+        return -(-config.vocab_size // self.size) * self.size
+
+    def intermediate(self, config, mxfp4: bool) -> int:
+        """The intermediate size sharded: padded to whole MXFP4 scale blocks per rank when the
+        experts are MXFP4."""
+        size = config.intermediate_size
+        if mxfp4 and size % (MXFP4_BLOCK * self.size):
+            block = MXFP4_BLOCK * self.size
+            size = -(-size // block) * block
+        return size
+
+    def local_config(self, config, mxfp4: bool = False):
+        """`config` as this rank sees it: its heads, KV heads, intermediate size and vocabulary
+        (what its weights and KV cache are shaped by)."""
+        if self.size == 1:
+            return config
+        kv = self.kv_heads(config)
+        return replace(config, num_heads=config.num_heads // self.size,
+                       num_kv_heads=kv.stop - kv.start,
+                       intermediate_size=self.intermediate(config, mxfp4) // self.size,
+                       vocab_size=self.vocab(config) // self.size)
+
+
+# ---- the process group -----------------------------------------------------------------------
+
+def backend_for(device) -> str:
+    """gloo for the CPU, nccl for a GPU (RCCL on ROCm), unless ``GNOMON_DIST_BACKEND`` says."""
+    chosen = os.environ.get("GNOMON_DIST_BACKEND")
+    if chosen:
+        return chosen
+    return "gloo" if str(device).startswith("cpu") else "nccl"
+
+
+def timeout() -> timedelta:
+    text = os.environ.get("GNOMON_DIST_TIMEOUT_S", str(DEFAULT_TIMEOUT_S))
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"GNOMON_DIST_TIMEOUT_S: expected a positive number of seconds, got "
+                         f"{text!r}")
+    return timedelta(seconds=seconds)
+
+
+def launched_by_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Collectives:
+    """The collectives a sharded forward makes, over the default process group, each charged
+    to the ``communication`` family. Rank 0 of a group it cannot reach fails the step with a
+    RuntimeError (through `on_error`, which names the lost rank)."""
+
+    def __init__(self, shard: Shard, on_error=None):
+        import torch.distributed as dist
+
+        self.shard, self._dist, self.on_error = shard, dist, on_error
+
+    def _guard(self, call):
+        try:
+            return call()
+        except RuntimeError as error:  # gloo and nccl raise RuntimeError subclasses
+            if self.on_error is None:
+                raise
+            raise self.on_error(error) from error
+
+    def all_reduce(self, t):
+        self._guard(lambda: self._dist.all_reduce(t))
+        return t
+
+    def all_gather_last(self, t):
+        """Each rank's `t` side by side along the last dimension, in rank order."""
+        import torch
+
+        parts = [torch.empty_like(t) for _ in range(self.shard.size)]
+        self._guard(lambda: self._dist.all_gather(parts, t.contiguous()))
+        return torch.cat(parts, dim=-1)
+
+    def broadcast_object(self, obj):
+        box = [obj]
+        self._guard(lambda: self._dist.broadcast_object_list(box, src=0))
+        return box[0]
+
+
+def init_group(rank: int, size: int, device, port: Optional[int]) -> None:
+    """Joins (torchrun: the environment's) or creates the group of `size` ranks on
+    127.0.0.1:`port`."""
+    import torch.distributed as dist
+
+    if port is not None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend_for(device), rank=rank, world_size=size,
+                            timeout=timeout())
+
+
+def serve(runner, comm: Collectives) -> None:
+    """A worker rank's step loop: each batch rank 0 broadcasts, run (its logits are gathered
+    for rank 0 inside); None ends it."""
+    while True:
+        batch = comm.broadcast_object(None)
+        if batch is None:
+            return
+        runner.execute_logits(batch)
+
+
+def worker_main(rank: int, size: int, port: int, build, errors) -> None:
+    """A spawned worker: joins the group, builds its shard with ``build(shard, comm)``, serves.
+    An exception is sent to rank 0 through `errors` (rank, traceback) before the process exits
+    with status 1."""
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        shard = Shard(rank, size)
+        init_group(rank, size, build.device, port)
+        comm = Collectives(shard)
+        runner = build(shard, comm)
+        serve(runner, comm)
+    except BaseException:  # noqa: BLE001 - everything reaches rank 0, then the process ends
+        errors.put((rank, traceback.format_exc()))
+        raise SystemExit(1)
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+
+
+# ---- rank 0 ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunnerBuilder:
+    """What every rank needs to build its shard of the engine's runner (picklable: spawned
+    workers get it). `module` is the architecture's module path, which a worker registers
+    again, so an architecture registered from a user's module works there too."""
+
+    config: object
+    folder: Optional[str]
+    random_weights: bool
+    dtype: str
+    num_kv_blocks: int
+    block_size: int
+    max_position: int
+    kv_groups: object
+    device: str
+    module: str
+
+    def __call__(self, shard: Shard, comm: Optional[Collectives], sample=None):
+        import torch
+
+        from . import models
+        from .config import torch_dtype
+        from .runner import ModelRunner
+        from .weights import load_weights, random_weights, shard_weights
+
+        if self.config.architecture not in models.architectures():
+            models.register(self.config.architecture, self.module)
+        dtype = torch_dtype(self.dtype, "dtype")
+        if self.random_weights:
+            weights = shard_weights(random_weights(self.config, dtype), self.config, shard)
+        else:
+            weights = load_weights(self.folder, self.config, dtype=dtype, shard=shard)
+        device = torch.device(self.device)
+        if device.type == "cuda" and shard.size > 1:
+            device = torch.device("cuda", shard.rank)
+        runner = ModelRunner(self.config, weights, num_kv_blocks=self.num_kv_blocks,
+                             block_size=self.block_size, device=device, dtype=dtype,
+                             sample=sample, max_position=self.max_position,
+                             kv_groups=self.kv_groups, shard=shard if comm else None, comm=comm)
+        if comm is not None:  # every rank built: a failed build surfaces here, by rank
+            comm.all_reduce(torch.zeros(1))
+        return runner
+
+
+class WorkerGroup:
+    """Rank 0's side of a tensor-parallel group: the spawned workers (none under torchrun),
+    the errors they report, and the collectives over them."""
+
+    def __init__(self, size: int, build: RunnerBuilder, sample=None) -> None:
+        self.size, self.processes = size, []
+        if launched_by_torchrun():
+            init_group(int(os.environ["RANK"]), size, build.device, None)
+        else:
+            self._spawn(size, build)
+        self.comm = Collectives(Shard(0, size), on_error=self.failure)
+        try:
+            self.runner = build(Shard(0, size), self.comm, sample)
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, size: int, build: RunnerBuilder) -> None:
+        import torch.multiprocessing as mp
+
+        context = mp.get_context("spawn")
+        self.errors = context.Queue()
+        for attempt in range(3):  # a port taken between choosing and binding: another one
+            port = free_port()
+            self.processes = [context.Process(target=worker_main, daemon=True,
+                                              args=(rank, size, port, build, self.errors))
+                              for rank in range(1, size)]
+            for p in self.processes:
+                p.start()
+            try:
+                init_group(0, size, build.device, port)
+                return
+            except RuntimeError as error:
+                self._stop_processes()
+                if "address already in use" not in str(error).lower() or attempt == 2:
+                    raise RuntimeError(f"tensor_parallel_size: the process group on "
+                                       f"127.0.0.1:{port} did not form: {error}") from error
+
+    def failure(self, error: Optional[BaseException] = None) -> RuntimeError:
+        """The RuntimeError for a lost rank: its own traceback when it sent one, else how its
+        process ended."""
+        import queue
+
+        deadline = 5.0 if error is not None else 0.5
+        errors = getattr(self, "errors", None)
+        if errors is not None:
+            try:
+                rank, text = errors.get(timeout=deadline)
+                return RuntimeError(f"tensor parallel rank {rank} failed:\n{text}")
+            except queue.Empty:
+                pass
+        for rank, p in enumerate(self.processes, start=1):
+            if not p.is_alive():
+                return RuntimeError(f"tensor parallel rank {rank} exited with status "
+                                    f"{p.exitcode} and sent no error")
+        return RuntimeError(f"tensor parallel collective failed: {error}")
+
+    def check_alive(self) -> None:
+        if any(not p.is_alive() for p in self.processes):
+            raise self.failure()
+
+    def broadcast(self, batch) -> None:
+        self.check_alive()
+        self.comm.broadcast_object(batch)
+
+    def _stop_processes(self) -> None:
+        for p in self.processes:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        self.processes = []
+
+    def close(self) -> None:
+        """Ends the workers' step loop, waits for them, and leaves the process group."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            try:
+                if all(p.is_alive() for p in self.processes):
+                    self.comm.broadcast_object(None)
+            except RuntimeError:
+                pass  # a lost rank: the processes are stopped below either way
+            dist.destroy_process_group()
+        self._stop_processes()
+
+
+class DistributedRunner:
+    """Rank 0's runner under tensor parallelism: sends each batch to the other ranks, then runs
+    its own shard (which samples). Its ``communication`` family includes the broadcast."""
+
+    def __init__(self, group: WorkerGroup) -> None:
+        self.group, self.runner = group, group.runner
+
+    def _send(self, batch) -> float:
+        import time
+
+        start = time.perf_counter()
+        self.group.broadcast(batch)
+        return time.perf_counter() - start
+
+    def execute(self, batch):
+        from .batch import StepOutput
+
+        sent = self._send(batch)
+        out = self.runner.execute(batch)
+        breakdown = dict(out.breakdown)
+        breakdown["communication"] = breakdown.get("communication", 0.0) + sent
+        return StepOutput(out.sampled_token_ids, out.seconds + sent, breakdown, out.logprobs)
+
+    def execute_logits(self, batch):
+        sent = self._send(batch)
+        logits, breakdown = self.runner.execute_logits(batch)
+        breakdown["communication"] = breakdown.get("communication", 0.0) + sent
+        return logits, breakdown
+
+    def close(self) -> None:
+        self.group.close()
+
+    def __getattr__(self, name):  # the shard's state (tables, kv_caches, weights) for callers
+        return getattr(self.runner, name)
+
+
+def serve_torchrun_rank(build: RunnerBuilder, size: int) -> None:
+    """A torchrun rank other than 0: joins the group, builds its shard, serves the step loop
+    until rank 0 closes, and leaves the group."""
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    init_group(rank, size, build.device, None)
+    try:
+        shard = Shard(rank, size)
+        comm = Collectives(shard)
+        serve(build(shard, comm), comm)
+    finally:
+        dist.destroy_process_group()
