@@ -45,21 +45,22 @@ MXFP4_BLOCK = 32
 
 # ---- the arithmetic (no torch) ---------------------------------------------------------------
 
-def check_tp(config, tensor_parallel_size) -> int:
+def check_tp(config, tensor_parallel_size, arg: str = "tensor_parallel_size") -> int:
     """`tensor_parallel_size` if it can shard `config`: it must divide the query heads and the
     MLP/expert intermediate size, and divide the KV heads or be a multiple of them (which are
-    then replicated). ValueError naming the dimension otherwise."""
+    then replicated). ValueError naming `arg` and the dimension otherwise. The engine and the
+    predictor (``arg="tp"``) both check with it."""
     n = tensor_parallel_size
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"tensor_parallel_size: expected a positive int, got {n!r}")
+        raise ValueError(f"{arg}: expected a positive int, got {n!r}")
     for what, size in (("attention heads (num_attention_heads)", config.num_heads),
                        ("intermediate size (intermediate_size)", config.intermediate_size)):
         if size % n:
-            raise ValueError(f"tensor_parallel_size: {n} does not divide the {size} {what}")
+            raise ValueError(f"{arg}: {n} does not divide the {size} {what}")
     kv = config.num_kv_heads
     if kv % n and n % kv:
-        raise ValueError(f"tensor_parallel_size: {n} neither divides nor is a multiple of the "
-                         f"{kv} KV heads (num_key_value_heads)")
+        raise ValueError(f"{arg}: {n} neither divides nor is a multiple of the {kv} KV heads "
+                         f"(num_key_value_heads)")
     return n
 
 

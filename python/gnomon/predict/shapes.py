@@ -14,6 +14,7 @@ from typing import Optional, Tuple, Union
 
 from gnomon.engine.batch import ScheduledBatch
 from gnomon.engine.config import ModelConfig
+from gnomon.engine.distributed import check_tp, kv_heads_per_gpu  # noqa: F401 (one check, shared)
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FP8_BYTES = 1
@@ -146,23 +147,6 @@ class ModelSpec:
         cache (a sliding layer keeps at most its window of them)."""
         c = self.config
         return 2 * c.num_layers * kv_heads_per_gpu(c, tp) * c.head_dim * self.kv_bytes
-
-
-def kv_heads_per_gpu(config: ModelConfig, tp: int) -> int:
-    """KV heads one of `tp` GPUs holds: split when tp divides them, replicated beyond."""
-    return max(config.num_kv_heads // tp, 1)
-
-
-def check_tp(config: ModelConfig, tp) -> int:
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tp: expected a positive int, got {tp!r}")
-    if config.num_heads % tp or config.intermediate_size % tp:
-        raise ValueError(f"tp: {tp} does not divide the {config.num_heads} attention heads and "
-                         f"the intermediate size {config.intermediate_size}")
-    if tp > config.num_kv_heads and tp % config.num_kv_heads:
-        raise ValueError(f"tp: {tp} is neither a divisor nor a multiple of the "
-                         f"{config.num_kv_heads} KV heads")
-    return tp
 
 
 @dataclass(frozen=True)

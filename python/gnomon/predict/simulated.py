@@ -103,7 +103,7 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
     group). Raises `PredictionRefused` with the bytes needed and the bytes available when the
     model does not fit."""
     c = model.config
-    check_tp(c, tp)
+    check_tp(c, tp, "tp")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization: expected a fraction in (0, 1], got "
                          f"{gpu_memory_utilization}")
@@ -140,7 +140,7 @@ class SimulatedRunner:
             raise TypeError(f"predictor: expected a StepCostPredictor (with predict(shape)), got "
                             f"{type(predictor).__name__}")
         self.model, self.predictor, self.clock = model, predictor, clock
-        self.tp = check_tp(model.config, tp)
+        self.tp = check_tp(model.config, tp, "tp")
         self.token = _filler_token(model)
         self.keep_batches = bool(keep_batches)
         self.known: Set[int] = set()
