@@ -1,0 +1,299 @@
+"""Tensor parallelism over torch.distributed: two real gloo ranks on this CPU (a spawned worker,
+or torchrun), in float32, against one rank.
+
+The shard arithmetic is checked against the TP=1 weights row by row; generation at TP=2 must be
+token-identical to TP=1 through chunked prefill, prefix-cache hits, preemption and seeded n=2
+sampling (each asserted to happen), and the logits equal within 1e-5. A worker that raises, or
+dies, fails rank 0's step with a RuntimeError naming it, within the group's timeout (20 s
+here), and a closed engine leaves no child process.
+
+This module is also an architecture module (``FailingLlamaForCausalLM``: Llama whose rank 1
+raises on token 255), registered by path so that the spawned worker imports it too.
+"""
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from gnomon.engine import models
+from gnomon.engine.config import ModelConfig, preset_json
+from gnomon.engine.distributed import Shard, check_tp, free_port
+from gnomon.engine.kv_cache import max_blocks_held
+from gnomon.engine.llm import LLM
+from gnomon.engine.models import llama
+from gnomon.engine.sampling_params import SamplingParams
+from gnomon.engine.weights import load_weights, random_weights, shard_weights
+
+# ---- FailingLlamaForCausalLM ------------------------------------------------------------------
+
+ARCHITECTURE = "FailingLlamaForCausalLM"
+DEFAULTS, ROPE_SCALING, MXFP4_TENSOR = llama.DEFAULTS, llama.ROPE_SCALING, None
+config_fields, mlp_shapes, MLP_SHARDING, load_mlp = (llama.config_fields, llama.mlp_shapes,
+                                                     llama.MLP_SHARDING, llama.load_mlp)
+POISON = 255
+
+
+def forward_layer(runner, i, h, residual, inputs, tick):
+    if runner.shard.rank == 1 and bool((inputs["tokens"] == POISON).any()):
+        raise ValueError("injected failure: rank 1 met the poison token")
+    return llama.forward_layer(runner, i, h, residual, inputs, tick)
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def group_timeout(monkeypatch):
+    monkeypatch.setenv("GNOMON_DIST_TIMEOUT_S", "20")
+
+
+def _mxfp4_oss(intermediate=64):
+    raw = preset_json("tiny-gpt-oss")
+    raw.update(intermediate_size=intermediate,
+               quantization_config={"quant_method": "mxfp4"})
+    return ModelConfig.from_json(raw)
+
+
+MODELS = {"tiny-llama": lambda: ModelConfig.preset("tiny-llama"),
+          "tiny-mixtral": lambda: ModelConfig.preset("tiny-mixtral"),
+          "tiny-gpt-oss": lambda: ModelConfig.preset("tiny-gpt-oss"),
+          "tiny-gpt-oss-mxfp4": _mxfp4_oss}
+_g = torch.Generator().manual_seed(7)
+_base = torch.randint(3, 250, (30,), generator=_g).tolist()
+PROMPTS = [_base[:22], _base[:12] + [5, 6, 7], _base, [9, 8, 7, 6, 5]]
+
+
+def _no_children():
+    deadline = time.time() + 10
+    while multiprocessing.active_children() and time.time() < deadline:
+        time.sleep(0.1)
+    return not multiprocessing.active_children()
+
+
+# ---- the arithmetic ----------------------------------------------------------------------------
+
+def test_check_tp_names_the_dimension():
+    raw = preset_json("tiny-llama")
+    raw.update(num_attention_heads=24, num_key_value_heads=8, head_dim=8, intermediate_size=96)
+    config = ModelConfig.from_json(raw)
+    assert check_tp(config, 8) == 8 and check_tp(config, 24) == 24  # 24: KV heads replicated
+    with pytest.raises(ValueError, match="tensor_parallel_size: 5 does not divide the 24 "
+                                         "attention heads"):
+        check_tp(config, 5)
+    with pytest.raises(ValueError, match="3 neither divides nor is a multiple of the 8 KV"):
+        check_tp(config, 3)
+    with pytest.raises(ValueError, match="does not divide the 96 intermediate size"):
+        check_tp(ModelConfig.from_json({**raw, "num_attention_heads": 64,
+                                        "num_key_value_heads": 64}), 64)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        LLM("tiny-llama", random_weights=True, tensor_parallel_size=3)  # before any process
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral", "tiny-gpt-oss"])
+def test_shards_are_the_rows_of_the_tp1_weights(name):
+    """Every rank's shard against the rows of the TP=1 weights it must hold, computed here from
+    the layouts: Q, K and V heads of qkv; gate and up rows of w13; columns of o and w2."""
+    c = MODELS[name]()
+    full = random_weights(c, torch.float32)
+    D, H, I, V = c.head_dim, c.hidden_size, c.intermediate_size, c.vocab_size
+    q, kv = c.num_heads * D, c.num_kv_heads * D
+    for r in range(2):
+        s = shard_weights(full, c, Shard(r, 2))
+        hq, hk = c.num_heads // 2, c.num_kv_heads // 2
+        for layer in range(c.num_layers):
+            p = f"layers.{layer}."
+            qkv = full[p + "qkv"]
+            want = torch.cat([qkv[r * hq * D:(r + 1) * hq * D],
+                              qkv[q + r * hk * D:q + (r + 1) * hk * D],
+                              qkv[q + kv + r * hk * D:q + kv + (r + 1) * hk * D]])
+            assert torch.equal(s[p + "qkv"], want)
+            assert torch.equal(s[p + "o"], full[p + "o"][:, r * hq * D:(r + 1) * hq * D])
+            w13, w2 = full[p + "w13"], full[p + "w2"]
+            half = I // 2
+            if c.gate_up_layout == "concat":  # gate rows, then up rows
+                rows = list(range(r * half, (r + 1) * half)) + \
+                    list(range(I + r * half, I + (r + 1) * half))
+            else:  # interleaved gate/up pairs: a contiguous run of pairs
+                rows = list(range(2 * r * half, 2 * (r + 1) * half))
+            assert torch.equal(s[p + "w13"], w13[..., rows, :])
+            assert torch.equal(s[p + "w2"], w2[..., r * half:(r + 1) * half])
+            if c.has_sinks:
+                assert torch.equal(s[p + "sinks"], full[p + "sinks"][r * hq:(r + 1) * hq])
+            if c.attention_bias:  # a row-parallel bias is added once, by rank 0
+                assert torch.equal(s[p + "o_bias"], full[p + "o_bias"] if r == 0
+                                   else torch.zeros(H))
+            if c.is_moe:
+                assert torch.equal(s[p + "router"], full[p + "router"])
+        assert torch.equal(s["embed"], full["embed"][r * V // 2:(r + 1) * V // 2])
+        assert torch.equal(s["norm"], full["norm"])
+
+
+def test_a_rank_loads_only_its_rows_of_a_checkpoint(tmp_path):
+    """load_weights with a shard gives what shard_weights cuts from the whole load."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=250, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False))
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    c = ModelConfig.from_pretrained(tmp_path)
+    whole = load_weights(tmp_path, c, dtype=torch.float32)
+    for r in range(2):
+        part = load_weights(tmp_path, c, dtype=torch.float32, shard=Shard(r, 2))
+        cut = shard_weights(whole, c, Shard(r, 2))
+        assert part.keys() == cut.keys()
+        assert all(torch.equal(part[n], cut[n]) for n in part)
+        assert part["embed"].shape == (125, 64)  # 250 rows: no padding needed at 2
+
+
+def test_mxfp4_intermediate_is_padded_to_whole_scale_blocks():
+    """I = 96 is 1.5 scale blocks per rank at TP=2: padded with zero codes to 128, 64 a rank."""
+    c = _mxfp4_oss(96)
+    assert Shard(0, 2).intermediate(c, mxfp4=True) == 128
+    full = random_weights(c, torch.float32)
+    E, H = c.num_experts, c.hidden_size
+    for r in range(2):
+        s = shard_weights(full, c, Shard(r, 2))
+        assert s["layers.0.w2"].shape == (E, H, 32) and s["layers.0.w2_scales"].shape == (E, H, 2)
+        assert s["layers.0.w13"].shape == (E, 128, H // 2)
+    tail = shard_weights(full, c, Shard(1, 2))
+    assert not tail["layers.0.w2"][..., 16:].any()  # K 96..127 of rank 1: padding, zero codes
+    assert not tail["layers.0.w13"][:, 64:].any()  # interleaved rows of I 96..127: zero codes
+    assert not tail["layers.0.w13_bias"][:, 64:].any()
+
+
+# ---- real ranks --------------------------------------------------------------------------------
+
+def _run(llm):
+    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=10, temperature=1.0, seed=11, n=2, ignore_eos=True)
+    first = [[list(c.token_ids) for c in o.outputs] for o in llm.generate(PROMPTS, greedy)]
+    again = [[list(c.token_ids) for c in o.outputs] for o in llm.generate(PROMPTS, greedy)]
+    two = [[list(c.token_ids) for c in o.outputs] for o in llm.generate(PROMPTS[:2], sampled)]
+    assert llm.num_free_blocks == llm.num_kv_blocks
+    return first, again, two, llm.score(PROMPTS)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_tp2_generates_what_tp1_does(name):
+    config = MODELS[name]()
+    # a 12-token budget chunks the prompts; room for the longest request and two blocks more
+    # cannot hold them all at once: preemption
+    longest = max(map(len, PROMPTS)) + 10
+    blocks = max_blocks_held(config.kv_cache_groups().windows, longest, block_size=4,
+                             max_step_tokens=12) + 2
+    kw = dict(random_weights=True, dtype="float32", block_size=4, num_kv_blocks=blocks,
+              max_num_batched_tokens=12, max_num_seqs=4)
+    assert max(map(len, PROMPTS)) > 12
+    one = _run(LLM(config, **kw))
+    with LLM(config, tensor_parallel_size=2, **kw) as llm:
+        two = _run(llm)
+        engine = llm.engine
+        assert engine.scheduler.num_preemptions > 0
+        assert engine.kv.stats()["hits"] > 0
+    assert two[:3] == one[:3]
+    assert one[2][0][0] != one[2][0][1]  # the two samples differ: seeded sampling was at work
+    torch.testing.assert_close(two[3], one[3], atol=1e-5, rtol=1e-5)
+    assert _no_children()
+
+
+def test_tp2_matches_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.1,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        attn_implementation="eager")).float().eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    want = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            ids = torch.tensor([p])
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
+                              min_new_tokens=10, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+            want.append(out[0, len(p):].tolist())
+    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    with LLM(str(tmp_path), dtype="float32", num_kv_blocks=64, tensor_parallel_size=2) as llm:
+        assert [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy)] == want
+
+
+def test_a_worker_that_raises_is_named(tmp_path):
+    raw = preset_json("tiny-llama")
+    raw["architectures"] = [ARCHITECTURE]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    models.register(ARCHITECTURE, __name__)
+    try:
+        llm = LLM(str(tmp_path), random_weights=True, dtype="float32", num_kv_blocks=32,
+                  tensor_parallel_size=2)
+        greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+        assert llm.generate([[1, 2, 3]], greedy)[0].finished  # a healthy step first
+        start = time.time()
+        with pytest.raises(RuntimeError, match=r"rank 1 failed:(.|\n)*injected failure"):
+            llm.generate([[1, POISON, 3]], greedy)
+        assert time.time() - start < 30
+        llm.close()
+    finally:
+        models.unregister(ARCHITECTURE)
+    assert _no_children()
+
+
+def test_a_dead_worker_is_noticed_before_the_next_step():
+    llm = LLM("tiny-llama", random_weights=True, dtype="float32", tensor_parallel_size=2)
+    worker = llm.engine.runner.group.processes[0]
+    worker.kill()
+    worker.join(timeout=10)
+    start = time.time()
+    with pytest.raises(RuntimeError, match="rank 1 exited with status"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert time.time() - start < 10
+    llm.close()
+    assert _no_children()
+
+
+def test_torchrun_world_size_must_match(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(ValueError, match="tensor_parallel_size: 2, but torchrun started "
+                                         "WORLD_SIZE=3"):
+        LLM("tiny-llama", random_weights=True, tensor_parallel_size=2)
+
+
+TORCHRUN_SCRIPT = """
+import json, sys
+from gnomon.engine.llm import LLM
+from gnomon.engine.sampling_params import SamplingParams
+
+if __name__ == "__main__":
+    prompts = json.loads(sys.argv[1])
+    with LLM("tiny-llama", random_weights=True, dtype="float32", tensor_parallel_size=2) as llm:
+        if llm.is_driver:
+            outs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0,
+                                                        ignore_eos=True))
+            print("TOKENS", json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+"""
+
+
+def test_torchrun_two_ranks_join_the_group(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(script), json.dumps(PROMPTS)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [l for l in run.stdout.splitlines() if l.startswith("TOKENS ")]
+    assert len(lines) == 1  # rank 0 alone generates
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    want = [list(o.outputs[0].token_ids) for o in
+            LLM("tiny-llama", random_weights=True, dtype="float32").generate(PROMPTS, greedy)]
+    assert json.loads(lines[0][len("TOKENS "):]) == want
