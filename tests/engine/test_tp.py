@@ -62,7 +62,9 @@ def _mxfp4_oss(intermediate=64):
 MODELS = {"tiny-llama": lambda: ModelConfig.preset("tiny-llama"),
           "tiny-mixtral": lambda: ModelConfig.preset("tiny-mixtral"),
           "tiny-gpt-oss": lambda: ModelConfig.preset("tiny-gpt-oss"),
-          "tiny-gpt-oss-mxfp4": _mxfp4_oss}
+          "tiny-gpt-oss-mxfp4": _mxfp4_oss,
+          # I = 96: 1.5 scale blocks a rank, padded with zero codes
+          "tiny-gpt-oss-mxfp4-padded": lambda: _mxfp4_oss(96)}
 _g = torch.Generator().manual_seed(7)
 _base = torch.randint(3, 250, (30,), generator=_g).tolist()
 PROMPTS = [_base[:22], _base[:12] + [5, 6, 7], _base, [9, 8, 7, 6, 5]]

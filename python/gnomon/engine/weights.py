@@ -316,7 +316,8 @@ def shard_weights(weights: Dict[str, torch.Tensor], config: ModelConfig, shard: 
         return dict(weights)
     if mxfp4 is None:
         mxfp4 = any(n.endswith("_scales") for n in weights)
-    rules = {**_SHARDING, **models.model_module(config.architecture).MLP_SHARDING}
+    mlp = models.model_module(config.architecture).MLP_SHARDING
+    rules = {**_SHARDING, **mlp}
     padded = shard.intermediate(config, mxfp4)
     out: Dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
@@ -325,7 +326,7 @@ def shard_weights(weights: Dict[str, torch.Tensor], config: ModelConfig, shard: 
             out[name] = out["embed"]
             continue
         kind, dim = rules[leaf]
-        if kind in ("gate_up", "row") and padded != config.intermediate_size:
+        if leaf in mlp and kind in ("gate_up", "row") and padded != config.intermediate_size:
             fill = next((v for suffix, v in _PAD.items() if leaf.endswith(suffix)), 0)
             tensor = _pad_intermediate(tensor, dim, padded / config.intermediate_size,
                                        fill, kind == "gate_up" and
