@@ -144,6 +144,8 @@ def _add_generate_parser(commands) -> None:  # noqa: ANN001
     gen.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
     gen.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
     gen.add_argument("--device", default="cpu", help="cpu or cuda[:N] (a GPU build; default cpu)")
+    gen.add_argument("--tp", type=int, default=1,
+                     help="tensor-parallel ranks (default 1): N processes over torch.distributed")
 
 
 def _run_generate(args) -> int:  # noqa: ANN001
@@ -165,9 +167,9 @@ def _run_generate(args) -> int:  # noqa: ANN001
 
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 seed=args.seed)
-        llm = LLM(args.model, random_weights=args.random_weights, dtype=args.dtype,
-                  device=args.device)
-        with Progress(transient=True) as bar:
+        with LLM(args.model, random_weights=args.random_weights, dtype=args.dtype,
+                 device=args.device, tensor_parallel_size=args.tp) as llm, \
+                Progress(transient=True) as bar:
             task = bar.add_task("generating", total=args.max_tokens)
 
             rid = llm.next_request_id  # the id generate() gives the prompt
@@ -176,7 +178,7 @@ def _run_generate(args) -> int:  # noqa: ANN001
                 bar.update(task, completed=len(llm.engine.get_output(rid).outputs[0].token_ids))
 
             outputs = llm.generate([prompt], params, progress=progress)
-    except (ValueError, TypeError, KeyError, OSError) as error:
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
         msg = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"gnomon: error: {msg}", file=sys.stderr)
         return 2

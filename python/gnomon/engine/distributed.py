@@ -368,13 +368,16 @@ class DistributedRunner:
 
     def __init__(self, group: WorkerGroup) -> None:
         self.group, self.runner = group, group.runner
+        self.send_seconds = []  # each step's broadcast, for the benchmark
 
     def _send(self, batch) -> float:
         import time
 
         start = time.perf_counter()
         self.group.broadcast(batch)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.send_seconds.append(seconds)
+        return seconds
 
     def execute(self, batch):
         from .batch import StepOutput
