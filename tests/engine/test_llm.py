@@ -261,6 +261,22 @@ def test_cli_generate():
     assert err.startswith("gnomon: error:") and len(err.splitlines()) == 1
 
 
+def test_cli_generate_tp():
+    """--tp 2 gives --tp 1's tokens; a --tp that cannot shard the model is refused by name."""
+    def generate(*flags):
+        return subprocess.run([sys.executable, "-m", "gnomon.cli", "generate", "--model",
+                               "tiny-llama", "--random-weights", "--prompt-ids", "1,2,3",
+                               "--max-tokens", "6", *flags],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "GNOMON_DIST_TIMEOUT_S": "20"})
+
+    one, two, three = generate("--tp", "1"), generate("--tp", "2"), generate("--tp", "3")
+    assert one.returncode == two.returncode == 0, two.stderr
+    tokens = [[l for l in r.stdout.splitlines() if l.startswith("token_ids:")] for r in (one, two)]
+    assert tokens[0] == tokens[1] and tokens[0]
+    assert three.returncode == 2 and "tensor_parallel_size: 3 does not divide" in three.stderr
+
+
 def test_stop_token_finishes_with_reason_stop(reference):
     stop = reference[0][0][3]
     first = list(reference[0][0]).index(stop)
