@@ -41,3 +41,17 @@ def write_mxfp4_checkpoint(dense_folder, out_folder):
     cfg["quantization_config"] = MXFP4_QUANTIZATION_CONFIG
     (out_folder / "config.json").write_text(json.dumps(cfg, indent=2))
     return dequant
+
+
+def hf_greedy(model, prompts, max_tokens):
+    """transformers' greedy generation of exactly `max_tokens` tokens per prompt, one prompt at
+    a time (no padding), as lists of token ids."""
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            tokens = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                    max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                    do_sample=False, eos_token_id=None, pad_token_id=0)
+            out.append(tokens[0, len(p):].tolist())
+    return out

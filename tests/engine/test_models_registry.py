@@ -15,6 +15,7 @@ from gnomon.engine import models
 from gnomon.engine.llm import LLM
 from gnomon.engine.models import llama
 from gnomon.engine.sampling_params import SamplingParams
+from hf_checkpoints import hf_greedy
 
 transformers = pytest.importorskip("transformers")
 
@@ -84,15 +85,7 @@ def test_a_registered_architecture_runs_through_llm(tmp_path, registered):
     llm = LLM(str(tmp_path), dtype="float32", num_kv_blocks=32)
     assert llm.engine.config.architecture == ARCHITECTURE
     got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
-    want = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
-                              min_new_tokens=12, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)
-            want.append(out[0, len(p):].tolist())
-    assert got == want
+    assert got == hf_greedy(hf, prompts, 12)
 
 
 def test_an_unregistered_architecture_is_refused_by_name(tmp_path):

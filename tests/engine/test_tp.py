@@ -29,6 +29,7 @@ from gnomon.engine.llm import LLM
 from gnomon.engine.models import llama
 from gnomon.engine.sampling_params import SamplingParams
 from gnomon.engine.weights import load_weights, random_weights, shard_weights
+from hf_checkpoints import hf_greedy
 
 # ---- FailingLlamaForCausalLM ------------------------------------------------------------------
 
@@ -214,14 +215,7 @@ def test_tp2_matches_transformers(tmp_path):
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
         attn_implementation="eager")).float().eval()
     hf.save_pretrained(tmp_path, safe_serialization=True)
-    want = []
-    with torch.no_grad():
-        for p in PROMPTS:
-            ids = torch.tensor([p])
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
-                              min_new_tokens=10, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)
-            want.append(out[0, len(p):].tolist())
+    want = hf_greedy(hf, PROMPTS, 10)
     greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     with LLM(str(tmp_path), dtype="float32", num_kv_blocks=64, tensor_parallel_size=2) as llm:
         assert [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy)] == want
