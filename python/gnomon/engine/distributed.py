@@ -185,12 +185,20 @@ class Collectives:
 def init_group(rank: int, size: int, device, port: Optional[int]) -> None:
     """Joins (torchrun: the environment's) or creates the group of `size` ranks on
     127.0.0.1:`port`."""
+    import torch
     import torch.distributed as dist
 
     if port is not None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if str(device).startswith("cuda"):  # nccl's object collectives use the current device
+        torch.cuda.set_device(local_device_index(rank))
     dist.init_process_group(backend_for(device), rank=rank, world_size=size,
                             timeout=timeout())
+
+
+def local_device_index(rank: int) -> int:
+    """The GPU a rank uses: torchrun's LOCAL_RANK where set (multi-node), else the rank."""
+    return int(os.environ.get("LOCAL_RANK", rank))
 
 
 def serve(runner, comm: Collectives) -> None:
@@ -265,13 +273,15 @@ class RunnerBuilder:
             weights = load_weights(self.folder, self.config, dtype=dtype, shard=shard)
         device = torch.device(self.device)
         if device.type == "cuda" and shard.size > 1:
-            device = torch.device("cuda", shard.rank)
+            device = torch.device("cuda", local_device_index(shard.rank))
+        # a group of one (torchrun with one process) runs as one rank, without collectives
+        comm = comm if shard.size > 1 else None
         runner = ModelRunner(self.config, weights, num_kv_blocks=self.num_kv_blocks,
                              block_size=self.block_size, device=device, dtype=dtype,
                              sample=sample, max_position=self.max_position,
-                             kv_groups=self.kv_groups, shard=shard if comm else None, comm=comm)
+                             kv_groups=self.kv_groups, shard=shard, comm=comm)
         if comm is not None:  # every rank built: a failed build surfaces here, by rank
-            comm.all_reduce(torch.zeros(1))
+            comm.all_reduce(torch.zeros(1, device=device))
         return runner
 
 
