@@ -137,22 +137,70 @@ def test_shards_are_the_rows_of_the_tp1_weights(name):
         assert torch.equal(s["norm"], full["norm"])
 
 
-def test_a_rank_loads_only_its_rows_of_a_checkpoint(tmp_path):
-    """load_weights with a shard gives what shard_weights cuts from the whole load."""
+def _hf_checkpoint(kind, folder):
+    """A small transformers checkpoint of `kind` in `folder` (gpt-oss MXFP4 kinds in the hub's
+    *_blocks / *_scales layout); returns the folder gnomon loads."""
     transformers = pytest.importorskip("transformers")
+    from hf_checkpoints import write_mxfp4_checkpoint
+
+    common = dict(vocab_size=250, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  tie_word_embeddings=False)
     torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=250, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False))
-    hf.save_pretrained(tmp_path, safe_serialization=True)
-    c = ModelConfig.from_pretrained(tmp_path)
-    whole = load_weights(tmp_path, c, dtype=torch.float32)
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    elif kind == "mixtral":
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            **common, num_local_experts=4, num_experts_per_tok=2))
+    else:
+        if not hasattr(transformers, "GptOssForCausalLM"):
+            pytest.skip("this transformers has no gpt-oss")
+        inter = 96 if kind.endswith("padded") else 64
+        model = transformers.GptOssForCausalLM(transformers.GptOssConfig(
+            **{**common, "intermediate_size": inter}, num_local_experts=4,
+            num_experts_per_tok=2, sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"]))
+    model.save_pretrained(folder / "dense", safe_serialization=True)
+    if "mxfp4" in kind:
+        write_mxfp4_checkpoint(folder / "dense", folder / "mxfp4")
+        return folder / "mxfp4"
+    return folder / "dense"
+
+
+@pytest.mark.parametrize("kind", ["llama", "mixtral", "gpt-oss", "gpt-oss-mxfp4",
+                                  "gpt-oss-mxfp4-padded"])
+def test_a_rank_loads_only_its_rows_of_a_checkpoint(kind, tmp_path):
+    """load_weights with a shard (reading its rows through get_slice) gives what shard_weights
+    cuts from the whole load."""
+    folder = _hf_checkpoint(kind, tmp_path)
+    c = ModelConfig.from_pretrained(folder)
+    whole = load_weights(folder, c, dtype=torch.float32)
     for r in range(2):
-        part = load_weights(tmp_path, c, dtype=torch.float32, shard=Shard(r, 2))
+        part = load_weights(folder, c, dtype=torch.float32, shard=Shard(r, 2))
         cut = shard_weights(whole, c, Shard(r, 2))
         assert part.keys() == cut.keys()
-        assert all(torch.equal(part[n], cut[n]) for n in part)
+        for name in part:
+            assert torch.equal(part[name], cut[name]), name
         assert part["embed"].shape == (125, 64)  # 250 rows: no padding needed at 2
+
+
+def test_a_rank_reads_slices_not_whole_tensors(tmp_path, monkeypatch):
+    """Every split tensor of a Llama checkpoint is read with an index (get_slice), never whole;
+    only the replicated norms are."""
+    import gnomon.engine.weights as weights
+
+    folder = _hf_checkpoint("llama", tmp_path)
+    whole_reads = []
+    get = weights._Checkpoint.get
+
+    def spy(self, name, shape, *, uint8=False, index=None):
+        if index is None:
+            whole_reads.append(name)
+        return get(self, name, shape, uint8=uint8, index=index)
+
+    monkeypatch.setattr(weights._Checkpoint, "get", spy)
+    load_weights(folder, dtype=torch.float32, shard=Shard(1, 2))
+    assert whole_reads and all(n.endswith("norm.weight") for n in whole_reads), whole_reads
 
 
 def test_mxfp4_intermediate_is_padded_to_whole_scale_blocks():

@@ -184,9 +184,10 @@ class _Checkpoint:
     def __contains__(self, name: str) -> bool:
         return name in self.file_of
 
-    def get(self, name: str, shape: Tuple[int, ...], *, uint8: bool = False) -> torch.Tensor:
+    def get(self, name: str, shape: Tuple[int, ...], *, uint8: bool = False,
+            index: Optional[tuple] = None) -> torch.Tensor:
         """Tensor `name`, checked to have `shape` (and dtype uint8 when `uint8`, else a
-        floating dtype)."""
+        floating dtype); with `index` (a tuple of slices) only those elements are read."""
         if name not in self.file_of:
             raise WeightsError(f"{self.where}: missing tensor {name!r}")
         path = self.file_of[name]
@@ -195,11 +196,12 @@ class _Checkpoint:
             raise WeightsError(f"{path}: missing tensor {name!r} (the index puts it in this "
                                f"file)")
         try:
-            found = tuple(handle.get_slice(name).get_shape())
+            part = handle.get_slice(name)
+            found = tuple(part.get_shape())
             if found != tuple(shape):
                 raise WeightsError(f"{path}: tensor {name!r} has shape {list(found)}, expected "
                                    f"{list(shape)}")
-            tensor = handle.get_tensor(name)
+            tensor = handle.get_tensor(name) if index is None else part[index]
         except WeightsError:
             raise
         except Exception as e:  # safetensors raises several types for unreadable data
@@ -230,8 +232,9 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
                  device: Union[str, torch.device] = "cpu",
                  shard: Optional[Shard] = None) -> Dict[str, torch.Tensor]:
     """Loads the checkpoint in `folder` into gnomon's names (see the module doc); with a
-    tensor-parallel `shard`, only that rank's part (`shard_weights`), one layer at a time, so
-    no rank holds more than one layer's full tensors.
+    tensor-parallel `shard`, only that rank's part (what `shard_weights` would cut), each
+    tensor's rows read through ``get_slice`` (MXFP4 experts that need padding: one layer's
+    experts at a time, then cut), so no rank reads the whole checkpoint.
 
     `config` defaults to ``folder/config.json``; `dtype` (None or "auto": the config's
     torch_dtype) is the dtype of every floating tensor. gpt-oss experts load as MXFP4 when the
@@ -252,23 +255,21 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
     if mxfp4:
         _check_mxfp4_ok(c)
 
-    def f(name: str, shape: Tuple[int, ...]) -> torch.Tensor:
-        return ckpt.get(name, shape).to(dtype)
-
     shard = shard or Shard()
+    read = _ShardReader(ckpt, c, shard, dtype)
+    # MXFP4 experts padded to whole scale blocks are read whole, a layer at a time, and cut
+    whole_mlp = shard.intermediate(c, mxfp4) != c.intermediate_size
+    f = read.dense
 
-    def part(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        return shard_weights(tensors, c, shard, mxfp4=mxfp4)
-
-    top: Dict[str, torch.Tensor] = {"embed": f("model.embed_tokens.weight", (c.vocab_size, H)),
+    out: Dict[str, torch.Tensor] = {"embed": f("model.embed_tokens.weight", (c.vocab_size, H),
+                                               "vocab"),
                                     "norm": f("model.norm.weight", (H,))}
     ignorable: List[str] = []
     if c.tie_word_embeddings:
-        top["lm_head"] = top["embed"]
+        out["lm_head"] = out["embed"]
         ignorable.append("lm_head.weight")
     else:
-        top["lm_head"] = f("lm_head.weight", (c.vocab_size, H))
-    out = part(top)
+        out["lm_head"] = f("lm_head.weight", (c.vocab_size, H), "vocab")
 
     q, kv = c.num_heads * D, c.num_kv_heads * D
     for i in range(c.num_layers):
@@ -276,24 +277,77 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
         attn = hf + "self_attn."
         layer = {"attn_norm": f(hf + "input_layernorm.weight", (H,)),
                  "mlp_norm": f(hf + "post_attention_layernorm.weight", (H,)),
-                 "qkv": torch.cat([f(attn + "q_proj.weight", (q, H)),
-                                   f(attn + "k_proj.weight", (kv, H)),
-                                   f(attn + "v_proj.weight", (kv, H))]),
-                 "o": f(attn + "o_proj.weight", (H, q))}
+                 "qkv": torch.cat([f(attn + "q_proj.weight", (q, H), ("span", 0)),
+                                   f(attn + "k_proj.weight", (kv, H), "kv"),
+                                   f(attn + "v_proj.weight", (kv, H), "kv")]),
+                 "o": f(attn + "o_proj.weight", (H, q), ("span", 1))}
         if c.attention_bias:
-            layer["qkv_bias"] = torch.cat([f(attn + "q_proj.bias", (q,)),
-                                           f(attn + "k_proj.bias", (kv,)),
-                                           f(attn + "v_proj.bias", (kv,))])
-            layer["o_bias"] = f(attn + "o_proj.bias", (H,))
+            layer["qkv_bias"] = torch.cat([f(attn + "q_proj.bias", (q,), ("span", 0)),
+                                           f(attn + "k_proj.bias", (kv,), "kv"),
+                                           f(attn + "v_proj.bias", (kv,), "kv")])
+            layer["o_bias"] = f(attn + "o_proj.bias", (H,), "once")
         if c.has_sinks:
-            layer["sinks"] = f(attn + "sinks", (c.num_heads,))
-        layer.update(model.load_mlp(ckpt, c, i, mxfp4, f))
-        out.update((g + name, t) for name, t in part(layer).items())
+            layer["sinks"] = f(attn + "sinks", (c.num_heads,), ("span", 0))
+        if whole_mlp:
+            mlp = shard_weights(model.load_mlp(_ShardReader(ckpt, c, Shard(), dtype), c, i,
+                                               mxfp4), c, shard, mxfp4=mxfp4)
+        else:
+            mlp = model.load_mlp(read, c, i, mxfp4)
+        layer.update(mlp)
+        out.update((g + name, t) for name, t in layer.items())
     ckpt.check_all_used(ignorable)
 
     expected = weight_shapes(shard.local_config(c, mxfp4), mxfp4=mxfp4)
     assert set(out) == set(expected), sorted(set(out) ^ set(expected))
     return _to_device(out, device)
+
+
+class _ShardReader:
+    """Reads checkpoint tensors for one tensor-parallel rank: each read names how its tensor
+    splits (in the checkpoint's own layout), and only this rank's rows are read, through
+    ``safe_open(...).get_slice``. Splits: None (the whole tensor), ``("span", dim)`` (an even
+    part of `dim`), ``"kv"`` (this rank's KV heads of dim 0, replicated when ranks exceed them),
+    ``"vocab"`` (its rows of the vocabulary padded to a multiple of the ranks, zeros past the
+    end) and ``"once"`` (a bias added after the all-reduce: rank 0 reads it, the others hold
+    zeros)."""
+
+    def __init__(self, ckpt: _Checkpoint, config: ModelConfig, shard: Shard, dtype) -> None:
+        self.ckpt, self.config, self.shard, self.dtype = ckpt, config, shard, dtype
+
+    def _index(self, shape, split):
+        s, c = self.shard, self.config
+        if split is None or s.size == 1:
+            return None, None
+        if split == "once":
+            return None, "zeros" if s.rank else None
+        if split == "vocab":
+            rows = s.span(s.vocab(c))
+            return (slice(rows.start, min(rows.stop, shape[0])),), rows.stop - rows.start
+        if split == "kv":
+            heads = s.kv_heads(c)
+            return (slice(heads.start * c.head_dim, heads.stop * c.head_dim),), None
+        _, dim = split
+        return (slice(None),) * dim + (s.span(shape[dim]),), None
+
+    def _read(self, name, shape, split, uint8: bool) -> torch.Tensor:
+        index, extra = self._index(shape, split)
+        if extra == "zeros":
+            self.ckpt.used.add(name)  # rank 0 reads it; here it is known to be all zeros
+            return torch.zeros(shape, dtype=torch.uint8 if uint8 else self.dtype)
+        t = self.ckpt.get(name, shape, uint8=uint8, index=index)
+        if not uint8:
+            t = t.to(self.dtype)
+        if isinstance(extra, int) and extra > t.shape[0]:  # the vocabulary's padding rows
+            t = torch.cat([t, t.new_zeros((extra - t.shape[0],) + tuple(t.shape[1:]))])
+        return t
+
+    def dense(self, name: str, shape: Tuple[int, ...], split=None) -> torch.Tensor:
+        """A floating tensor, in the load's dtype."""
+        return self._read(name, shape, split, uint8=False)
+
+    def codes(self, name: str, shape: Tuple[int, ...], split=None) -> torch.Tensor:
+        """A uint8 tensor (MXFP4 codes or scales)."""
+        return self._read(name, shape, split, uint8=True)
 
 
 # ---- tensor-parallel shards -------------------------------------------------------------------

@@ -12,8 +12,10 @@ that a simulation (which parses configs and counts weights) runs without torch:
    routing, layer types and window, sinks, activation, gate/up layout) read through the
    `ConfigReader` ``r``, given the architecture-independent ``base`` fields.
 2. **Its weight names and sharding.** ``mlp_shapes(config, mxfp4)``: gnomon's names and shapes
-   under ``layers.{i}.`` for its MLP; ``load_mlp(ckpt, config, i, mxfp4, dense)``: which HF
-   tensors of layer ``i`` become those weights and how they are fused (``w13``);
+   under ``layers.{i}.`` for its MLP; ``load_mlp(read, config, i, mxfp4)``: which HF tensors of
+   layer ``i`` become those weights, how they are fused (``w13``) and how each splits across
+   tensor-parallel ranks (``read.dense`` / ``read.codes`` take the split, and read only the
+   rank's rows);
    ``MLP_SHARDING``: how tensor parallelism splits each (``gate_up``, ``row``, ``once`` or
    ``replicate``, and the dim). The attention's names, fusion (``qkv``) and sharding are the same
    for every architecture here (`gnomon.engine.weights`).

@@ -64,29 +64,31 @@ MLP_SHARDING = {"router": ("replicate", None), "router_bias": ("replicate", None
                 "w2_bias": ("once", None)}
 
 
-def load_mlp(ckpt, config, i: int, mxfp4: bool, dense) -> dict:
+def load_mlp(read, config, i: int, mxfp4: bool) -> dict:
     """``router(_bias)``: ``mlp.router``. MXFP4: ``w13`` / ``w2`` are ``gate_up_proj_blocks``
     [E, 2I, H/32, 16] / ``down_proj_blocks`` [E, H, I/32, 16] viewed flat, with their
     ``*_scales``; dense: ``gate_up_proj`` [E, H, 2I] / ``down_proj`` [E, I, H] transposed (gate/up
-    interleaved). ``w13_bias`` / ``w2_bias``: ``gate_up_proj_bias`` / ``down_proj_bias``."""
+    interleaved). ``w13_bias`` / ``w2_bias``: ``gate_up_proj_bias`` / ``down_proj_bias``. A rank
+    reads its contiguous run of interleaved gate/up rows (N) and its part of down's K."""
     H, I, E = config.hidden_size, config.intermediate_size, config.num_experts
     hf = f"model.layers.{i}.mlp."
     ex = hf + "experts."
-    out = {"router": dense(hf + "router.weight", (E, H)),
-           "router_bias": dense(hf + "router.bias", (E,))}
+    out = {"router": read.dense(hf + "router.weight", (E, H)),
+           "router_bias": read.dense(hf + "router.bias", (E,))}
     if mxfp4:
         nb_h, nb_i = H // MXFP4_BLOCK, I // MXFP4_BLOCK
-        out["w13"] = ckpt.get(ex + "gate_up_proj_blocks", (E, 2 * I, nb_h, 16),
-                              uint8=True).reshape(E, 2 * I, H // 2)
-        out["w13_scales"] = ckpt.get(ex + "gate_up_proj_scales", (E, 2 * I, nb_h), uint8=True)
-        out["w2"] = ckpt.get(ex + "down_proj_blocks", (E, H, nb_i, 16),
-                             uint8=True).reshape(E, H, I // 2)
-        out["w2_scales"] = ckpt.get(ex + "down_proj_scales", (E, H, nb_i), uint8=True)
+        w13 = read.codes(ex + "gate_up_proj_blocks", (E, 2 * I, nb_h, 16), ("span", 1))
+        out["w13"] = w13.reshape(E, w13.shape[1], H // 2)
+        out["w13_scales"] = read.codes(ex + "gate_up_proj_scales", (E, 2 * I, nb_h), ("span", 1))
+        w2 = read.codes(ex + "down_proj_blocks", (E, H, nb_i, 16), ("span", 2))
+        out["w2"] = w2.reshape(E, H, w2.shape[2] * 16)
+        out["w2_scales"] = read.codes(ex + "down_proj_scales", (E, H, nb_i), ("span", 2))
     else:
-        out["w13"] = dense(ex + "gate_up_proj", (E, H, 2 * I)).transpose(1, 2).contiguous()
-        out["w2"] = dense(ex + "down_proj", (E, I, H)).transpose(1, 2).contiguous()
-    out["w13_bias"] = dense(ex + "gate_up_proj_bias", (E, 2 * I))
-    out["w2_bias"] = dense(ex + "down_proj_bias", (E, H))
+        out["w13"] = read.dense(ex + "gate_up_proj", (E, H, 2 * I),
+                                ("span", 2)).transpose(1, 2).contiguous()
+        out["w2"] = read.dense(ex + "down_proj", (E, I, H), ("span", 1)).transpose(1, 2).contiguous()
+    out["w13_bias"] = read.dense(ex + "gate_up_proj_bias", (E, 2 * I), ("span", 1))
+    out["w2_bias"] = read.dense(ex + "down_proj_bias", (E, H), "once")
     return out
 
 

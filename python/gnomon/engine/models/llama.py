@@ -30,14 +30,16 @@ def mlp_shapes(config, mxfp4: bool) -> dict:
 MLP_SHARDING = {"w13": ("gate_up", -2), "w2": ("row", -1)}
 
 
-def load_mlp(ckpt, config, i: int, mxfp4: bool, dense) -> dict:
-    """``w13``: ``mlp.gate_proj`` rows, then ``mlp.up_proj`` rows; ``w2``: ``mlp.down_proj``."""
+def load_mlp(read, config, i: int, mxfp4: bool) -> dict:
+    """``w13``: ``mlp.gate_proj`` rows, then ``mlp.up_proj`` rows; ``w2``: ``mlp.down_proj``.
+    A rank reads its rows of gate and of up, and its columns of down."""
     import torch
 
     H, I, hf = config.hidden_size, config.intermediate_size, f"model.layers.{i}.mlp."
-    return {"w13": torch.cat([dense(hf + "gate_proj.weight", (I, H)),
-                              dense(hf + "up_proj.weight", (I, H))]),
-            "w2": dense(hf + "down_proj.weight", (H, I))}
+    rows, columns = ("span", 0), ("span", 1)
+    return {"w13": torch.cat([read.dense(hf + "gate_proj.weight", (I, H), rows),
+                              read.dense(hf + "up_proj.weight", (I, H), rows)]),
+            "w2": read.dense(hf + "down_proj.weight", (H, I), columns)}
 
 
 # ---- forward -------------------------------------------------------------------------------

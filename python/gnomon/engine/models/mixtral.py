@@ -37,20 +37,20 @@ def mlp_shapes(config, mxfp4: bool) -> dict:
 MLP_SHARDING = {"router": ("replicate", None), "w13": ("gate_up", -2), "w2": ("row", -1)}
 
 
-def load_mlp(ckpt, config, i: int, mxfp4: bool, dense) -> dict:
+def load_mlp(read, config, i: int, mxfp4: bool) -> dict:
     """``router``: ``block_sparse_moe.gate``; ``w13[e]``: expert e's ``w1`` (gate) rows, then its
-    ``w3`` (up) rows; ``w2[e]``: its ``w2``."""
+    ``w3`` (up) rows; ``w2[e]``: its ``w2``. A rank reads its rows of w1 and w3 and its columns
+    of w2, for every expert."""
     import torch
 
     H, I, E = config.hidden_size, config.intermediate_size, config.num_experts
     moe = f"model.layers.{i}.block_sparse_moe."
-    router = dense(moe + "gate.weight", (E, H))
-    w13 = torch.empty((E, 2 * I, H), dtype=router.dtype)
-    w2 = torch.empty((E, H, I), dtype=router.dtype)
-    for e in range(E):
-        w13[e, :I] = ckpt.get(f"{moe}experts.{e}.w1.weight", (I, H))
-        w13[e, I:] = ckpt.get(f"{moe}experts.{e}.w3.weight", (I, H))
-        w2[e] = ckpt.get(f"{moe}experts.{e}.w2.weight", (H, I))
+    experts = [moe + f"experts.{e}." for e in range(E)]
+    rows, columns = ("span", 0), ("span", 1)
+    router = read.dense(moe + "gate.weight", (E, H))
+    w13 = torch.stack([torch.cat([read.dense(x + "w1.weight", (I, H), rows),
+                                  read.dense(x + "w3.weight", (I, H), rows)]) for x in experts])
+    w2 = torch.stack([read.dense(x + "w2.weight", (H, I), columns) for x in experts])
     return {"router": router, "w13": w13, "w2": w2}
 
 
