@@ -147,9 +147,9 @@ def free_port() -> int:
 
 
 class Collectives:
-    """The collectives a sharded forward makes, over the default process group, each charged
-    to the ``communication`` family. Rank 0 of a group it cannot reach fails the step with a
-    RuntimeError (through `on_error`, which names the lost rank)."""
+    """The collectives a sharded forward makes, over the default process group (the runner
+    charges their time to the ``communication`` family). On rank 0 a collective that fails
+    raises what `on_error` makes of the error: a RuntimeError naming the lost rank."""
 
     def __init__(self, shard: Shard, on_error=None):
         import torch.distributed as dist
