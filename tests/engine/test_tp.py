@@ -60,7 +60,14 @@ def _mxfp4_oss(intermediate=64):
     return ModelConfig.from_json(raw)
 
 
+def _one_kv_head():
+    raw = preset_json("tiny-llama")
+    raw["num_key_value_heads"] = 1
+    return ModelConfig.from_json(raw)
+
+
 MODELS = {"tiny-llama": lambda: ModelConfig.preset("tiny-llama"),
+          "tiny-llama-1kv": _one_kv_head,  # fewer KV heads than ranks: each rank holds it
           "tiny-mixtral": lambda: ModelConfig.preset("tiny-mixtral"),
           "tiny-gpt-oss": lambda: ModelConfig.preset("tiny-gpt-oss"),
           "tiny-gpt-oss-mxfp4": _mxfp4_oss,
