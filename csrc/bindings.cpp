@@ -312,7 +312,8 @@ fraction), and stats(), a dict with exactly the keys queries, hits (both in toke
 allocations (successful allocate calls, per sequence in a batch), failed_allocations and
 evictions (cached blocks reused as fresh ones). ``groups`` is the tuple of group windows (None for
 full attention), and group_stats() a list with one dict per group: window, blocks_in_use,
-cached_blocks, evictions and released (blocks its window released).
+cached_blocks, evictions and released (blocks its window released); blocks_in_use is the tuple
+of those counts alone, cheap enough to read every step.
 
 reset_prefix_cache() -> bool
   Drops every cache entry; refuses, returning False, while any block is in use.
@@ -429,6 +430,14 @@ void bind_allocator(py::module_& m) {
              }
              return out;
            })
+      .def_property_readonly("blocks_in_use",
+                             [](const BlockAllocator& self) {
+                               py::tuple held(self.num_groups());
+                               for (int64_t g = 0; g < self.num_groups(); ++g) {
+                                 held[g] = self.group_stats(g).blocks_in_use;
+                               }
+                               return held;
+                             })
       .def_property_readonly("groups",
                              [](const BlockAllocator& self) {
                                py::tuple windows(self.num_groups());

@@ -88,6 +88,7 @@ def test_a_released_block_returns_to_the_pool():
     assert a.block_table(1, 1).tolist()[:2] == [-1, -1]
     assert a.num_free_blocks == 2 and a.ref_count(first) == 0 and first in a.free_queue()
     assert a.group_stats()[1]["blocks_in_use"] == 1
+    assert a.blocks_in_use == tuple(g["blocks_in_use"] for g in a.group_stats()) == (3, 1)
 
 
 def test_a_sliding_groups_footprint_stays_bounded_through_a_long_decode():

@@ -112,6 +112,16 @@ def test_a_delta_to_an_unseen_sequence_is_refused_by_name():
         tables.apply(ScheduledBatch((_seq(3, False, (1,)),)))
 
 
+def test_a_delta_of_unequal_group_tables_is_refused_by_name():
+    tables = BlockTables(8, windows=(None, 4))
+    full = ScheduledSequence(3, "r", 0, (1,), 0, ((1, 2), (3, 4)), True, SamplingParams())
+    tables.apply(ScheduledBatch((full,)))
+    for ids in (((), (5,)), ((5,), ()), ((5,),)):  # a group left out, or one group only
+        with pytest.raises(RuntimeError, match="sequence 3 carries block ids"):
+            tables.apply(ScheduledBatch((full._replace(full=False, block_ids=ids),)))
+    assert tables.table(3, 0) == (1, 2) and tables.table(3, 1) == (3, 4)
+
+
 def test_simulated_runner_refuses_a_stale_delta():
     spec = ModelSpec.from_config(ModelConfig.preset("tiny-llama"), name="tiny-llama")
     engine = simulated_engine(spec, "H100", RooflinePredictor("H100"), num_kv_blocks=64)

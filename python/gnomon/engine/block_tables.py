@@ -22,6 +22,12 @@ def stale_delta(s) -> RuntimeError:
                         f"scheduler and the runner are out of step")
 
 
+def _misshaped(s, groups: int) -> RuntimeError:
+    return RuntimeError(f"batch: sequence {s.seq_id} carries block ids for "
+                        f"{[len(g) for g in s.block_ids]} entries in {len(s.block_ids)} groups; "
+                        f"expected the same count in each of {groups}")
+
+
 class BlockTables:
     """Block tables rebuilt from `ScheduledBatch` deltas (module docstring). `windows` has one
     entry per KV-cache group (None for full attention); a sliding group's entries may be -1,
@@ -65,19 +71,17 @@ class BlockTables:
         for i, s in enumerate(seqs):
             row = rows_of.get(s.seq_id)
             ids = s.block_ids
-            if len(ids) != groups or len({len(g) for g in ids}) != 1:
-                raise RuntimeError(f"batch: sequence {s.seq_id} carries block ids for "
-                                   f"{[len(g) for g in ids]} entries in {len(ids)} groups; "
-                                   f"expected the same count in each of {groups}")
+            if len(ids) != groups:
+                raise _misshaped(s, groups)
             if s.full:
                 if row is None:
                     row = self._take_row(s.seq_id)
-                self._write(row, 0, ids, s.seq_id)
+                self._write(row, 0, ids, s)
             elif row is None:
                 raise stale_delta(s)
             else:
-                if ids[0]:
-                    self._write(row, int(self.lengths[row]), ids, s.seq_id)
+                if any(ids):
+                    self._write(row, int(self.lengths[row]), ids, s)
                 for g, pairs in enumerate(s.replaced_blocks):
                     for index, block in pairs:
                         if not 0 <= index < self.lengths[row]:
@@ -96,12 +100,14 @@ class BlockTables:
             raise ValueError(f"batch: sequence {seq_id}: group {group}'s block ids must lie in "
                              f"[{lowest}, {n}), got {min(ids)}..{max(ids)}")
 
-    def _write(self, row: int, start: int, ids, seq_id: int) -> None:
+    def _write(self, row: int, start: int, ids, s) -> None:
         count = len(ids[0])
+        if any(len(group_ids) != count for group_ids in ids):
+            raise _misshaped(s, len(self.windows))
         end = start + count
         if count:
             for g, group_ids in enumerate(ids):
-                self._check_ids(g, group_ids, seq_id)
+                self._check_ids(g, group_ids, s.seq_id)
             if end > self.array.shape[2]:
                 groups, rows, columns = self.array.shape
                 grown = np.zeros((groups, rows, max(end, 2 * columns)), dtype=np.int32)

@@ -40,7 +40,7 @@ from datetime import timedelta
 from typing import Optional
 
 DEFAULT_TIMEOUT_S = 300.0
-MXFP4_BLOCK = 32
+MXFP4_BLOCK = 32  # elements per E8M0 scale (OCP MX v1.0)
 
 
 # ---- the arithmetic (no torch) ---------------------------------------------------------------

@@ -89,10 +89,6 @@ class KVCacheGroups:
         return cls((None,), (tuple(range(_positive_int("num_layers", num_layers))),))
 
     @property
-    def num_groups(self) -> int:
-        return len(self.windows)
-
-    @property
     def layers_per_group(self) -> int:
         return len(self.layers[0])
 
@@ -168,6 +164,11 @@ class KVCacheManager:
 
     def stats(self) -> dict:
         return self.allocator.stats()
+
+    @property
+    def blocks_in_use(self) -> Tuple[int, ...]:
+        """Blocks each group's tables hold now."""
+        return self.allocator.blocks_in_use
 
     def group_stats(self) -> list:
         """Per group: window, blocks_in_use, cached_blocks, evictions, released."""

@@ -73,11 +73,10 @@ from safetensors import SafetensorError, safe_open
 
 from gnomon.engine import models
 from gnomon.engine.config import ModelConfig, torch_dtype
-from gnomon.engine.distributed import Shard
+from gnomon.engine.distributed import MXFP4_BLOCK, Shard
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-MXFP4_BLOCK = 32
 
 
 class WeightsError(ValueError):

@@ -152,7 +152,7 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
                 runner.idle()
             else:
                 kv_usage.append((clock(), engine.kv.usage))
-                kv_group_blocks.append(tuple(g["blocks_in_use"] for g in engine.kv.group_stats()))
+                kv_group_blocks.append(engine.kv.blocks_in_use)
             if progress is not None:
                 progress(done, total)
     finally:

@@ -4,8 +4,9 @@ sinks and biases, a top-k-then-softmax Mixture of Experts with biases and the cl
 
 from __future__ import annotations
 
+from ..distributed import MXFP4_BLOCK
+
 ARCHITECTURE = "GptOssForCausalLM"
-MXFP4_BLOCK = 32
 
 # ---- config.json ---------------------------------------------------------------------------
 
