@@ -78,13 +78,16 @@ def test_moe_reads_fewer_distinct_experts_than_tokens_times_k():
     assert one < many < 64 * one
 
 
-def test_tensor_parallel_adds_ring_all_reduce():
+def test_tensor_parallel_adds_the_runners_collectives_in_a_ring():
     spec = ModelSpec.from_config(ModelConfig.preset("tiny-llama"))
     p = RooflinePredictor(UNIT, {**EXACT, "allreduce_latency_s": 1e-6})
     cost = p.predict(StepShape.of(spec, [(4, 0)], tp=2))
-    payload = 4 * 64 * 4  # T x H x 4 bytes
-    expected = 2 * 2 * (2 * (2 - 1) / 2 * payload / 100e9 + 1e-6)  # 2 per layer, 2 layers
-    assert cost.breakdown["communication"] == pytest.approx(expected, rel=1e-12)
+    # the embedding's all-reduce and two per layer (2 layers), each rank sending 2 (n-1)/n of
+    # the T x H float32 hidden states; then the one sampled row's logits all-gathered, each
+    # rank sending (n-1)/n of the 256-entry float32 row
+    reduces = 5 * (2 * (2 - 1) / 2 * (4 * 64 * 4) / 100e9 + 1e-6)
+    gather = (2 - 1) / 2 * (256 * 4) / 100e9 + 1e-6
+    assert cost.breakdown["communication"] == pytest.approx(reduces + gather, rel=1e-12)
     assert p.predict(StepShape.of(spec, [(4, 0)])).breakdown["communication"] == 0
 
 

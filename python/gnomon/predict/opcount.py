@@ -14,8 +14,10 @@ each layer's ops already multiplied by the number of layers that share their cos
   ``E (1 - (1 - k/E)^T)`` for T tokens, and computes ``k`` experts per token, in two grouped
   GEMMs (w13 with K = hidden, w2 with K = intermediate / tp);
 - lm_head, the final norm and sampling run only on the sequences that sample;
-- with ``tp > 1`` two ring all-reduces of the hidden states per layer (after the attention
-  and after the MLP), counted as bytes to move (`Op.comm_bytes`).
+- with ``tp > 1`` what the engine's runner does: an all-reduce of the hidden states after the
+  vocab-parallel embedding and two per layer (after the attention and after the MLP), and an
+  all-gather of the sampled rows' float32 logits (the vocabulary padded to a multiple of tp),
+  each counted as the bytes one rank sends in a ring (`ring_bytes`, `Op.comm_bytes`).
 """
 
 from __future__ import annotations
@@ -35,11 +37,25 @@ class Op(NamedTuple):  # a tuple: attention builds a few per step, 6x faster tha
     bytes: float
     launches: int
     compute: str = "bfloat16"  # the math the FLOPs run in: "bfloat16", "fp8" or "fp4"
-    comm_bytes: float = 0.0  # all-reduce payload (communication ops only)
+    comm_bytes: float = 0.0  # bytes one rank sends (communication ops only; `ring_bytes`)
     collectives: int = 0
     rows: int = 0  # what the kernel's efficiency depends on: a GEMM's M, the tokens per expert
     # of a grouped MoE GEMM, the keys per query of attention; 0 where nothing does
     depth: int = 0  # a GEMM's K (attention: the head dim)
+
+
+COLLECTIVES = ("all_reduce", "all_gather")
+
+
+def ring_bytes(collective: str, payload: float, ranks: int) -> float:
+    """The bytes one of `ranks` sends in a ring `collective` of `payload` bytes (all-reduce: the
+    tensor each rank holds, ``2 (n - 1) / n`` of it; all-gather: the gathered tensor,
+    ``(n - 1) / n``), what a link's bandwidth bounds (nccl-tests' bus bandwidth)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective: expected one of {', '.join(COLLECTIVES)}, got "
+                         f"{collective!r}")
+    share = (ranks - 1) / ranks
+    return (2 * share if collective == "all_reduce" else share) * payload
 
 
 NO_WINDOW = 1 << 40  # a window no context reaches: full attention
@@ -138,9 +154,10 @@ def dense_ops(spec: ModelSpec, T: int, R: int, tp: int) -> Tuple[Op, ...]:
         gemm("gemm", "down_proj", T, I, H)
 
     if tp > 1:
-        payload = T * H * a
-        ops.append(Op("communication", "all_reduce", 0.0, 0.0, 2 * L, comm_bytes=2 * L * payload,
-                      collectives=2 * L))
+        reduces = 2 * L + 1
+        ops.append(Op("communication", "all_reduce", 0.0, 0.0, reduces,
+                      comm_bytes=reduces * ring_bytes("all_reduce", T * H * a, tp),
+                      collectives=reduces))
     if R:
         elementwise("final_norm", 4 * R * H * a, 1, layers=1)
         V = c.vocab_size // tp
@@ -148,4 +165,8 @@ def dense_ops(spec: ModelSpec, T: int, R: int, tp: int) -> Tuple[Op, ...]:
                       H * V * a + R * H * a + R * V * LOGITS_BYTES, 1, rows=R, depth=H))
         ops.append(Op("sampling", "sample", 5.0 * R * c.vocab_size,
                       3 * R * c.vocab_size * LOGITS_BYTES, 2))
+        if tp > 1:
+            ops.append(Op("communication", "all_gather", 0.0, 0.0, 1, comm_bytes=ring_bytes(
+                "all_gather", R * -(-c.vocab_size // tp) * tp * LOGITS_BYTES, tp),
+                collectives=1))
     return tuple(ops)

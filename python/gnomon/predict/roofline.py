@@ -13,7 +13,7 @@ w4a16, FP8 on Ampere or CDNA2 w8a16, both at bf16 peak). Attention takes its com
 read efficiencies from its own curves. Hardware of no generation (``host``, made-up units)
 has no curves: its factors are 1.
 
-Communication is a ring all-reduce, ``2 (tp - 1) / tp * bytes`` at the per-direction
+Communication is each collective's ring traffic (`opcount.ring_bytes`) at the per-direction
 interconnect bandwidth plus ``allreduce_latency_s`` per collective. The engine's host work is
 the ``overhead`` family, from an `EngineOverhead` (`gnomon.predict.engines`; none by default).
 
@@ -137,7 +137,7 @@ class RooflinePredictor:
 
     def op_seconds(self, op) -> float:
         if op.family == "communication":
-            return self._allreduce_seconds(op)
+            return self._collective_seconds(op)
         curves = self.efficiencies.curves
         attention = op.family == "attention" and op.flops
         grouped = op.name.startswith("fused_moe")
@@ -170,19 +170,17 @@ class RooflinePredictor:
             compute = op.flops / rate
         return max(compute, memory) + op.launches * self.efficiencies.launch_s
 
-    def _allreduce_seconds(self, op) -> float:
+    def _collective_seconds(self, op) -> float:
         gbps = self.efficiencies.interconnect_gbps or self.hardware.interconnect_gbps.value
         if gbps is None:
             raise PredictionRefused(f"tp > 1 needs an interconnect bandwidth and "
                                     f"{self.hardware.name} has none; pass "
                                     f"efficiencies={{'interconnect_gbps': ...}}")
-        return (op.comm_bytes * self._ring_factor / (gbps * 1e9)
-                + op.collectives * self.efficiencies.allreduce_latency_s)
+        return (op.comm_bytes / (gbps * 1e9) + op.collectives * self.efficiencies.allreduce_latency_s)
 
     def predict(self, shape: StepShape) -> StepCost:
         if not isinstance(shape, StepShape):
             raise TypeError(f"shape: expected a StepShape, got {type(shape).__name__}")
-        self._ring_factor = 2 * (shape.tp - 1) / shape.tp
         key = (shape.model, shape.num_tokens, shape.num_sampled, shape.tp)
         dense = self._dense_seconds.get(key)
         if dense is None:  # decode steps repeat the same few token counts
