@@ -126,7 +126,7 @@ def error_of(capsys, *argv):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--suite", "norm,gemm"], "unknown suite 'gemm'; known: attention, moe, mxfp4, norm"),
+    (["--suite", "norm,gemm"], "unknown suite 'gemm'; known: attention, moe, mxfp4, norm, comm"),
     (["--device", "tpu"], "--device: unknown device 'tpu'; accepted: cpu, cuda"),
     (["--runs", "0"], "--runs: expected a positive integer, got 0"),
     (["--runs", "two"], "--runs: expected a positive integer, got 'two'"),

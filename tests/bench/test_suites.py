@@ -7,13 +7,14 @@ import gnomon.ops
 from gnomon.bench import suites
 
 NOT_OPS = {"num_threads", "set_num_threads"}
+COLLECTIVES = {"all_reduce", "all_gather"}  # the engine's, over torch.distributed
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
 @pytest.mark.parametrize("quick", [False, True])
 def test_every_op_is_covered(target, quick):
     ops = {case.op for case in suites.cases(suites.SUITES, target, quick=quick)}
-    assert ops == set(gnomon.ops.__all__) - NOT_OPS
+    assert ops == set(gnomon.ops.__all__) - NOT_OPS | COLLECTIVES
 
 
 def test_suites_hold_the_ops_the_issue_names():
@@ -23,6 +24,7 @@ def test_suites_hold_the_ops_the_issue_names():
         "moe": {"topk_routing", "fused_moe"},
         "mxfp4": {"mxfp4_quantize", "mxfp4_dequantize", "mxfp4_gemm"},
         "norm": {"rms_norm", "rotary_embedding"},
+        "comm": COLLECTIVES,
     }
     variants = {c.name for c in suites.cases(["attention", "moe"], "cpu")}
     assert {"paged_attention.decode", "paged_attention.prefill", "fused_moe.dense",
@@ -43,7 +45,9 @@ def test_gpu_shapes_are_the_models_and_scaling_is_stated_elsewhere():
     dense = next(c for c in cpu.values() if c.name == "fused_moe.dense")
     assert dense.p["scaling"] == "cpu: hidden 4096->2048, intermediate 14336->1792, tokens 16->4"
     quick = suites.cases(suites.SUITES, "cpu", quick=True)
-    assert all(c.p["scaling"].startswith("quick: ") for c in quick)
+    # the comm suite runs fewer of the models' own message sizes, never scaled ones
+    assert all(c.p["scaling"].startswith("quick: ") for c in quick if c.suite != "comm")
+    assert all("scaling" not in c.p for c in quick if c.suite == "comm")
 
 
 def test_keys_are_unique_and_stable_between_calls():
@@ -63,7 +67,9 @@ def test_parse_suites():
 
 
 def test_every_quick_case_builds_and_runs_on_the_cpu():
-    for case in suites.cases(suites.SUITES, "cpu", quick=True):
+    # a collective needs its peers: tests/bench/test_comm.py runs those in a group
+    local = [name for name in suites.SUITES if name != "comm"]
+    for case in suites.cases(local, "cpu", quick=True):
         fn, args = case.build("cpu")
         with torch.inference_mode():
             out = fn(*args)

@@ -424,6 +424,49 @@ def _no_flops(p, d) -> int:
     return 0
 
 
+# --- communication ----------------------------------------------------------------------------
+# A collective's bytes are what one rank sends in a ring (`opcount.ring_bytes`), so its gbps is
+# the link's bus bandwidth; it counts no FLOPs (a link bounds it, not the adds). The case runs
+# the engine's own `Collectives` over the process group `gnomon.bench.comm` starts.
+
+def _ring(collective: str, payload_elements) -> Callable:
+    def count(p, d) -> int:
+        from gnomon.predict.opcount import ring_bytes
+
+        dtype = d["act"] if collective == "all_reduce" else d["logits"]
+        return int(ring_bytes(collective, payload_elements(p) * _ITEMSIZE[dtype], p["world"]))
+    return count
+
+
+def _collectives(p):
+    """The engine's `Collectives` for this rank, and the rank; the group must exist."""
+    import torch.distributed as dist
+
+    from gnomon.engine.distributed import Collectives, Shard
+
+    if not dist.is_initialized() or dist.get_world_size() != p["world"]:
+        raise RuntimeError(f"a comm case runs in a process group of {p['world']} ranks "
+                           "(gnomon bench --suite comm starts one)")
+    return Collectives(Shard(dist.get_rank(), p["world"])), dist.get_rank()
+
+
+def _all_reduce_build(p, d, device, seed):
+    comm, _ = _collectives(p)
+    # zeros: summed in place call after call, they stay finite
+    x = _torch().zeros(p["tokens"], p["hidden"], dtype=_dtype(d["act"]), device=device)
+    return comm.all_reduce, (x,)
+
+
+def _all_gather_build(p, d, device, seed):
+    comm, rank = _collectives(p)
+    if p["vocab"] % p["world"]:
+        raise ValueError(f"all_gather: vocab {p['vocab']} is not padded to a multiple of "
+                         f"world {p['world']}")
+    x = _torch().full((p["rows"], p["vocab"] // p["world"]), rank + 1.0,
+                      dtype=_dtype(d["logits"]), device=device)
+    return comm.all_gather_last, (x,)
+
+
 OPS: Dict[str, OpSpec] = {
     "paged_attention": OpSpec(1, _paged_attention_flops, _paged_attention_bytes,
                               _paged_attention_build),
@@ -437,7 +480,12 @@ OPS: Dict[str, OpSpec] = {
                          _mxfp4_gemm_build),
     "rms_norm": OpSpec(1, _rms_norm_flops, _rms_norm_bytes, _rms_norm_build),
     "rotary_embedding": OpSpec(1, _rotary_flops, _rotary_bytes, _rotary_build),
+    "all_reduce": OpSpec(1, _no_flops, _ring("all_reduce", lambda p: p["tokens"] * p["hidden"]),
+                         _all_reduce_build),
+    "all_gather": OpSpec(1, _no_flops, _ring("all_gather", lambda p: p["rows"] * p["vocab"]),
+                         _all_gather_build),
 }
+COMM_OPS = ("all_reduce", "all_gather")
 
 
 def args_nbytes(args: tuple) -> int:
@@ -449,5 +497,5 @@ def clone_args(args: tuple) -> tuple:
     return tuple(a.clone() if hasattr(a, "clone") else a for a in args)
 
 
-__all__ = ["Case", "MXFP4_BITS_PER_WEIGHT", "OPS", "OpSpec", "args_nbytes", "clone_args",
+__all__ = ["COMM_OPS", "Case", "MXFP4_BITS_PER_WEIGHT", "OPS", "OpSpec", "args_nbytes", "clone_args",
            "touched_experts"]

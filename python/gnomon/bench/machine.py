@@ -186,4 +186,5 @@ def gpu_peaks(gpu_name: str) -> Dict[str, Any]:
     tflops = {dtype: entry.tflops(dtype) for dtype in ("bfloat16", "float16", "fp8", "fp4")
               if entry.tflops(dtype) is not None}
     return {"memory_gbps": entry.hbm_tbps.value * 1000, "tflops": tflops,
+            "interconnect_gbps": entry.interconnect_gbps.value,
             "source": f"gnomon.hardware {entry.name}: {entry.bf16_tflops.source}"}

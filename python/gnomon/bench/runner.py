@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from gnomon.bench import results, suites as suite_defs
-from gnomon.bench.cases import Case, args_nbytes, clone_args
+from gnomon.bench.cases import COMM_OPS, Case, args_nbytes, clone_args
 from gnomon.bench.machine import (gpu_backend, gpu_peaks, machine_info, measure_cpu_peaks,
                                   resolve_commit)
 from gnomon.bench.timing import (FULL, QUICK, CpuTimer, GpuTimer, Sampling, gpu_l2_bytes,
@@ -30,11 +31,18 @@ class _Prepared:
     input_sets: List[tuple]
     inputs_info: Dict[str, Any]
     flush: Any = None  # a CPU buffer written before each sample, for inputs too small to rotate
+    group: Any = None  # the comm suite's `CommGroup`, for a collective
     next_set: int = 0
+
+    def session(self):
+        """What surrounds the case's warm-up and samples: a collective's peers join it."""
+        return self.group.session(self.case) if self.group else contextlib.nullcontext()
 
     def before_sample(self) -> None:
         if self.flush is not None:
             self.flush.add_(1)
+        if self.group is not None:
+            self.group.before_sample()
 
     def call(self) -> Any:
         args = self.input_sets[self.next_set]
@@ -114,8 +122,8 @@ def check_out(path: Path) -> None:
         raise ValueError(f"--out {path}: the folder {parent} is not writable")
 
 
-def _prepare(case: Case, device: str, mode: str, llc_bytes: int) -> _Prepared:
-    """Builds a case's inputs. Cold on a CPU: copies of the inputs adding up to twice the
+def _prepare(case: Case, device: str, mode: str, llc_bytes: int, group=None) -> _Prepared:
+    """Builds a case's inputs (a collective's run over `group`). Cold on a CPU: copies of the inputs adding up to twice the
     last-level cache, used in turn; where that would take more than MAX_COLD_COPIES copies
     (tiny inputs), one set of inputs and a buffer of twice the cache written before each
     sample, outside the timed call."""
@@ -134,7 +142,7 @@ def _prepare(case: Case, device: str, mode: str, llc_bytes: int) -> _Prepared:
 
             flush = torch.zeros(2 * llc_bytes // 4, dtype=torch.float32)
             info.update(cold="flush", flush_bytes=flush.numel() * 4)
-    return _Prepared(case, fn, sets, info, flush)
+    return _Prepared(case, fn, sets, info, flush, group if case.op in COMM_OPS else None)
 
 
 def _case_record(prepared: _Prepared, run, warmup_calls: int, peaks: Dict[str, Any],
@@ -146,7 +154,8 @@ def _case_record(prepared: _Prepared, run, warmup_calls: int, peaks: Dict[str, A
     tflops = flops / median_ns / 1e3 if median_ns > 0 else 0.0
     gbps = nbytes / median_ns if median_ns > 0 else 0.0
     compute_peak = peaks.get("tflops", {}).get(case.compute_dtype)
-    memory_peak = peaks.get("memory_gbps")
+    # a collective's bytes cross the interconnect (none is known for a CPU's loopback)
+    memory_peak = peaks.get("interconnect_gbps" if case.op in COMM_OPS else "memory_gbps")
     return {
         "key": case.key, "suite": case.suite, "op": case.op, "params": case.p,
         "dtypes": case.d, "definition_hash": case.definition_hash,
@@ -208,17 +217,26 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
     cases = suite_defs.cases(names, device, quick=quick)
     total = runs * len(cases)
     done = 0
-    with torch.inference_mode():
-        prepared = [_prepare(case, device, mode, llc_bytes) for case in cases]
+    collectives = [case for case in cases if case.op in COMM_OPS]
+    with contextlib.ExitStack() as stack, torch.inference_mode():
+        group = None
+        if collectives:
+            from gnomon.bench.comm import CommGroup
+
+            group = CommGroup(collectives, device)
+            stack.callback(group.close)
+        prepared = [_prepare(case, device, mode, llc_bytes, group) for case in cases]
         timed = []
         for index in range(runs):
             timed.append([])
             for item in prepared:
                 if progress:
                     progress(done, total, item.case.key)
-                warmups = warm_up(item.call, settings, timer.sync)
-                run = sample(lambda: item.before_sample() or timer.time_call(item.call),
-                             settings)
+                with item.session():
+                    warmups = warm_up(lambda: item.before_sample() or item.call(), settings,
+                                      timer.sync)
+                    run = sample(lambda: item.before_sample() or timer.time_call(item.call),
+                                 settings)
                 timed[-1].append((item, run, warmups))
                 done += 1
     if device == "cpu":  # measured again after the sweep; the best of the two is the peak

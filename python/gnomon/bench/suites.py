@@ -7,6 +7,13 @@ Shapes come from each model's published config.json on the Hugging Face hub:
 - gpt-oss-20b / -120b: hidden 2880, 64 query / 8 KV heads of 64, intermediate 2880, 32 / 128
   experts, top 4, top-k-then-softmax routing, sliding window 128 and sinks, MXFP4 experts.
 
+The ``comm`` suite times the collectives a tensor-parallel step makes, at the engine's message
+sizes, over a process group of ``world`` ranks that the harness starts (`gnomon.bench.comm`): the
+all-reduce of the hidden states [tokens, hidden] (after the embedding, the attention and the
+MLP) and the all-gather of the sampled rows' float32 logits [rows, vocab / world]. Its sizes are
+the models' own on every target; a CPU runs fewer of them, in float32 (the dtype CPU engines
+run), a GPU in bfloat16.
+
 On a GPU the cases run at those shapes. On a CPU some sizes are scaled down so that a case takes
 milliseconds, and ``--quick`` scales further; every scaled case carries a ``scaling`` param
 naming each changed size and its model value (``"cpu: batch 32->4"``). The model's head counts,
@@ -19,7 +26,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from gnomon.bench.cases import Case
 
-SUITES = ("attention", "moe", "mxfp4", "norm")
+SUITES = ("attention", "moe", "mxfp4", "norm", "comm")
 TARGETS = ("gpu", "cpu", "quick")
 
 LLAMA_ATTN = dict(model="llama-3.1-8b", heads=32, kv_heads=8, head_dim=128)
@@ -136,7 +143,32 @@ def _norm(t: str) -> List[Case]:
     ]
 
 
-_BUILDERS = {"attention": _attention, "moe": _moe, "mxfp4": _mxfp4, "norm": _norm}
+COMM_WORLD = 2
+# (model, hidden, vocab padded for the world) -> hidden-state tokens and logit rows per target
+_COMM_SHAPES = (
+    ("llama-3.1-8b", 4096, 128256, {"gpu": (1, 32, 256, 2048, 8192), "cpu": (1, 32, 256),
+                                    "quick": (1, 256)},
+     {"gpu": (1, 32, 256), "cpu": (1, 32), "quick": (1, 32)}),
+    ("gpt-oss-120b", 2880, 201088, {"gpu": (1, 256, 8192), "cpu": (1, 256), "quick": ()},
+     {"gpu": (1, 256), "cpu": (1,), "quick": ()}),
+)
+
+
+def _comm(t: str) -> List[Case]:
+    act = "bfloat16" if t == "gpu" else "float32"
+    out = []
+    for model, hidden, vocab, tokens, rows in _COMM_SHAPES:
+        out += [Case.make("comm", "all_reduce", "", dict(model=model, world=COMM_WORLD,
+                                                         tokens=n, hidden=hidden), {"act": act})
+                for n in tokens[t]]
+        out += [Case.make("comm", "all_gather", "", dict(model=model, world=COMM_WORLD, rows=n,
+                                                         vocab=vocab), {"logits": "float32"})
+                for n in rows[t]]
+    return out
+
+
+_BUILDERS = {"attention": _attention, "moe": _moe, "mxfp4": _mxfp4, "norm": _norm,
+             "comm": _comm}
 
 
 def parse_suites(spec: Optional[str]) -> List[str]:

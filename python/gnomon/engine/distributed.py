@@ -140,6 +140,11 @@ def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
+def threads_per_rank(size: int) -> int:
+    """The CPU threads each of `size` ranks on this machine takes: its share of the cores."""
+    return max(1, (os.cpu_count() or 1) // size)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -211,19 +216,17 @@ def serve(runner, comm: Collectives) -> None:
         runner.execute_logits(batch)
 
 
-def worker_main(rank: int, size: int, port: int, build, errors) -> None:
-    """A spawned worker: joins the group, builds its shard with ``build(shard, comm)``, serves.
-    An exception is sent to rank 0 through `errors` (rank, traceback) before the process exits
-    with status 1."""
+def worker_main(rank: int, size: int, port: int, device: str, serve_rank, errors) -> None:
+    """A spawned worker: joins the group, then does its part with ``serve_rank(shard, comm)``
+    (the engine's: build the shard and serve the step loop). An exception is sent to rank 0
+    through `errors` (rank, traceback) before the process exits with status 1."""
     try:
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        torch.set_num_threads(threads_per_rank(size))
         shard = Shard(rank, size)
-        init_group(rank, size, build.device, port)
-        comm = Collectives(shard)
-        runner = build(shard, comm)
-        serve(runner, comm)
+        init_group(rank, size, device, port)
+        serve_rank(shard, Collectives(shard))
     except BaseException:  # noqa: BLE001 - everything reaches rank 0, then the process ends
         errors.put((rank, traceback.format_exc()))
         raise SystemExit(1)
@@ -284,25 +287,26 @@ class RunnerBuilder:
             comm.all_reduce(torch.zeros(1, device=device))
         return runner
 
+    def serve(self, shard: Shard, comm: Collectives) -> None:
+        """A rank other than 0: builds its shard, then serves the step loop."""
+        serve(self(shard, comm), comm)
+
 
 class WorkerGroup:
-    """Rank 0's side of a tensor-parallel group: the spawned workers (none under torchrun),
-    the errors they report, and the collectives over them."""
+    """Rank 0's side of a group of `size` ranks on `device`: the spawned workers, each running
+    ``serve_rank(shard, comm)`` (none under torchrun, whose ranks are already running), the
+    errors they report, and the collectives over them. Closing broadcasts None, which ends
+    every rank's loop."""
 
-    def __init__(self, size: int, build: RunnerBuilder, sample=None) -> None:
+    def __init__(self, size: int, device: str, serve_rank) -> None:
         self.size, self.processes = size, []
         if launched_by_torchrun():
-            init_group(int(os.environ["RANK"]), size, build.device, None)
+            init_group(int(os.environ["RANK"]), size, device, None)
         else:
-            self._spawn(size, build)
+            self._spawn(size, device, serve_rank)
         self.comm = Collectives(Shard(0, size), on_error=self.failure)
-        try:
-            self.runner = build(Shard(0, size), self.comm, sample)
-        except BaseException:
-            self.close()
-            raise
 
-    def _spawn(self, size: int, build: RunnerBuilder) -> None:
+    def _spawn(self, size: int, device: str, serve_rank) -> None:
         import torch.multiprocessing as mp
 
         context = mp.get_context("spawn")
@@ -310,17 +314,18 @@ class WorkerGroup:
         for attempt in range(3):  # a port taken between choosing and binding: another one
             port = free_port()
             self.processes = [context.Process(target=worker_main, daemon=True,
-                                              args=(rank, size, port, build, self.errors))
+                                              args=(rank, size, port, device, serve_rank,
+                                                    self.errors))
                               for rank in range(1, size)]
             for p in self.processes:
                 p.start()
             try:
-                init_group(0, size, build.device, port)
+                init_group(0, size, device, port)
                 return
             except RuntimeError as error:
                 self._stop_processes()
                 if "address already in use" not in str(error).lower() or attempt == 2:
-                    raise RuntimeError(f"tensor_parallel_size: the process group on "
+                    raise RuntimeError(f"the process group of {size} ranks on "
                                        f"127.0.0.1:{port} did not form: {error}") from error
 
     def failure(self, error: Optional[BaseException] = None) -> RuntimeError:
@@ -373,11 +378,17 @@ class WorkerGroup:
 
 
 class DistributedRunner:
-    """Rank 0's runner under tensor parallelism: sends each batch to the other ranks, then runs
-    its own shard (which samples). Its ``communication`` family includes the broadcast."""
+    """Rank 0's runner under tensor parallelism: sends each batch to the other ranks of
+    `group`, then runs its own shard (built by `build`; it samples). Its ``communication``
+    family includes the broadcast."""
 
-    def __init__(self, group: WorkerGroup) -> None:
-        self.group, self.runner = group, group.runner
+    def __init__(self, group: WorkerGroup, build: RunnerBuilder, sample=None) -> None:
+        self.group = group
+        try:
+            self.runner = build(Shard(0, group.size), group.comm, sample)
+        except BaseException:
+            group.close()
+            raise
         self.send_seconds = []  # each step's broadcast, for the benchmark
 
     def _send(self, batch) -> float:
@@ -411,16 +422,15 @@ class DistributedRunner:
         return getattr(self.runner, name)
 
 
-def serve_torchrun_rank(build: RunnerBuilder, size: int) -> None:
-    """A torchrun rank other than 0: joins the group, builds its shard, serves the step loop
-    until rank 0 closes, and leaves the group."""
+def serve_torchrun_rank(serve_rank, device: str, size: int) -> None:
+    """A torchrun rank other than 0: joins the group, runs ``serve_rank(shard, comm)`` until
+    rank 0 closes, and leaves the group."""
     import torch.distributed as dist
 
     rank = int(os.environ["RANK"])
-    init_group(rank, size, build.device, None)
+    init_group(rank, size, device, None)
     try:
         shard = Shard(rank, size)
-        comm = Collectives(shard)
-        serve(build(shard, comm), comm)
+        serve_rank(shard, Collectives(shard))
     finally:
         dist.destroy_process_group()

@@ -214,10 +214,10 @@ class LLMEngine:
                 runner = build(dist.Shard(), None, self._sample)
             elif launched_by_torchrun() and int(os.environ["RANK"]) != 0:
                 self.is_driver = False  # this rank serves rank 0's step loop, then returns
-                dist.serve_torchrun_rank(build, tensor_parallel_size)
+                dist.serve_torchrun_rank(build.serve, build.device, tensor_parallel_size)
             else:
-                runner = dist.DistributedRunner(
-                    dist.WorkerGroup(tensor_parallel_size, build, self._sample))
+                group = dist.WorkerGroup(tensor_parallel_size, build.device, build.serve)
+                runner = dist.DistributedRunner(group, build, self._sample)
         self.runner = runner
         self._requests: Dict[object, Request] = {}
         self.detokenize: Optional[Callable[[Sequence[int]], str]] = None
