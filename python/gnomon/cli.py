@@ -361,6 +361,9 @@ def _add_calibrate_parser(commands) -> None:  # noqa: ANN001
                    help="gnomon bench suites to sweep, '' for none (default %(default)s)")
     p.add_argument("--num-requests", type=int, default=cal.CALIBRATION_REQUESTS,
                    help="requests in the calibration workload (default %(default)s)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks the engine runs (and the fit prices) at; the "
+                        "comm suite joins the sweep above 1 (default 1)")
 
 
 def _run_calibrate(args) -> int:  # noqa: ANN001
@@ -371,7 +374,8 @@ def _run_calibrate(args) -> int:  # noqa: ANN001
     suites = [s for s in args.bench_suites.split(",") if s.strip()]
     try:
         predictor = cal.calibrate(args.model, random_weights=not os.path.isdir(args.model),
-                                  bench_suites=suites, num_requests=args.num_requests)
+                                  bench_suites=suites, num_requests=args.num_requests,
+                                  tp=args.tp)
         predictor.save(args.out)
     except (ValueError, TypeError, KeyError, OSError) as error:
         return _error(error)
@@ -390,13 +394,16 @@ def _add_validate_parser(commands) -> None:  # noqa: ANN001
                     "simulated, and reports per-step and TTFT/TPOT/throughput errors.")
     p.add_argument("--out", default=None, help="write the JSON report here")
     p.add_argument("--num-requests", type=int, default=120, help="(default 120)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel ranks for the calibration, the real runs and the "
+                        "simulation; reports the communication share (default 1)")
 
 
 def _run_validate(args) -> int:  # noqa: ANN001
     from gnomon.predict import validate as val
 
     try:
-        report = val.validate(num_requests=args.num_requests,
+        report = val.validate(num_requests=args.num_requests, tp=args.tp,
                               progress=lambda stage: print(stage, file=sys.stderr))
         if args.out:
             val.dump(report, args.out)

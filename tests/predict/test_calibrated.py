@@ -50,8 +50,8 @@ def test_fit_recovers_a_known_linear_model():
         assert got.seconds == pytest.approx(_truth(s), rel=1e-4)
         assert got.seconds == pytest.approx(sum(got.breakdown.values()), rel=1e-12)
         assert set(got.breakdown) == set(FAMILIES)
-        assert got.provenance["gemm"] == "fitted" and got.provenance["communication"] == \
-            "analytical"
+        assert got.provenance["gemm"] == "fitted"
+        assert got.breakdown["communication"] == 0  # tp 1: no collectives
 
 
 def test_fit_is_non_negative_and_relative():
@@ -118,6 +118,47 @@ def test_bench_rows_take_each_cases_median_over_runs():
     assert X[1, FEATURES.index("elementwise_bytes")] == 2000
     assert X[:, FEATURES.index("launches")].tolist() == [1.0, 1.0]
     assert X[:, FEATURES.index("step")].tolist() == [0.0, 0.0]
+
+
+def _comm_case(key, op, ring_bytes, median_ns):
+    return {"key": key, "op": op, "flops": 0, "bytes": ring_bytes, "params": {"world": 2},
+            "stats": {"median": median_ns}}
+
+
+def test_comm_rows_fit_a_term_per_collective_and_per_byte_and_price_tp_2():
+    # the truth: 300 us per collective, 1 ns per all-reduced byte, 2 ns per all-gathered byte
+    truth = dict(TRUE, all_reduce_bytes=1e-9, all_gather_bytes=2e-9, collectives=3e-4)
+    theta = np.array([truth[k] for k in FEATURES])
+    sizes = (1 << 10, 1 << 16, 1 << 22)
+    doc = {"runs": [{"cases": [
+        _comm_case(f"{op}{b}", op, b, 1e9 * (3e-4 + truth[f"{op}_bytes"] * b))
+        for op in ("all_reduce", "all_gather") for b in sizes]}]}
+    X, y, keys = bench_rows(doc)
+    assert len(keys) == 6 and X[:, FEATURES.index("collectives")].tolist() == [1.0] * 6
+    assert X[:, FEATURES.index("launches")].tolist() == [0.0] * 6
+    shapes = [StepShape.of(SPEC, s.requests, tp=2) for s in _shapes(5)]
+    steps = [(s, float(step_features(s)[0] @ theta)) for s in shapes]
+    p = CalibratedPredictor.fit_from(steps, [doc])
+    assert p.domain["tp"] == 2
+    probe = shapes[3]
+    x = step_features(probe)[0]
+    comm = sum(x[FEATURES.index(k)] * truth[k] for k in
+               ("all_reduce_bytes", "all_gather_bytes", "collectives"))
+    # 5 all-reduces (the embedding's, two per layer) and the logits' all-gather
+    assert x[FEATURES.index("collectives")] == 6
+    got = p.predict(probe)
+    assert got.breakdown["communication"] == pytest.approx(comm, rel=1e-3)
+    assert got.provenance["communication"] == "fitted"
+    for other in (1, 4):
+        with pytest.raises(PredictionRefused, match=f"tp = {other}: calibrated at tp 2"):
+            p.predict(StepShape.of(SPEC, probe.requests, tp=other))
+
+
+def test_calibration_steps_at_two_tps_are_refused():
+    mixed = [(s, 1e-3) for s in _shapes(0, 3)] + [
+        (StepShape.of(SPEC, s.requests, tp=2), 1e-3) for s in _shapes(1, 3)]
+    with pytest.raises(ValueError, match=r"steps: expected steps at one tp, got \[1, 2\]"):
+        CalibratedPredictor.fit_from(mixed)
 
 
 def test_gemm_rows_are_split_between_neighbouring_knots():

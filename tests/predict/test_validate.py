@@ -71,3 +71,25 @@ def test_a_slower_machine_runs_smaller_workloads_at_the_same_load():
 
 def test_report_records_its_scale(report):
     assert 0 < report["setup"]["scale"] <= 1
+
+
+@pytest.fixture(scope="module")
+def report_tp2():
+    return val.validate(num_requests=12, calibration_requests=60, bench_suites=("norm",),
+                        scale=1.0, tp=2)
+
+
+def test_tp2_validates_a_tensor_parallel_run_and_reports_its_communication(report_tp2):
+    import multiprocessing
+
+    setup = report_tp2["setup"]
+    assert setup["tp"] == 2 and setup["calibration"]["tp"] == 2
+    assert "comm" in setup["calibration"]["bench"]  # the collectives' rows joined the fit
+    real, simulated = (report_tp2["breakdown_s"][k]["communication"] for k in ("real",
+                                                                              "simulated"))
+    assert real > 0 and simulated > 0  # measured by the runner, priced by the predictor
+    assert 0 < report_tp2["communication_share"] < 1
+    assert report_tp2["step_ape"]["count"] == report_tp2["steps"]["real"] > 0
+    assert report_tp2["step_ape"]["median"] < 0.5  # as loose as at tp 1 (see above)
+    json.dumps(report_tp2, allow_nan=False)
+    assert not multiprocessing.active_children()  # every engine's workers were shut down

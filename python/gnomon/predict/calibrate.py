@@ -4,10 +4,15 @@ It runs a ``gnomon bench`` sweep (per-op rows), a sweep of the model's own GEMMs
 (`gemm_sweep`) and a calibration workload through the real engine on a `VirtualClock`
 (whole-step rows, and each step's op families as the runner timed them, `family_rows`), then
 fits the predictor on all of them.
+
+At ``tp > 1`` the engine runs tensor parallel, the sweep adds the ``comm`` suite, and all of it
+runs with rank 0 on its share of the cores (`rank_threads`), as every worker rank is: the
+predictor then prices a rank as it runs at that tp.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable, Optional, Sequence, Tuple
 
@@ -42,11 +47,29 @@ def calibration_workload(spec: ModelSpec, num_requests: int = CALIBRATION_REQUES
                      name="calibration")
 
 
-def measured_steps(trace: RunTrace, spec: ModelSpec) -> Sequence[Tuple[StepShape, float]]:
-    return [(StepShape.from_batch(s.batch, spec), s.seconds) for s in trace.steps]
+@contextlib.contextmanager
+def rank_threads(tp: int):
+    """This process's torch threads set to one rank's share of the cores while `tp` ranks run
+    (unchanged at tp 1), restored after."""
+    import torch
+
+    from gnomon.engine.distributed import threads_per_rank
+
+    previous = torch.get_num_threads()
+    if tp > 1:
+        torch.set_num_threads(threads_per_rank(tp))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
-def family_rows(trace: RunTrace, spec: ModelSpec):
+def measured_steps(trace: RunTrace, spec: ModelSpec,
+                   tp: int = 1) -> Sequence[Tuple[StepShape, float]]:
+    return [(StepShape.from_batch(s.batch, spec, tp=tp), s.seconds) for s in trace.steps]
+
+
+def family_rows(trace: RunTrace, spec: ModelSpec, tp: int = 1):
     """Each step's op families on their own: ``(the family's ops, the seconds the real runner
     timed for it)``. A whole step's seconds cannot tell two terms that grow together apart
     (sampling and the per-sequence overhead both grow with the sequences that sample); its
@@ -56,8 +79,8 @@ def family_rows(trace: RunTrace, spec: ModelSpec):
 
     rows = []
     for s in trace.steps:
-        ops = step_ops(StepShape.from_batch(s.batch, spec))
-        for family in COMPUTE_FAMILIES:
+        ops = step_ops(StepShape.from_batch(s.batch, spec, tp=tp))
+        for family in COMPUTE_FAMILIES + ("communication",):
             seconds = s.breakdown.get(family, 0.0)
             mine = [op for op in ops if op.family == family]
             if seconds > 0 and mine:
@@ -67,21 +90,24 @@ def family_rows(trace: RunTrace, spec: ModelSpec):
 
 def real_run(model, workload, *, args: Optional[EngineArgs] = None,
              num_kv_blocks: int = CPU_KV_BLOCKS, random_weights: bool = True,
-             pace: Optional[RunTrace] = None,
+             pace: Optional[RunTrace] = None, tp: int = 1,
              progress: Optional[Callable[[int, int], None]] = None) -> RunTrace:
-    """The workload through the real engine on this CPU, timed on a virtual clock (paced by
-    an earlier run's step times when `pace` is given, to repeat its decisions). `args`
-    default: `cpu_engine_args`."""
+    """The workload through the real engine on this CPU (`tp` ranks), timed on a virtual clock
+    (paced by an earlier run's step times when `pace` is given, to repeat its decisions).
+    `args` default: `cpu_engine_args`."""
     args = args or cpu_engine_args(ModelSpec.from_model(model))
     engine = timed_engine(model, random_weights=random_weights, args=args,
-                          num_kv_blocks=num_kv_blocks,
+                          num_kv_blocks=num_kv_blocks, tp=tp,
                           pace=None if pace is None else [s.seconds for s in pace.steps])
-    return run_workload(engine, workload, progress=progress)
+    try:
+        return run_workload(engine, workload, progress=progress)
+    finally:
+        engine.close()
 
 
-def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7):
+def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7, tp: int = 1):
     """The model's own GEMMs (`opcount.dense_ops`' gemm family: every layer's projections and
-    lm_head), timed through ``torch.nn.functional.linear`` as the runner calls them, at each
+    lm_head; one rank's shard of them at `tp`), timed through ``torch.nn.functional.linear`` as the runner calls them, at each
     knot M = 1, 2, 4, ... up to `max_m`: ``[(ops, seconds)]``, the median of `repeats` passes.
     A pass walks every layer's own weights, as a step does, so they stream from memory rather
     than sit in a cache."""
@@ -95,7 +121,7 @@ def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7):
     g = torch.Generator().manual_seed(0)
     out = []
     for m in (k for k in GEMM_KNOTS if k <= max_m):
-        ops = [op for op in dense_ops(spec, m, m, 1) if op.family == "gemm"]
+        ops = [op for op in dense_ops(spec, m, m, tp) if op.family == "gemm"]
         calls = []
         for op in ops:
             n = round(op.flops / (2 * op.rows * op.depth * op.launches))
@@ -116,28 +142,33 @@ def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7):
 def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True,
               num_requests: int = CALIBRATION_REQUESTS, workload=None,
               bench_suites: Sequence[str] = CALIBRATION_BENCH_SUITES, bench_mode: str = "hot",
-              bench_results: Sequence[dict] = (),
+              bench_results: Sequence[dict] = (), tp: int = 1,
               progress: Optional[Callable[[int, int], None]] = None) -> CalibratedPredictor:
-    """Bench sweep (skipped when `bench_suites` is empty) plus the calibration workload
-    (default: `calibration_workload` of `num_requests`) through the real engine; returns the
-    fitted predictor."""
+    """Bench sweep (skipped when `bench_suites` is empty; at `tp` > 1 with the ``comm``
+    suite) plus the calibration workload (default: `calibration_workload` of `num_requests`)
+    through the real engine at `tp`; returns the fitted predictor."""
     from gnomon.bench.runner import run_bench
 
+    from .shapes import check_tp
+
     spec = ModelSpec.from_model(model)
+    check_tp(spec.config, tp, "tp")
+    suites = list(bench_suites) + (["comm"] if tp > 1 and "comm" not in bench_suites else [])
     docs = list(bench_results)
-    if bench_suites:
-        # the sweep's document stays in memory, so it needs no commit of its own
-        docs.append(run_bench(list(bench_suites), quick=True, mode=bench_mode,
-                              commit="0" * 40))
-    workload = workload or calibration_workload(spec, num_requests)
-    trace = real_run(model, workload, random_weights=random_weights, progress=progress)
-    info = {"model": spec.name, "workload": workload.description,
+    with rank_threads(tp):
+        if suites:
+            # the sweep's document stays in memory, so it needs no commit of its own
+            docs.append(run_bench(suites, quick=True, mode=bench_mode, commit="0" * 40))
+        workload = workload or calibration_workload(spec, num_requests)
+        trace = real_run(model, workload, random_weights=random_weights, tp=tp,
+                         progress=progress)
+        timed = gemm_sweep(spec, cpu_engine_args(spec).max_num_batched_tokens, tp=tp)
+    info = {"model": spec.name, "workload": workload.description, "tp": tp,
             "engine": cpu_engine_args(spec).kwargs(),
-            "bench": f"suites {','.join(bench_suites) or 'none'} (quick, {bench_mode})",
+            "bench": f"suites {','.join(suites) or 'none'} (quick, {bench_mode})",
             "machine": _machine()}
-    timed = gemm_sweep(spec, cpu_engine_args(spec).max_num_batched_tokens)
-    timed += family_rows(trace, spec)
-    return CalibratedPredictor.fit_from(measured_steps(trace, spec), docs, info=info,
+    timed += family_rows(trace, spec, tp)
+    return CalibratedPredictor.fit_from(measured_steps(trace, spec, tp), docs, info=info,
                                         timed_ops=timed)
 
 

@@ -17,10 +17,15 @@ by its measured seconds) over these rows:
   families as the runner timed it; only whole steps reach the per-step terms, which is where
   the engine overhead and launch gaps the operator sums miss end up.
 
+Communication is a term per collective plus one per byte a rank sends in the ring, for the
+all-reduce and the all-gather apart, fitted on the ``comm`` bench suite's rows and, at
+``tp > 1``, on the calibration steps' own collectives as the runner timed them.
+
 The breakdown gives each family its FLOP, byte and launch terms and ``overhead`` the per-step
-terms, all labelled ``fitted``. It refuses what it has not seen: ``tp > 1`` (calibration runs on
-one device), and steps with more tokens, sequences or context than the calibration steps had,
-or whose features exceed the calibrated rows' by more than `HEADROOM`.
+terms, all labelled ``fitted``. It refuses what it has not seen: another ``tp`` than the one its
+steps ran at (on a CPU the ranks split the cores, so a rank's compute rate depends on tp), and
+steps with more tokens, sequences or context than the calibration steps had, or whose features
+exceed the calibrated rows' by more than `HEADROOM`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import numpy as np
 
 from .cost import FAMILIES, PredictionRefused, StepCost
 from .files import load_document, save_document
-from .opcount import step_ops
+from .opcount import COLLECTIVES, step_ops
 from .shapes import StepShape
 
 SCHEMA_VERSION = 1
@@ -44,14 +49,17 @@ GEMM_KNOTS = tuple(2 ** i for i in range(15))  # M = 1 .. 16384
 FEATURES = tuple(
     [f"gemm_{x}@{m}" for m in GEMM_KNOTS for x in ("flops", "bytes")]
     + [f"{f}_{x}" for f in COMPUTE_FAMILIES if f != "gemm" for x in ("flops", "bytes")]
+    + [f"{c}_bytes" for c in COLLECTIVES] + ["collectives"]
     + ["launches", "step", "seqs", "tokens"])
+COMM_FEATURES = tuple(f"{c}_bytes" for c in COLLECTIVES) + ("collectives",)
 OVERHEAD_FEATURES = ("step", "seqs", "tokens")
 HEADROOM = 1.25
 
 # gnomon bench ops -> the family that op's time belongs to in a step
 BENCH_FAMILIES = {"paged_attention": "attention", "reshape_and_cache": "attention",
                   "mxfp4_gemm": "gemm", "fused_moe": "moe", "topk_routing": "moe",
-                  "rms_norm": "elementwise", "rotary_embedding": "elementwise"}
+                  "rms_norm": "elementwise", "rotary_embedding": "elementwise",
+                  "all_reduce": "communication", "all_gather": "communication"}
 
 
 def _knot_weights(m: int) -> List[Tuple[int, float]]:
@@ -66,6 +74,7 @@ def _knot_weights(m: int) -> List[Tuple[int, float]]:
 
 
 def _add_op(x: Dict[str, float], family: str, flops: float, nbytes: float, rows: int) -> None:
+    """A compute op's FLOPs and bytes (a GEMM's between the knots around its M)."""
     if family == "gemm":
         for knot, w in _knot_weights(rows):
             x[f"gemm_flops@{knot}"] += w * flops
@@ -75,13 +84,21 @@ def _add_op(x: Dict[str, float], family: str, flops: float, nbytes: float, rows:
         x[f"{family}_bytes"] += nbytes
 
 
-def _op_features(ops, tp: int = 1) -> Tuple[Dict[str, float], Dict[str, int]]:
+def _add_collective(x: Dict[str, float], name: str, ring_bytes: float, count: int) -> None:
+    x[f"{name}_bytes"] += ring_bytes
+    x["collectives"] += count
+
+
+def _op_features(ops) -> Tuple[Dict[str, float], Dict[str, int]]:
     x = dict.fromkeys(FEATURES, 0.0)
     launches: Dict[str, int] = dict.fromkeys(FAMILIES, 0)
     for op in ops:
+        if op.family == "communication":
+            _add_collective(x, op.name, op.comm_bytes, op.collectives)
+            continue
         if op.family not in COMPUTE_FAMILIES:
             raise PredictionRefused(f"a calibrated predictor has no coefficients for "
-                                    f"{op.family} (tp = {tp}; calibration runs at tp 1)")
+                                    f"{op.family}")
         _add_op(x, op.family, op.flops, op.bytes, op.rows)
         x["launches"] += op.launches
         launches[op.family] += op.launches
@@ -90,7 +107,7 @@ def _op_features(ops, tp: int = 1) -> Tuple[Dict[str, float], Dict[str, int]]:
 
 def step_features(shape: StepShape) -> Tuple[np.ndarray, Dict[str, int]]:
     """The feature vector (`FEATURES` order) and each family's launches."""
-    x, launches = _op_features(step_ops(shape), shape.tp)
+    x, launches = _op_features(step_ops(shape))
     x.update(step=1.0, seqs=float(shape.num_seqs), tokens=float(shape.num_tokens))
     return np.array([x[k] for k in FEATURES]), launches
 
@@ -120,9 +137,13 @@ def bench_rows(results: dict) -> Tuple[np.ndarray, np.ndarray, List[str]]:
     for key, medians in per_case.items():
         case = cases[key]
         x = dict.fromkeys(FEATURES, 0.0)
-        _add_op(x, BENCH_FAMILIES[case["op"]], float(case["flops"]), float(case["bytes"]),
-                int(case["params"].get("m", 0)))
-        x["launches"] = 1.0
+        family = BENCH_FAMILIES[case["op"]]
+        if family == "communication":  # a comm case's bytes are its ring bytes
+            _add_collective(x, case["op"], float(case["bytes"]), 1)
+        else:
+            _add_op(x, family, float(case["flops"]), float(case["bytes"]),
+                    int(case["params"].get("m", 0)))
+            x["launches"] = 1.0
         X.append([x[k] for k in FEATURES])
         y.append(float(np.median(medians)))
         keys.append(key)
@@ -151,7 +172,7 @@ class CalibratedPredictor:
         if theta.shape != (len(FEATURES),) or not np.isfinite(theta).all() or (theta < 0).any():
             raise ValueError(f"coefficients: expected {len(FEATURES)} finite non-negative "
                              f"numbers ({', '.join(FEATURES)})")
-        missing = {"num_tokens", "num_seqs", "max_context", "features"} - set(domain)
+        missing = {"tp", "num_tokens", "num_seqs", "max_context", "features"} - set(domain)
         if missing:
             raise ValueError(f"domain: missing {sorted(missing)}")
         self.theta = theta
@@ -178,8 +199,11 @@ class CalibratedPredictor:
             y_parts.append(yb)
             bench_keys += keys
         X, y = np.vstack(X_parts), np.concatenate(y_parts)
+        tps = {s.tp for s, _ in steps}
+        if len(tps) != 1:
+            raise ValueError(f"steps: expected steps at one tp, got {sorted(tps)}")
         theta = fit(X, y)
-        domain = {"num_tokens": max(s.num_tokens for s, _ in steps),
+        domain = {"tp": tps.pop(), "num_tokens": max(s.num_tokens for s, _ in steps),
                   "num_seqs": max(s.num_seqs for s, _ in steps),
                   "max_context": max(s.max_context for s, _ in steps),
                   "features": dict(zip(FEATURES, X_steps.max(axis=0).tolist()))}
@@ -192,9 +216,10 @@ class CalibratedPredictor:
 
     # ---------------------------------------------------------------- predicting
     def _check_domain(self, shape: StepShape, x: np.ndarray) -> None:
-        if shape.tp != 1:
-            raise PredictionRefused(f"tp = {shape.tp}: calibrated at tp 1 only")
         d = self.domain
+        if shape.tp != d["tp"]:
+            raise PredictionRefused(f"tp = {shape.tp}: calibrated at tp {d['tp']} only "
+                                    f"(gnomon calibrate --tp {shape.tp} calibrates that)")
         for what, value in (("num_tokens", shape.num_tokens), ("num_seqs", shape.num_seqs),
                             ("max_context", shape.max_context)):
             if value > d[what]:
@@ -219,7 +244,9 @@ class CalibratedPredictor:
             if family in parts:
                 parts[family] += value
         parts["overhead"] = sum(terms[k] for k in OVERHEAD_FEATURES)
-        return StepCost.from_parts(parts, {f: "fitted" for f in COMPUTE_FAMILIES + ("overhead",)})
+        parts["communication"] = sum(terms[k] for k in COMM_FEATURES)
+        return StepCost.from_parts(parts, {f: "fitted" for f in COMPUTE_FAMILIES +
+                                           ("overhead", "communication")})
 
     # ---------------------------------------------------------------- files
     def to_json(self) -> dict:

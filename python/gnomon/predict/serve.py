@@ -83,13 +83,14 @@ def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
 
 def timed_engine(model: Union[str, ModelSpec], *, random_weights: bool = False,
                  args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None,
-                 dtype="auto", pace: Optional[Sequence[float]] = None) -> LLMEngine:
-    """A real `LLMEngine` (this machine's CPU) whose runner is wrapped in a `TimedRunner` on a
-    fresh `VirtualClock` at 0 (`pace`: see `TimedRunner`)."""
+                 dtype="auto", pace: Optional[Sequence[float]] = None,
+                 tp: int = 1) -> LLMEngine:
+    """A real `LLMEngine` (this machine's CPU; `tp` ranks) whose runner is wrapped in a
+    `TimedRunner` on a fresh `VirtualClock` at 0 (`pace`: see `TimedRunner`). Close it."""
     clock = VirtualClock()
     source = model.config if isinstance(model, ModelSpec) else model
     engine = LLMEngine(source, clock=clock, random_weights=random_weights, dtype=dtype,
-                       num_kv_blocks=num_kv_blocks, **args.kwargs())
+                       num_kv_blocks=num_kv_blocks, tensor_parallel_size=tp, **args.kwargs())
     engine.runner = TimedRunner(engine.runner, clock, pace)
     return engine
 

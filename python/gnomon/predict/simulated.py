@@ -211,3 +211,9 @@ class TimedRunner:
     def idle(self) -> None:
         """The driver skipped an idle gap: the next step's time starts at its own forward."""
         self._last_end = None
+
+    def close(self) -> None:
+        """Shuts a tensor-parallel runner's workers down (`LLMEngine.close`)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()

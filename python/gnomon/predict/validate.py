@@ -18,6 +18,10 @@ where the noise floor exceeds 3.3%.
 Both workloads are sized to the machine (`machine_scale`): on one too slow to run the full
 ones in about two minutes, fewer requests arrive at a proportionally lower rate, so the load
 against the machine's capacity stays the same.
+
+At ``tp > 1`` the calibration, the real runs and the simulation are all tensor parallel, with
+every rank on its share of the cores (`calibrate.rank_threads`), and the report adds the
+``communication`` share of the real steps' busy seconds.
 """
 
 from __future__ import annotations
@@ -26,14 +30,15 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .calibrate import CPU_KV_BLOCKS, calibrate, cpu_engine_args, measured_steps, real_run
+from .calibrate import (CPU_KV_BLOCKS, calibrate, cpu_engine_args, measured_steps, rank_threads,
+                        real_run)
 from .calibrated import CalibratedPredictor
 from .cost import PredictionRefused
 from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
 from .files import save_document
 from .metrics import compute_metrics
 from .serve import RunTrace, run_workload, simulated_engine
-from .shapes import ModelSpec
+from .shapes import ModelSpec, check_tp
 from .workloads import LengthDist, SyntheticSpec, synthetic
 
 SCHEMA_VERSION = 1
@@ -77,10 +82,12 @@ def _ape_summary(errors: Sequence[float]) -> Dict[str, Optional[float]]:
             "p90": float(np.percentile(a, 90)), "max": float(a.max()), "bias": float(e.mean())}
 
 
-def step_errors(predictor, trace: RunTrace, spec: ModelSpec) -> Dict[str, List[float]]:
-    """Signed relative errors of `predictor` on every step of `trace`, by step kind."""
+def step_errors(predictor, trace: RunTrace, spec: ModelSpec,
+                tp: int = 1) -> Dict[str, List[float]]:
+    """Signed relative errors of `predictor` on every step of `trace` (run at `tp`), by step
+    kind."""
     out: Dict[str, List[float]] = {"all": [], "prefill": [], "decode": [], "mixed": []}
-    for shape, seconds in measured_steps(trace, spec):
+    for shape, seconds in measured_steps(trace, spec, tp):
         try:
             predicted = predictor.predict(shape).seconds
         except PredictionRefused as refused:
@@ -113,48 +120,51 @@ def noise_step_errors(first: RunTrace, repeat: RunTrace) -> List[float]:
 def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
              calibration_requests: int = CALIBRATION_REQUESTS,
              bench_suites: Sequence[str] = CALIBRATION_BENCH_SUITES,
-             scale: Optional[float] = None,
+             scale: Optional[float] = None, tp: int = 1,
              progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Runs the whole validation (module docstring) and returns the JSON-ready report.
-    `scale` shrinks both workloads (None: `machine_scale` measures it from the warm-up)."""
+    """Runs the whole validation (module docstring) at `tp` ranks and returns the JSON-ready
+    report. `scale` shrinks both workloads (None: `machine_scale` measures it from the
+    warm-up)."""
     say = progress or (lambda stage: None)
     spec = ModelSpec.from_model(model)
-    # The first real run in a process runs slower (page faults, allocator growth, thread pool
-    # start-up); a warm-up keeps that out of both the calibration and the validation.
-    say("warm-up run")
-    warm = real_run(model, validation_workload(spec, num_requests=max(num_requests // 8, 4),
-                                               seed=99))
-    if scale is None:
-        scale = machine_scale(warm, num_requests)
-    # A slower machine runs fewer requests at a proportionally lower rate: the same load
-    # against its capacity, the same arrival window, and about the same wall time.
-    n = max(round(num_requests * scale), 1)
-    say(f"calibrating (bench sweep, GEMM sweep, calibration workload; scale {scale:.2f})")
-    predictor: CalibratedPredictor = calibrate(
-        model, bench_suites=bench_suites,
-        num_requests=max(round(calibration_requests * scale), 1))
-    workload = validation_workload(spec, num_requests=n,
-                                   rate=VALIDATION_RATE * n / num_requests)
-    say("real run 1")
-    first = real_run(model, workload)
-    say("real run 2")
-    second = real_run(model, workload)
-    say("real run 1 repeated step for step")
-    repeat = real_run(model, workload, pace=first)
+    check_tp(spec.config, tp, "tp")
+    with rank_threads(tp):
+        # The first real run in a process runs slower (page faults, allocator growth, thread
+        # pool start-up); a warm-up keeps that out of both the calibration and the validation.
+        say("warm-up run")
+        warm = real_run(model, validation_workload(
+            spec, num_requests=max(num_requests // 8, 4), seed=99), tp=tp)
+        if scale is None:
+            scale = machine_scale(warm, num_requests)
+        # A slower machine runs fewer requests at a proportionally lower rate: the same load
+        # against its capacity, the same arrival window, and about the same wall time.
+        n = max(round(num_requests * scale), 1)
+        say(f"calibrating (bench sweep, GEMM sweep, calibration workload; scale {scale:.2f})")
+        predictor: CalibratedPredictor = calibrate(
+            model, bench_suites=bench_suites, tp=tp,
+            num_requests=max(round(calibration_requests * scale), 1))
+        workload = validation_workload(spec, num_requests=n,
+                                       rate=VALIDATION_RATE * n / num_requests)
+        say("real run 1")
+        first = real_run(model, workload, tp=tp)
+        say("real run 2")
+        second = real_run(model, workload, tp=tp)
+        say("real run 1 repeated step for step")
+        repeat = real_run(model, workload, pace=first, tp=tp)
     say("simulated run")
-    engine = simulated_engine(spec, "host", predictor, args=cpu_engine_args(spec),
+    engine = simulated_engine(spec, "host", predictor, tp=tp, args=cpu_engine_args(spec),
                               num_kv_blocks=CPU_KV_BLOCKS)
     simulated = run_workload(engine, workload)
 
     real_metrics, second_metrics = compute_metrics(first), compute_metrics(second)
     sim_metrics = compute_metrics(simulated)
-    errors = step_errors(predictor, first, spec)
+    errors = step_errors(predictor, first, spec, tp)
     step_ape = _ape_summary(errors["all"])
     report = {
         "schema_version": SCHEMA_VERSION, "kind": KIND,
         "setup": {"model": spec.name, "predictor": predictor.name,
                   "calibration": predictor.info, "workload": workload.description,
-                  "scale": scale,
+                  "scale": scale, "tp": tp,
                   "engine": {**cpu_engine_args(spec).kwargs(), "num_kv_blocks": CPU_KV_BLOCKS}},
         "step_ape": step_ape,
         "step_ape_by_kind": {k: _ape_summary(errors[k]) for k in ("prefill", "decode", "mixed")},
@@ -167,6 +177,9 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
         "breakdown_s": {name: {**m["steps"]["breakdown_s"],
                                "unattributed": m["steps"]["unattributed_s"]}
                         for name, m in (("real", real_metrics), ("simulated", sim_metrics))},
+        # the real steps' busy seconds in collectives (rank 0's batch broadcast included)
+        "communication_share": (real_metrics["steps"]["breakdown_s"].get("communication", 0.0)
+                                / sum(s.seconds for s in first.steps)),
         "steps": {"real": len(first.steps), "simulated": len(simulated.steps)},
         "wall_seconds": {"real_run": first.wall_seconds, "simulated_run": simulated.wall_seconds},
     }
@@ -202,14 +215,19 @@ def render(report: dict, console=None) -> None:
 
     console = console or Console()
     pct = lambda x: "-" if x is None else f"{x:+.1%}"  # noqa: E731
-    goal = Table(title=f"gnomon validate: {report['setup']['predictor']} on "
-                       f"{report['setup']['model']} (held-out workload)")
+    setup = report["setup"]
+    goal = Table(title=f"gnomon validate: {setup['predictor']} on {setup['model']}"
+                       f"{' at tp ' + str(setup['tp']) if setup['tp'] > 1 else ''} "
+                       f"(held-out workload)")
     for col in ("figure", "error", "noise floor", "bound", "met"):
         goal.add_column(col, justify="left" if col == "figure" else "right")
     for name, g in report["goal"].items():
         goal.add_row(name, pct(g["value"]), pct(g["noise_floor"]), f"{g['bound']:.1%}",
                      "yes" if g["met"] else "NO")
     console.print(goal)
+    if setup["tp"] > 1:
+        console.print(f"communication: {report['communication_share']:.1%} of the real steps' "
+                      f"busy seconds")
     steps = Table(title="per-step absolute percentage error")
     for col in ("steps", "count", "median", "p90", "max", "bias"):
         steps.add_column(col, justify="left" if col == "steps" else "right")
