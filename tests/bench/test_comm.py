@@ -4,8 +4,9 @@ import multiprocessing
 import time
 
 import pytest
+from rich.console import Console
 
-from gnomon.bench import results, runner, suites, timing
+from gnomon.bench import report, results, runner, suites, timing
 from gnomon.bench.comm import CommGroup
 from gnomon.predict.opcount import ring_bytes
 
@@ -50,6 +51,10 @@ def test_a_sweep_times_every_case_over_two_ranks_and_leaves_no_children():
         assert case["stats"]["count"] >= FAST.min_samples and case["stats"]["min"] > 0
         assert case["gbps"] == pytest.approx(case["bytes"] / case["stats"]["median"])
         assert case["fraction_of_peak"] == {"compute": None, "memory": None}  # no link peak
+    console = Console(width=400, record=True)
+    console.print(report.table(doc))
+    rows = [line for line in console.export_text().splitlines() if "comm/" in line]
+    assert len(rows) == len(cases) and not any("%" in row for row in rows)  # not HBM's peak
     assert _no_children()
 
 

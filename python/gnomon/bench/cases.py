@@ -488,6 +488,12 @@ OPS: Dict[str, OpSpec] = {
 COMM_OPS = ("all_reduce", "all_gather")
 
 
+def bandwidth_peak(op: str, peaks: Mapping[str, Any]):
+    """The peak GB/s an `op`'s bytes count against: the interconnect's for a collective (none
+    is known for a CPU's loopback), the memory's for the rest."""
+    return peaks.get("interconnect_gbps" if op in COMM_OPS else "memory_gbps")
+
+
 def args_nbytes(args: tuple) -> int:
     """Bytes held by the tensors in `args`."""
     return sum(a.numel() * a.element_size() for a in args if hasattr(a, "element_size"))
@@ -497,5 +503,5 @@ def clone_args(args: tuple) -> tuple:
     return tuple(a.clone() if hasattr(a, "clone") else a for a in args)
 
 
-__all__ = ["COMM_OPS", "Case", "MXFP4_BITS_PER_WEIGHT", "OPS", "OpSpec", "args_nbytes", "clone_args",
+__all__ = ["COMM_OPS", "Case", "bandwidth_peak", "MXFP4_BITS_PER_WEIGHT", "OPS", "OpSpec", "args_nbytes", "clone_args",
            "touched_experts"]

@@ -12,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from gnomon.bench.cases import bandwidth_peak
+
 
 @contextlib.contextmanager
 def progress_bar(console: Console) -> Iterator:
@@ -70,7 +72,8 @@ def table(doc: Dict[str, Any]) -> Table:
         gbps = first["bytes"] / median if median else 0.0
         compute_peak = peaks.get("tflops", {}).get(first.get("compute_dtype", ""))
         compute = tflops / compute_peak if first["flops"] and compute_peak else None
-        mem = gbps / memory if first["bytes"] and memory else None
+        bandwidth = bandwidth_peak(first["op"], peaks)
+        mem = gbps / bandwidth if first["bytes"] and bandwidth else None
         count = sum(c["stats"]["count"] for c in cases)
         out.add_row(Text(key), str(count), _time(median), _time(iqr),
                     f"{tflops:.3g}" if first["flops"] else "—", f"{gbps:.3g}",

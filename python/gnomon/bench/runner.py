@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from gnomon.bench import results, suites as suite_defs
-from gnomon.bench.cases import COMM_OPS, Case, args_nbytes, clone_args
+from gnomon.bench.cases import COMM_OPS, Case, args_nbytes, bandwidth_peak, clone_args
 from gnomon.bench.machine import (gpu_backend, gpu_peaks, machine_info, measure_cpu_peaks,
                                   resolve_commit)
 from gnomon.bench.timing import (FULL, QUICK, CpuTimer, GpuTimer, Sampling, gpu_l2_bytes,
@@ -123,10 +123,10 @@ def check_out(path: Path) -> None:
 
 
 def _prepare(case: Case, device: str, mode: str, llc_bytes: int, group=None) -> _Prepared:
-    """Builds a case's inputs (a collective's run over `group`). Cold on a CPU: copies of the inputs adding up to twice the
-    last-level cache, used in turn; where that would take more than MAX_COLD_COPIES copies
-    (tiny inputs), one set of inputs and a buffer of twice the cache written before each
-    sample, outside the timed call."""
+    """Builds a case's inputs (a collective runs over `group`). Cold on a CPU: copies of the
+    inputs adding up to twice the last-level cache, used in turn; where that would take more
+    than MAX_COLD_COPIES copies (tiny inputs), one set of inputs and a buffer of twice the cache
+    written before each sample, outside the timed call."""
     fn, args = case.build(device)
     per_copy = args_nbytes(args)
     info: Dict[str, Any] = {"bytes_per_copy": per_copy, "copies": 1}
@@ -154,8 +154,7 @@ def _case_record(prepared: _Prepared, run, warmup_calls: int, peaks: Dict[str, A
     tflops = flops / median_ns / 1e3 if median_ns > 0 else 0.0
     gbps = nbytes / median_ns if median_ns > 0 else 0.0
     compute_peak = peaks.get("tflops", {}).get(case.compute_dtype)
-    # a collective's bytes cross the interconnect (none is known for a CPU's loopback)
-    memory_peak = peaks.get("interconnect_gbps" if case.op in COMM_OPS else "memory_gbps")
+    memory_peak = bandwidth_peak(case.op, peaks)
     return {
         "key": case.key, "suite": case.suite, "op": case.op, "params": case.p,
         "dtypes": case.d, "definition_hash": case.definition_hash,
