@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+import sqlalchemy as sa
+
 from gnomon.dash import comparison as compare_mod
 from gnomon.dash import history, store
 from gnomon.dash.store import DashError
@@ -93,5 +95,8 @@ def run(args) -> int:  # noqa: ANN001 - argparse.Namespace
             print(f"wrote the site to {out}/")
             return 0
         raise DashError(f"unknown dash command {command!r}")
+    except sa.exc.DBAPIError as error:  # the server went away, or refused a statement
+        raise store.StoreError(f"database {store.shown_url(engine.url)}: "
+                               f"{' '.join(str(error.orig or error).split())}") from None
     finally:
         engine.dispose()

@@ -1,10 +1,15 @@
 """The dashboard's store: SQLAlchemy Core tables and ingestion of results files.
 
 The database is chosen by ``--db URL``, else the ``GNOMON_DB`` environment variable, else
-``sqlite:///.gnomon/bench.sqlite`` under the current directory. SQLite runs in WAL mode with a
-busy timeout, and every transaction starts with ``BEGIN IMMEDIATE`` so that concurrent writers
-queue instead of failing half-way; PostgreSQL is reached by URL through the same code (install
-the ``postgres`` extra for psycopg).
+``sqlite:///.gnomon/bench.sqlite`` under the current directory. PostgreSQL is reached by URL
+through the same code (install the ``postgres`` extra for psycopg).
+
+Concurrent writers queue, one write transaction at a time: on SQLite every transaction starts
+with ``BEGIN IMMEDIATE`` (WAL mode, a busy timeout); on PostgreSQL every write transaction
+(`with_retry`) first takes one transaction-scoped advisory lock, `WRITE_LOCK`. Without it, two
+ingests of new commits both read the same ``max(commit_order)`` and store one order for two
+commits, and two inserts of a new machine or benchmark collide on its unique key. A writer that
+dies mid-transaction releases the lock with its connection, and its rows roll back.
 
 Tables::
 
@@ -27,6 +32,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import struct
 import time
 import zlib
@@ -38,9 +44,11 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from gnomon.bench import results as results_file
+from gnomon.documents import DocumentError
 
 SCHEMA_VERSION = 1
 DEFAULT_PATH = Path(".gnomon") / "bench.sqlite"
+WRITE_LOCK = 0x676E6F6D6F6E  # "gnomon": the advisory lock key every PostgreSQL writer takes
 
 T = TypeVar("T")
 
@@ -169,13 +177,25 @@ def _is_locked(error: BaseException) -> bool:
     return "database is locked" in text or "database is busy" in text or "locked" in text
 
 
+def shown_url(url) -> str:
+    """`url` as it may be printed: its password replaced by ***."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
+
+
 def with_retry(engine: Engine, work: Callable[[Connection], T], attempts: int = 12) -> T:
-    """Runs ``work`` in one transaction, retrying with backoff while SQLite says the database
-    is locked (PostgreSQL: on a serialization failure or a unique-key race)."""
+    """Runs ``work`` in one write transaction (module docstring: under the write lock),
+    retrying with backoff while SQLite says the database is locked (PostgreSQL: on a
+    serialization failure or a unique-key race)."""
     delay = 0.05
     for attempt in range(attempts):
         try:
             with engine.begin() as conn:
+                if engine.dialect.name == "postgresql":
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"),
+                                 {"key": WRITE_LOCK})
                 return work(conn)
         except (sa.exc.OperationalError, sa.exc.IntegrityError) as error:
             retryable = (_is_locked(error) if engine.dialect.name == "sqlite"
@@ -193,9 +213,10 @@ def open_engine(db: str | None = None, *, create: bool = True) -> Engine:
 
     Raises StoreError for a URL SQLAlchemy cannot use, a missing driver, or a database written
     by a newer schema than this gnomon reads."""
-    url = default_url(db)
+    raw = default_url(db)
+    url = shown_url(raw)  # what messages show
     try:
-        parsed = sa.engine.make_url(url)
+        parsed = sa.engine.make_url(raw)
     except sa.exc.ArgumentError:
         raise StoreError(f"database URL {url!r} is not a URL SQLAlchemy understands "
                          "(e.g. sqlite:///path/bench.sqlite or "
@@ -219,8 +240,10 @@ def open_engine(db: str | None = None, *, create: bool = True) -> Engine:
         with_retry(engine, lambda conn: _ensure_schema(conn, url, create))
     except sa.exc.DatabaseError as error:
         engine.dispose()
+        reason = error.orig if error.orig is not None else error
+        # one line: a driver's message spans several ("Is the server running...")
         raise StoreError(f"database {url!r} cannot be opened: "
-                         f"{error.orig if error.orig is not None else error}") from None
+                         f"{' '.join(str(reason).split())}") from None
     except DashError:
         engine.dispose()
         raise
@@ -286,7 +309,7 @@ def run_content_hash(doc: dict, run: dict) -> str:
 
 def ingest(engine: Engine, paths: Iterable[str | Path]) -> dict:
     """Reads every file first (a missing, truncated, malformed or unknown-version file raises
-    ResultsError before anything is written), then writes them all in one transaction.
+    DocumentError before anything is written), then writes them all in one transaction.
 
     Idempotent: a run already stored for the same machine and commit with the same content
     is skipped. Returns counts: files, runs_added, runs_skipped, results_added."""
@@ -297,7 +320,7 @@ def ingest(engine: Engine, paths: Iterable[str | Path]) -> dict:
         for r, run in enumerate(doc["runs"]):
             keys = [case["key"] for case in run["cases"]]
             if len(set(keys)) != len(keys):
-                raise results_file.ResultsError(
+                raise DocumentError(
                     f"{source}: runs[{r}] holds the same benchmark key twice")
     return with_retry(engine, lambda conn: _ingest(conn, docs))
 
