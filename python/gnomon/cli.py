@@ -116,7 +116,7 @@ def _add_dash_parser(commands) -> None:  # noqa: ANN001 - argparse's private sub
 
 
 def _run_dash(args) -> int:  # noqa: ANN001
-    from gnomon.bench.results import ResultsError
+    from gnomon.documents import DocumentError
 
     try:
         from gnomon.dash import cli_support
@@ -126,7 +126,7 @@ def _run_dash(args) -> int:  # noqa: ANN001
         return 2
     try:
         return cli_support.run(args)
-    except (cli_support.DashError, ResultsError) as error:
+    except (cli_support.DashError, DocumentError) as error:
         print(f"gnomon: error: {error}", file=sys.stderr)
         return 2
 

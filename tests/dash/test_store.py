@@ -1,4 +1,5 @@
-"""Round trips through the store, idempotence, concurrency and refusal of bad input."""
+"""Round trips through the store, idempotence, concurrency and refusal of bad input, on SQLite
+and on a real PostgreSQL server (conftest.py: the `db` fixture runs each test on both)."""
 
 import json
 import multiprocessing
@@ -8,13 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from dash.synthetic import KEYS, document, sha, write
-from gnomon.bench.results import ResultsError
+from gnomon.documents import DocumentError
 from gnomon.dash import store
-
-
-@pytest.fixture
-def db(tmp_path):
-    return f"sqlite:///{tmp_path / 'bench.sqlite'}"
 
 
 @pytest.fixture
@@ -24,13 +20,15 @@ def engine(db):
     engine.dispose()
 
 
-def test_sqlite_is_in_wal_mode_with_a_schema_version(engine, tmp_path):
+def test_sqlite_is_in_wal_mode_with_a_schema_version(sqlite_db):
+    engine = store.open_engine(sqlite_db)
     with engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
         assert conn.execute(sa.select(store.schema_version.c.version)).scalars().all() == [1]
     assert set(store.row_counts(engine)) == {"schema_version", "machines", "runs",
                                             "benchmarks", "results", "steps"}
+    engine.dispose()
 
 
 def test_round_trip_keeps_samples_stats_and_machine(engine, tmp_path):
@@ -121,7 +119,7 @@ def test_a_bad_file_leaves_the_database_unchanged(engine, tmp_path, damage):
         bad.write_text(json.dumps(doc))
     elif damage == "unknown_version":
         bad.write_text(text.replace('"schema_version": 1', '"schema_version": 99'))
-    with pytest.raises(ResultsError, match="bad.json"):
+    with pytest.raises(DocumentError, match="bad.json"):
         store.ingest(engine, [good, bad])
     assert store.row_counts(engine) == before
 
@@ -135,12 +133,13 @@ def test_a_newer_schema_is_refused(db):
         store.open_engine(db)
 
 
-def test_a_foreign_database_is_refused(tmp_path):
-    path = tmp_path / "other.sqlite"
-    with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE people (name TEXT)")
+def test_a_foreign_database_is_refused(db):
+    other = sa.create_engine(db)
+    with other.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE people (name TEXT)")
+    other.dispose()
     with pytest.raises(store.StoreError, match="not a gnomon dashboard database"):
-        store.open_engine(f"sqlite:///{path}")
+        store.open_engine(db)
 
 
 def test_bad_urls_are_named(tmp_path):
@@ -192,12 +191,13 @@ def test_four_processes_ingesting_at_once_lose_nothing(db, tmp_path):
     engine.dispose()
 
 
-def test_ingest_waits_for_another_writer(db, engine, tmp_path):
+def test_ingest_waits_for_another_writer(sqlite_db, tmp_path):
     import threading
     import time
 
+    engine = store.open_engine(sqlite_db)
     path = write(document(sha("a")), tmp_path / "a.json")
-    holder = sqlite3.connect(db.removeprefix("sqlite:///"), isolation_level=None,
+    holder = sqlite3.connect(sqlite_db.removeprefix("sqlite:///"), isolation_level=None,
                              check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")  # another process's write transaction
     holder.execute("INSERT INTO schema_version (version) VALUES (1)")
@@ -209,3 +209,117 @@ def test_ingest_waits_for_another_writer(db, engine, tmp_path):
     release.join()
     holder.close()
     assert counts["runs_added"] == 3 and store.row_counts(engine)["schema_version"] == 1
+    engine.dispose()
+
+
+def _commit_orders(engine):
+    """{commit: (its orders, the first run id stored for it)}."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(store.runs.c.commit, store.runs.c.commit_order,
+                                      store.runs.c.id)).all()
+    out: dict = {}
+    for commit, order, run_id in rows:
+        orders, first = out.get(commit, (set(), run_id))
+        out[commit] = (orders | {order}, min(first, run_id))
+    return out
+
+
+def test_eight_writers_on_postgresql_lose_nothing_and_share_no_order(pg_db, tmp_path):
+    # 40 files over 12 commits, 5 per writer; writers share commits (file i is commit i % 12)
+    files = [write(document(sha(f"c{i % 12}"), runs=2, seed=i, samples=50),
+                   tmp_path / f"f{i}.json") for i in range(40)]
+    store.open_engine(pg_db).dispose()  # the schema exists before the race starts
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(8)
+    workers = [ctx.Process(target=_ingest_worker,
+                           args=(pg_db, [str(p) for p in files[w::8]], barrier))
+               for w in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert [worker.exitcode for worker in workers] == [0] * 8
+    engine = store.open_engine(pg_db)
+    counts = store.row_counts(engine)
+    assert counts["runs"] == 40 * 2 and counts["results"] == 40 * 2 * len(KEYS)
+    assert counts["machines"] == 1 and counts["benchmarks"] == len(KEYS)
+    orders = _commit_orders(engine)
+    assert all(len(o) == 1 for o, _ in orders.values())  # one order per commit
+    by_order = sorted(orders, key=lambda c: next(iter(orders[c][0])))
+    assert [next(iter(orders[c][0])) for c in by_order] == list(range(1, 13))  # none shared
+    assert by_order == sorted(orders, key=lambda c: orders[c][1])  # the order of first ingest
+    engine.dispose()
+
+
+KILLED_WRITER = """
+import sys, time
+from gnomon.bench import results
+from gnomon.dash import store
+
+engine = store.open_engine(sys.argv[1])
+docs = [(sys.argv[2], results.load(sys.argv[2]))]
+
+def work(conn):
+    store._ingest(conn, docs)  # every row of the file written, not yet committed
+    print("inside", flush=True)
+    time.sleep(120)
+
+store.with_retry(engine, work)
+"""
+
+
+def test_a_writer_killed_mid_transaction_leaves_no_partial_run(db, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    engine = store.open_engine(db)
+    store.ingest(engine, [write(document(sha("a")), tmp_path / "a.json")])
+    before = store.row_counts(engine)
+    path = write(document(sha("b"), runs=3), tmp_path / "b.json")
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, db, str(path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "inside"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(10)
+    assert store.row_counts(engine) == before
+    start = time.monotonic()
+    counts = store.ingest(engine, [path])  # the lock died with it: the next writer goes on
+    assert counts["runs_added"] == 3 and time.monotonic() - start < 30
+    assert store.row_counts(engine)["runs"] == before["runs"] + 3
+    engine.dispose()
+
+
+def _dash_cli(*argv):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "gnomon.cli", "dash", *argv],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("fault", ["wrong password", "server down", "no such database"])
+def test_a_bad_postgresql_url_is_one_line_without_its_password(pg_db, tmp_path, fault):
+    import socket
+
+    url = sa.engine.make_url(pg_db)
+    if fault == "wrong password":
+        url = url.set(password="not-the-password")
+    elif fault == "server down":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            url = url.set(port=s.getsockname()[1])  # nothing listens there once closed
+    else:
+        url = url.set(database="gnomon_no_such_database")
+    text = url.render_as_string(hide_password=False)
+    path = write(document(sha("a")), tmp_path / "a.json")
+    result = _dash_cli("ingest", "--db", text, str(path))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gnomon: error: database "), result.stderr
+    assert "Traceback" not in result.stderr
+    assert url.password not in result.stderr + result.stdout
+    assert "***" in lines[0]

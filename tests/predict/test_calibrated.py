@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from gnomon.documents import DocumentError
 from gnomon.engine.config import ModelConfig
 from gnomon.predict.calibrated import (FEATURES, CalibratedPredictor, bench_rows, fit,
                                        op_rows, step_features)
@@ -87,7 +88,7 @@ def test_file_round_trip_and_bad_files(tmp_path):
     shape = _shapes(2, 1)[0]
     assert q.predict(shape) == p.predict(shape)
     assert "cal.json" in q.name
-    with pytest.raises(FileNotFoundError, match="nope.json"):
+    with pytest.raises(DocumentError, match="nope.json: cannot read"):
         CalibratedPredictor.load(tmp_path / "nope.json")
     doc = json.loads(path.read_text())
     for change, match in [({"kind": "other"}, "gnomon.predict.calibration"),
@@ -95,11 +96,11 @@ def test_file_round_trip_and_bad_files(tmp_path):
                           ({"features": ["a"]}, "calibrate again"),
                           ({"coefficients": [-1.0] * len(FEATURES)}, "non-negative")]:
         (tmp_path / "bad.json").write_text(json.dumps({**doc, **change}))
-        with pytest.raises(ValueError, match=match) as e:
+        with pytest.raises(DocumentError, match=match) as e:
             CalibratedPredictor.load(tmp_path / "bad.json")
         assert "bad.json" in str(e.value)
     (tmp_path / "garbage.json").write_text("{not json")
-    with pytest.raises(ValueError, match="garbage.json"):
+    with pytest.raises(DocumentError, match="garbage.json"):
         CalibratedPredictor.load(tmp_path / "garbage.json")
 
 

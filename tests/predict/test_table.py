@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from gnomon.documents import DocumentError
 from gnomon.engine.config import ModelConfig
 from gnomon.predict.cost import PredictionRefused
 from gnomon.predict.shapes import ModelSpec, StepShape
@@ -78,5 +79,5 @@ def test_file_round_trip_and_bad_input(tmp_path):
         TablePredictor({"batch": [1]}, [{}])
     with pytest.raises(ValueError, match="unknown families"):
         TablePredictor({"num_tokens": [1]}, [{"gpu": 1.0}])
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(DocumentError, match="missing.json: cannot read"):
         TablePredictor.load(tmp_path / "missing.json")

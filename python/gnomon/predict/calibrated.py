@@ -35,8 +35,9 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from gnomon import documents
+
 from .cost import FAMILIES, PredictionRefused, StepCost
-from .files import load_document, save_document
 from .opcount import COLLECTIVES, step_ops
 from .shapes import StepShape
 
@@ -254,19 +255,19 @@ class CalibratedPredictor:
                 "coefficients": self.theta.tolist(), "domain": self.domain, "info": self.info}
 
     def save(self, path) -> None:
-        save_document(self.to_json(), path)
+        documents.dump(self.to_json(), path)
 
     @classmethod
     def load(cls, path) -> "CalibratedPredictor":
-        doc = load_document(path, kind=KIND, accepted=ACCEPTED_VERSIONS,
-                            what="calibration (gnomon calibrate writes one)")
+        doc = documents.load(path, KIND, ACCEPTED_VERSIONS)
         path = os.fspath(path)
         if doc.get("features") != list(FEATURES):
-            raise ValueError(f"{path}: features {doc.get('features')} differ from this "
-                             f"gnomon's {list(FEATURES)}; calibrate again")
+            raise documents.DocumentError(f"{path}: features {doc.get('features')} differ "
+                                          f"from this gnomon's {list(FEATURES)}; calibrate "
+                                          "again")
         info = dict(doc.get("info") or {})
         info.setdefault("source", os.path.basename(path))
         try:
             return cls(doc["coefficients"], doc["domain"], info)
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: malformed calibration ({exc})") from None
+            raise documents.DocumentError(f"{path}: malformed calibration ({exc})") from None

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any, List, Optional
+
+from gnomon import documents
+from gnomon.documents import DocumentError
 
 SCHEMA_VERSION = 1
 KIND = "gnomon.predict.report"
@@ -30,10 +32,6 @@ ACCEPTED_VERSIONS = (1,)
 
 _TOP = {"schema_version": int, "kind": str, "created_with": dict, "setup": dict,
         "metrics": dict, "limits": list, "wall_seconds": (int, float)}
-
-
-class ReportError(ValueError):
-    """A report that cannot be read or written: names the file and what is wrong."""
 
 
 def build_report(*, trace, metrics: dict, setup: dict, limits: List[str]) -> dict:
@@ -46,67 +44,33 @@ def build_report(*, trace, metrics: dict, setup: dict, limits: List[str]) -> dic
 
 
 def validate(doc: Any, source: str = "report") -> dict:
-    """Checks a parsed report and returns it; raises ReportError naming `source` and the
-    problem."""
-    if not isinstance(doc, dict):
-        raise ReportError(f"{source}: expected a JSON object at the top level "
-                          f"(a {KIND} report), got {type(doc).__name__}")
-    version = doc.get("schema_version")
-    if isinstance(version, bool) or version not in ACCEPTED_VERSIONS:
-        raise ReportError(f"{source}: schema_version {version!r} is not one this gnomon reads "
-                          f"(accepted: {', '.join(map(str, ACCEPTED_VERSIONS))})")
-    if doc.get("kind") != KIND:
-        raise ReportError(f"{source}: kind {doc.get('kind')!r} is not {KIND!r}")
-    for name, kind in _TOP.items():
-        if name not in doc:
-            raise ReportError(f"{source}: the report lacks the field {name!r}")
-        if not isinstance(doc[name], kind) or isinstance(doc[name], bool):
-            raise ReportError(f"{source}: {name} has the wrong type "
-                              f"({type(doc[name]).__name__})")
+    """Checks a parsed report and returns it; DocumentError names `source` and the problem."""
+    documents.check_header(doc, KIND, ACCEPTED_VERSIONS, source)
+    documents.check_finite(doc, source)
+    documents.check_fields(doc, _TOP, "the report", source)
     if not all(isinstance(x, str) for x in doc["limits"]):
-        raise ReportError(f"{source}: limits must be a list of strings")
+        raise DocumentError(f"{source}: limits: expected a list of strings")
     return doc
 
 
 def dump(report: dict, path) -> None:
-    """Validates and writes `report` as JSON (no NaN or infinity: JSON has none)."""
-    path = Path(path)
-    validate(report, str(path))
-    _write(report, path)
+    """Validates `report` and writes it (no NaN or infinity: JSON has none)."""
+    documents.dump(validate(report, str(path)), path)
 
 
 def dump_sweep(reports: List[dict], path) -> None:
     """Writes a rate sweep: ``{"schema_version", "kind": SWEEP_KIND, "reports": [report, ...]}``,
     each report valid on its own."""
-    path = Path(path)
     for i, report in enumerate(reports):
         validate(report, f"{path} reports[{i}]")
-    _write({"schema_version": SCHEMA_VERSION, "kind": SWEEP_KIND, "reports": reports}, path)
-
-
-def _write(doc: dict, path: Path) -> None:
-    try:
-        text = json.dumps(doc, indent=1, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise ReportError(f"{path}: the report is not JSON-ready: {error}") from None
-    path.write_text(text + "\n")
+    documents.dump({"schema_version": SCHEMA_VERSION, "kind": SWEEP_KIND, "reports": reports},
+                   path)
 
 
 def load(path) -> dict:
-    """Reads and validates a report; raises ReportError for a missing, malformed, wrong-kind or
+    """Reads and validates a report; DocumentError for a missing, malformed, wrong-kind or
     unknown-version file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ReportError(f"{path}: cannot read: {error.strerror or error}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ReportError(f"{path}: not valid JSON (truncated?): {error} "
-                          f"(expected a {KIND} report, schema_version "
-                          f"{', '.join(map(str, ACCEPTED_VERSIONS))})") from None
-    return validate(doc, str(path))
+    return validate(documents.load(path, KIND, ACCEPTED_VERSIONS), str(path))
 
 
 # --------------------------------------------------------------------------- table

@@ -26,8 +26,9 @@ from typing import Dict, List, Mapping, Sequence
 
 import numpy as np
 
+from gnomon import documents
+
 from .cost import FAMILIES, PredictionRefused, StepCost
-from .files import load_document, save_document
 from .shapes import StepShape
 
 SCHEMA_VERSION = 1
@@ -134,11 +135,11 @@ class TablePredictor:
                 "points": points}
 
     def save(self, path) -> None:
-        save_document(self.to_json(), path)
+        documents.dump(self.to_json(), path)
 
     @classmethod
     def load(cls, path) -> "TablePredictor":
-        doc = load_document(path, kind=KIND, accepted=ACCEPTED_VERSIONS, what="table")
+        doc = documents.load(path, KIND, ACCEPTED_VERSIONS)
         path = os.fspath(path)
         try:
             axes = {a: list(v) for a, v in doc["axes"].items()}
@@ -148,9 +149,9 @@ class TablePredictor:
             return cls(axes, nested, name=doc.get("name", os.path.basename(path)),
                        info=doc.get("info") or {})
         except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"{path}: malformed table ({exc!r})") from None
+            raise documents.DocumentError(f"{path}: malformed table ({exc!r})") from None
         except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
+            raise documents.DocumentError(f"{path}: {exc}") from None
 
 
 def _nest(axes: Dict[str, List[float]], lookup: Dict[tuple, dict], prefix=()):

@@ -30,12 +30,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from gnomon import documents
+
 from .calibrate import (CPU_KV_BLOCKS, calibrate, cpu_engine_args, measured_steps, rank_threads,
                         real_run)
 from .calibrated import CalibratedPredictor
 from .cost import PredictionRefused
 from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
-from .files import save_document
 from .metrics import compute_metrics
 from .serve import RunTrace, run_workload, simulated_engine
 from .shapes import ModelSpec, check_tp
@@ -204,7 +205,7 @@ def _goal(report: dict) -> dict:
 
 
 def dump(report: dict, path) -> None:
-    save_document(report, path)
+    documents.dump(report, path)
 
 
 def render(report: dict, console=None) -> None:
