@@ -82,28 +82,24 @@ def check_fields(obj: Any, fields: Mapping[str, Kinds], where: str, source: str)
 
 def check_header(doc: Any, kind: str, accepted_versions: Sequence[int], source: str) -> dict:
     """`doc` is an object of `kind` at one of `accepted_versions`; returns it."""
+    return check_kind(doc, {kind: accepted_versions}, source)
+
+
+def check_kind(doc: Any, accepted: Mapping[str, Sequence[int]], source: str) -> dict:
+    """`doc` is an object of one of the kinds in `accepted` (kind -> accepted versions), at a
+    version accepted for its kind; returns it."""
+    kinds = " or ".join(accepted)
     if not isinstance(doc, dict):
-        raise DocumentError(f"{source}: expected a JSON object (a {kind} document), got "
+        raise DocumentError(f"{source}: expected a JSON object (a {kinds} document), got "
                             f"{type(doc).__name__}")
+    kind = doc.get("kind")
+    if kind not in accepted:
+        raise DocumentError(f"{source}: kind {kind!r}; expected a {kinds} document")
     version = doc.get("schema_version")
-    if isinstance(version, bool) or version not in accepted_versions:
+    if isinstance(version, bool) or version not in accepted[kind]:
         raise DocumentError(f"{source}: schema_version {version!r} is not one this gnomon "
                             f"reads for {kind} (accepted: "
-                            f"{', '.join(map(str, accepted_versions))})")
-    if doc.get("kind") != kind:
-        raise DocumentError(f"{source}: kind {doc.get('kind')!r}; expected a {kind} document")
-    return doc
-
-
-def parse(text: str, kind: str, accepted_versions: Sequence[int], source: str) -> dict:
-    """A document from its JSON text (see `load`)."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DocumentError(f"{source}: not valid JSON (truncated?): {error}; expected a "
-                            f"{kind} document") from None
-    check_header(doc, kind, accepted_versions, source)
-    check_finite(doc, source)
+                            f"{', '.join(map(str, accepted[kind]))})")
     return doc
 
 
@@ -111,13 +107,25 @@ def load(path: Union[str, os.PathLike], kind: str, accepted_versions: Sequence[i
     """The `kind` document in `path`, of one of `accepted_versions`, every number finite.
     DocumentError for a missing, unreadable, truncated, wrong-kind or unknown-version file.
     The caller checks the fields of its kind."""
+    return load_any(path, {kind: accepted_versions})
+
+
+def load_any(path: Union[str, os.PathLike], accepted: Mapping[str, Sequence[int]]) -> dict:
+    """`load` for a file that may hold any of the kinds in `accepted` (kind -> versions)."""
+    source, kinds = os.fspath(path), " or ".join(accepted)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or error
-        raise DocumentError(f"{os.fspath(path)}: cannot read a {kind} document: "
-                            f"{reason}") from None
-    return parse(text, kind, accepted_versions, os.fspath(path))
+        raise DocumentError(f"{source}: cannot read a {kinds} document: {reason}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DocumentError(f"{source}: not valid JSON (truncated?): {error}; expected a "
+                            f"{kinds} document") from None
+    check_kind(doc, accepted, source)
+    check_finite(doc, source)
+    return doc
 
 
 def dump(doc: Mapping[str, Any], path: Union[str, os.PathLike]) -> None:

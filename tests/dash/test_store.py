@@ -25,9 +25,9 @@ def test_sqlite_is_in_wal_mode_with_a_schema_version(sqlite_db):
     with engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
-        assert conn.execute(sa.select(store.schema_version.c.version)).scalars().all() == [1]
+        assert conn.execute(sa.select(store.schema_version.c.version)).scalars().all() == [2]
     assert set(store.row_counts(engine)) == {"schema_version", "machines", "runs",
-                                            "benchmarks", "results", "steps"}
+                                            "benchmarks", "results", "steps", "accuracy"}
     engine.dispose()
 
 
@@ -35,7 +35,7 @@ def test_round_trip_keeps_samples_stats_and_machine(engine, tmp_path):
     doc = document(sha("a"), runs=2, seed=1)
     counts = store.ingest(engine, [write(doc, tmp_path / "a.json")])
     assert counts == {"files": 1, "runs_added": 2, "runs_skipped": 0,
-                      "results_added": 2 * len(KEYS)}
+                      "results_added": 2 * len(KEYS), "figures_added": 0, "figures_skipped": 0}
     with engine.connect() as conn:
         rows = conn.execute(
             sa.select(store.results, store.benchmarks.c.key, store.runs.c.run_index,
@@ -129,7 +129,7 @@ def test_a_newer_schema_is_refused(db):
     with engine.begin() as conn:
         conn.execute(sa.update(store.schema_version).values(version=7))
     engine.dispose()
-    with pytest.raises(store.StoreError, match=r"schema version 7.*schema version 1"):
+    with pytest.raises(store.StoreError, match=r"schema version 7.*schema version 2"):
         store.open_engine(db)
 
 

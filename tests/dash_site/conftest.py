@@ -12,6 +12,7 @@ FINGERPRINT = "0123456789abcdef"
 COMMITS = [hashlib.sha1(f"commit {i}".encode()).hexdigest() for i in range(6)]
 SLOW = "attention/paged_decode[batch=8,context=1024]"
 STEADY = "attention/paged_decode[batch=64,context=1024]"
+ACCURACY = "accuracy/step_ape_median[model=small-llama,predictor=calibrated,tp=1]"
 
 
 def _series(base_ns: float, step_at: int | None, flops: int, nbytes: int) -> list[dict]:
@@ -52,6 +53,10 @@ def make_data() -> dict:
                              {"key": STEADY, "base_median_ns": 8.91e6, "head_median_ns": 9.0e6,
                               "ratio": 1.0101, "q": 0.6, "verdict": "SAME"}]},
         "peaks": {FINGERPRINT: {"memory_gbps": 40.0, "tflops": {"bf16": 1.2, "fp32": 0.6}}},
+        "accuracy": [{"series": ACCURACY, "machine": FINGERPRINT, "steps": [COMMITS[4]],
+                      "points": [{"commit": c, "commit_order": i,
+                                  "value": 0.06 if i < 4 else 0.12, "noise_floor": 0.03,
+                                  "validations": 1} for i, c in enumerate(COMMITS)]}],
     }
 
 

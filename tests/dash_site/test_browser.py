@@ -11,7 +11,7 @@ import pytest
 
 from gnomon.dash.site import write_site
 
-from .conftest import SLOW, STEADY, make_data
+from .conftest import ACCURACY, SLOW, STEADY, make_data
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -60,7 +60,7 @@ def _pixels(png: bytes) -> np.ndarray:
 
 def test_every_page_loads_without_errors_and_its_images_render(driver, site_dir):
     pages = sorted(site_dir.glob("*.html")) + sorted((site_dir / "bench").glob("*.html"))
-    assert len(pages) == 7
+    assert len(pages) == 8
     for page in pages:
         assert _load(driver, page) == [], page.name
         assert driver.title.endswith("gnomon dash")
@@ -94,6 +94,24 @@ def test_time_series_plot_renders(driver, site_dir):
     red = (r > 0.7) & (g < 0.3) & (b < 0.3)  # the open step's marker, #d1242f
     assert blue.sum() > 200, "no median line in the plot"
     assert red.sum() > 50, "no regression marker in the plot"
+
+
+def test_accuracy_page_renders_its_series_with_the_noise_band(driver, site_dir):
+    from selenium.webdriver.common.by import By
+
+    assert _load(driver, site_dir / "accuracy.html") == []
+    sections = driver.find_elements(By.CSS_SELECTOR, "section.accuracy-series")
+    assert [s.find_element(By.TAG_NAME, "h2").text for s in sections] == [ACCURACY]
+    rows = sections[0].find_elements(By.CSS_SELECTOR, "tbody tr")
+    assert len(rows) == 6 and rows[4].text.endswith("moved")  # the planted 6% -> 12% move
+    plot = sections[0].find_element(By.CSS_SELECTOR, "img.plot")
+    assert driver.execute_script("return arguments[0].naturalWidth", plot) > 100
+    shot = _pixels(plot.screenshot_as_png)
+    r, g, b = shot[..., 0], shot[..., 1], shot[..., 2]
+    assert ((b > 0.6) & (r < 0.3) & (g < 0.5)).sum() > 200, "no value line in the plot"
+    band = (b > 0.85) & (r > 0.75) & (r < 0.95) & (g > 0.8)  # the light blue noise band
+    assert band.sum() > 500, "no noise-floor band in the plot"
+    assert ((r > 0.7) & (g < 0.3) & (b < 0.3)).sum() > 50, "no marker where it moved"
 
 
 def test_planted_regression_is_listed_and_links_to_its_page(driver, site_dir):

@@ -13,8 +13,8 @@ from gnomon.dash.site import write_site
 
 from .conftest import COMMITS, SLOW, STEADY
 
-PAGES = ("index.html", "sweep.html", "roofline.html", "compare.html", "machines.html",
-         "style.css")
+PAGES = ("index.html", "sweep.html", "roofline.html", "accuracy.html", "compare.html",
+         "machines.html", "style.css")
 
 
 def _read(path) -> str:
@@ -34,7 +34,7 @@ def test_all_pages_exist_and_name_every_benchmark(tmp_path, data):
     pages = _bench_pages(out)
     assert len(pages) == 2
     svgs = sorted((out / "plots").glob("*.svg"))
-    assert len(svgs) == 4  # two time series, one sweep, one roofline
+    assert len(svgs) == 5  # two time series, one sweep, one roofline, one accuracy series
     for svg in svgs:
         root = ET.parse(svg).getroot()
         assert root.tag.endswith("svg")

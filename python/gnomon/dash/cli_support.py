@@ -53,13 +53,24 @@ def run(args) -> int:  # noqa: ANN001 - argparse.Namespace
     if command in ("compare", "history"):
         thresholds = {"threshold": parse_threshold(args.threshold),
                       "op_thresholds": parse_op_thresholds(args.threshold_op)}
+    if command == "migrate":
+        report = store.migrate(args.db, dry_run=args.dry_run)
+        found = "empty" if report["found"] is None else f"schema version {report['found']}"
+        print(f"database {report['url']}: {found}; this gnomon's is {report['target']}")
+        verb = "would" if args.dry_run else "did"
+        for change in report["changes"]:
+            print(f"  {verb}: {change}")
+        if not report["changes"]:
+            print("  nothing to change")
+        return 0
     engine = store.open_engine(args.db)
     try:
         if command == "ingest":
             counts = store.ingest(engine, args.files)
             print(f"ingested {counts['files']} file(s): {counts['runs_added']} run(s) added, "
                   f"{counts['runs_skipped']} already stored, {counts['results_added']} "
-                  "result(s)")
+                  f"result(s); {counts['figures_added']} accuracy figure(s) added, "
+                  f"{counts['figures_skipped']} already stored")
             return 0
         if command == "compare":
             result = compare_mod.compare(engine, args.base, args.head, args.machine,
@@ -75,6 +86,8 @@ def run(args) -> int:  # noqa: ANN001 - argparse.Namespace
         if command == "history":
             found = history.update_history(engine, **thresholds)
             history.render_history(found, console)
+            with engine.connect() as conn:
+                history.render_accuracy_steps(history.accuracy_steps(conn), console)
             return 0
         if command == "ack":
             count = history.ack(engine, args.key, args.reason)

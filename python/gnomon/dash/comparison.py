@@ -1,6 +1,7 @@
 """`gnomon dash compare BASE HEAD`: two commits on one machine, key by key.
 
-The verdicts follow the rule in :mod:`gnomon.dash.stats`."""
+Kernel timings follow the rule in :mod:`gnomon.dash.stats` (`judge`); predictor accuracy
+series, one validation per commit, the noise-floor rule (`judge_accuracy`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from gnomon.dash import stats
-from gnomon.dash.store import DashError, benchmarks, machines, results, runs
+from gnomon.dash.store import DashError, accuracy, benchmarks, machines, results, runs
 
 
 @dataclass
@@ -22,10 +23,11 @@ class Comparison:
     machine: str  # fingerprint
     rows: list[stats.Verdict] = field(default_factory=list)
     ops: dict[str, str] = field(default_factory=dict)  # key -> op
+    accuracy: list[stats.AccuracyVerdict] = field(default_factory=list)
 
     @property
-    def regressions(self) -> list[stats.Verdict]:
-        return [row for row in self.rows if row.verdict == stats.REGRESSION]
+    def regressions(self) -> list:
+        return [row for row in [*self.rows, *self.accuracy] if row.verdict == stats.REGRESSION]
 
 
 def resolve_commit(conn: Connection, prefix: str) -> str:
@@ -33,11 +35,10 @@ def resolve_commit(conn: Connection, prefix: str) -> str:
     prefix = prefix.strip().lower()
     if not prefix or any(ch not in "0123456789abcdef" for ch in prefix):
         raise DashError(f"commit {prefix!r} is not a hex commit sha or prefix")
-    found = [row[0] for row in conn.execute(
-        sa.select(runs.c.commit).where(runs.c.commit.like(prefix + "%")).distinct()
-        .order_by(runs.c.commit))]
+    found = sorted({row[0] for table in (runs, accuracy) for row in conn.execute(
+        sa.select(table.c.commit).where(table.c.commit.like(prefix + "%")).distinct())})
     if not found:
-        raise DashError(f"commit {prefix!r}: no runs of it are stored "
+        raise DashError(f"commit {prefix!r}: no runs or validations of it are stored "
                         "(ingest its results file first)")
     if len(found) > 1:
         shown = ", ".join(c[:12] for c in found[:5])
@@ -51,8 +52,8 @@ def resolve_machine(conn: Connection, machine: str | None, commits: tuple[str, .
     unique prefix of one; without it, the only machine that has runs of every commit."""
     with_all = None
     for commit in commits:
-        ids = {row[0] for row in conn.execute(
-            sa.select(runs.c.machine_id).where(runs.c.commit == commit).distinct())}
+        ids = {row[0] for table in (runs, accuracy) for row in conn.execute(
+            sa.select(table.c.machine_id).where(table.c.commit == commit).distinct())}
         with_all = ids if with_all is None else with_all & ids
     with_all = with_all or set()
     rows = conn.execute(sa.select(machines.c.id, machines.c.fingerprint)).all()
@@ -125,8 +126,24 @@ def compare(engine: Engine, base: str, head: str, machine: str | None = None,
         ops[label] = row.op
         if row.op in op_thresholds:
             per_key[label] = op_thresholds[row.op]
-    verdicts = stats.judge(evidence, threshold=threshold, thresholds=per_key)
-    return Comparison(base_sha, head_sha, fingerprint, verdicts, ops)
+    verdicts = stats.judge(evidence, threshold=threshold, thresholds=per_key) if evidence else []
+    with engine.connect() as conn:
+        figures = accuracy_figures(conn, machine_id, (base_sha, head_sha))
+    judged = [stats.judge_accuracy(name, sides.get(base_sha, []), sides.get(head_sha, []))
+              for name, sides in sorted(figures.items())]
+    return Comparison(base_sha, head_sha, fingerprint, verdicts, ops, judged)
+
+
+def accuracy_figures(conn: Connection, machine_id: int, commits) -> dict:
+    """{series: {commit: [(value, noise floor), ...]}} for `commits` on one machine."""
+    out: dict[str, dict[str, list]] = {}
+    query = (sa.select(accuracy.c.series, accuracy.c.commit, accuracy.c.value,
+                       accuracy.c.noise_floor)
+             .where(accuracy.c.machine_id == machine_id, accuracy.c.commit.in_(commits))
+             .order_by(accuracy.c.id))
+    for series, commit, value, noise in conn.execute(query):
+        out.setdefault(series, {}).setdefault(commit, []).append((value, noise))
+    return out
 
 
 # --------------------------------------------------------------------------- rendering
@@ -162,9 +179,20 @@ def _q(q: float) -> str:
 
 def summary_line(comparison: Comparison) -> str:
     counts = {v: 0 for v in stats.VERDICTS}
-    for row in comparison.rows:
+    for row in [*comparison.rows, *comparison.accuracy]:
         counts[row.verdict] += 1
     return ", ".join(f"{counts[v]} {v}" for v in stats.VERDICTS)
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1%}"
+
+
+def accuracy_rows(comparison: Comparison) -> list[tuple[str, ...]]:
+    """(series, base, head, change, noise floor, verdict) per accuracy series, as text."""
+    return [(row.series, _pct(row.base), _pct(row.head),
+             "-" if math.isnan(row.head - row.base) else f"{row.head - row.base:+.1%}",
+             _pct(row.noise_floor), row.verdict) for row in comparison.accuracy]
 
 
 def render_table(comparison: Comparison, console=None) -> None:  # noqa: ANN001
@@ -185,7 +213,20 @@ def render_table(comparison: Comparison, console=None) -> None:  # noqa: ANN001
                       _ratio(row.ratio), _change(row.ratio), _q(row.q),
                       f"[{style[row.verdict]}]{row.verdict}[/]" if style[row.verdict]
                       else row.verdict)
-    console.print(table)
+    if comparison.rows:
+        console.print(table)
+    if comparison.accuracy:
+        figures = Table(title="predictor accuracy (lower is better; a change beyond the noise "
+                              "floor counts)")
+        figures.add_column("series", overflow="fold", min_width=24)
+        for name in ("base", "head", "change", "noise floor", "verdict"):
+            figures.add_column(name, justify="left" if name == "verdict" else "right",
+                               no_wrap=True)
+        for cells in accuracy_rows(comparison):
+            figures.add_row(*(escape(c) for c in cells[:-1]),
+                            f"[{style[cells[-1]]}]{cells[-1]}[/]" if style[cells[-1]]
+                            else cells[-1])
+        console.print(figures)
     console.print(summary_line(comparison))
     for note in ambiguous_notes(comparison):
         console.print(f"  AMBIGUOUS {escape(note)}", soft_wrap=True, highlight=False)
@@ -205,6 +246,12 @@ def to_markdown(comparison: Comparison) -> str:
                      f"{format_ns(row.head_median)} | {_ratio(row.ratio)} | {_change(row.ratio)} | "
                      f"{_q(row.q)} | "
                      f"{verdict} |")
+    if comparison.accuracy:
+        lines += ["", "| accuracy series | base | head | change | noise floor | verdict |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for cells in accuracy_rows(comparison):
+            verdict = f"**{cells[-1]}**" if cells[-1] == stats.REGRESSION else cells[-1]
+            lines.append(f"| `{cells[0]}` | " + " | ".join(cells[1:-1]) + f" | {verdict} |")
     notes = ambiguous_notes(comparison)
     if notes:
         lines += [""] + [f"- AMBIGUOUS `{n.split(': ', 1)[0]}`: {n.split(': ', 1)[-1]}"

@@ -11,7 +11,11 @@ Shape::
      "compare": {"base", "head", "machine",
                  "rows": [{"key", "base_median_ns", "head_median_ns", "ratio", "q",
                            "verdict"}]} | None,
-     "peaks": {fingerprint: {"memory_gbps", "tflops"}}}
+     "peaks": {fingerprint: {"memory_gbps", "tflops"}},
+     "accuracy": [{"series", "machine": fingerprint,
+                   "points": [{"commit", "commit_order", "value", "noise_floor",
+                               "validations"}],
+                   "steps": [commit, ...]}]}
 
 A series point is one commit: the median of its per-run medians, the medians of its per-run
 q1 and q3, the number of runs, and throughput computed from that median. Steps are detected
@@ -55,6 +59,7 @@ def site_data(engine: Engine) -> dict:
             point["q1"].append(row.q1)
             point["q3"].append(row.q3)
         found = history.merge_stored(conn, history.detect(conn))
+        accuracy = _accuracy(conn)
         peaks = {}
         for machine_id, fingerprint in names.items():
             latest = conn.execute(sa.select(runs.c.peaks).where(runs.c.machine_id == machine_id)
@@ -113,4 +118,22 @@ def site_data(engine: Engine) -> dict:
         "benchmarks": out_benchmarks,
         "compare": comparison,
         "peaks": peaks,
+        "accuracy": accuracy,
     }
+
+
+def _accuracy(conn) -> list[dict]:
+    """Each accuracy series: per commit the median value and noise floor of its validations,
+    and the commits where it moved beyond the noise floor (`history.accuracy_steps`)."""
+    moved: dict[tuple[str, str], list[str]] = {}
+    for step in history.accuracy_steps(conn):
+        moved.setdefault((step.machine, step.series), []).append(step.commit)
+    out = []
+    for (fingerprint, series), points in sorted(history.accuracy_series(conn).items()):
+        out.append({"series": series, "machine": fingerprint, "points": [
+            {"commit": commit, "commit_order": order,
+             "value": stats.median([v for v, _ in pairs]),
+             "noise_floor": stats.median([n for _, n in pairs]), "validations": len(pairs)}
+            for commit, order, pairs in points],
+            "steps": moved.get((fingerprint, series), [])})
+    return out

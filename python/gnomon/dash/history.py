@@ -27,6 +27,10 @@ Hochberg over that family gives each step its q, and a step is reported when ``q
 (0.01). Runs are treated as independent: a commit-to-commit jitter larger than the run noise
 inflates the evidence, which the threshold and the persistence rule guard against.
 
+Predictor accuracy series (one validation per commit) are judged by their own noise floor:
+`accuracy_steps` finds each commit whose figure moved beyond the noise floor from the commit
+before it (`stats.judge_accuracy`, the rule `compare` uses). They are reported, not stored.
+
 States: a step is ``open`` when found, ``acknowledged`` after `gnomon dash ack KEY --reason`,
 and ``fixed`` when a later step of the same series brings the level back to within the
 threshold of the level before it.
@@ -42,7 +46,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from gnomon.dash import stats
-from gnomon.dash.store import (DashError, benchmarks, machines, results, runs, steps,
+from gnomon.dash.store import (DashError, accuracy, benchmarks, machines, results, runs, steps,
                                with_retry)
 
 PERSIST_AFTER = 2
@@ -268,6 +272,59 @@ def ack(engine: Engine, key: str, reason: str) -> int:
     return with_retry(engine, work)
 
 
+@dataclass
+class AccuracyStep:
+    series: str
+    machine: str
+    commit: str
+    commit_order: int
+    verdict: stats.AccuracyVerdict  # the commit before against this one
+
+
+def accuracy_series(conn: Connection) -> dict[tuple[str, str], list[tuple[str, int, list]]]:
+    """{(machine fingerprint, series): [(commit, order, [(value, noise floor)]), ...] in
+    commit order}."""
+    query = (sa.select(machines.c.fingerprint, accuracy.c.series, accuracy.c.commit,
+                       accuracy.c.commit_order, accuracy.c.value, accuracy.c.noise_floor)
+             .join(machines, machines.c.id == accuracy.c.machine_id)
+             .order_by(accuracy.c.commit_order, accuracy.c.id))
+    grouped: dict[tuple[str, str], dict[str, tuple[str, int, list]]] = {}
+    for fingerprint, series, commit, order, value, noise in conn.execute(query):
+        points = grouped.setdefault((fingerprint, series), {})
+        points.setdefault(commit, (commit, order, []))[2].append((value, noise))
+    return {ident: list(points.values()) for ident, points in grouped.items()}
+
+
+def accuracy_steps(conn: Connection) -> list[AccuracyStep]:
+    """Each commit of an accuracy series whose figure moved beyond the noise floor."""
+    found = []
+    for (fingerprint, series), points in sorted(accuracy_series(conn).items()):
+        for (_, _, before), (commit, order, after) in zip(points, points[1:]):
+            verdict = stats.judge_accuracy(series, before, after)
+            if verdict.verdict in (stats.REGRESSION, stats.IMPROVEMENT):
+                found.append(AccuracyStep(series, fingerprint, commit, order, verdict))
+    return found
+
+
+def render_accuracy_steps(found: list[AccuracyStep], console=None) -> None:  # noqa: ANN001
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console()
+    if not found:
+        return
+    table = Table(title="predictor accuracy moves beyond the noise floor")
+    table.add_column("series", overflow="fold", ratio=2)
+    for name in ("machine", "commit", "before", "after", "noise floor", "verdict"):
+        table.add_column(name, no_wrap=True)
+    for step in found:
+        v = step.verdict
+        table.add_row(escape(step.series), step.machine, step.commit[:12], f"{v.base:.1%}",
+                      f"{v.head:.1%}", f"{v.noise_floor:.1%}", v.verdict)
+    console.print(table)
+
+
 def render_history(found: list[Step], console=None) -> None:  # noqa: ANN001
     from rich.console import Console
     from rich.markup import escape
@@ -290,5 +347,6 @@ def render_history(found: list[Step], console=None) -> None:  # noqa: ANN001
     console.print(table)
 
 
-__all__ = ["Point", "Step", "ack", "detect", "load_series", "render_history", "segment",
+__all__ = ["AccuracyStep", "Point", "Step", "accuracy_series", "accuracy_steps", "ack",
+           "detect", "load_series", "render_accuracy_steps", "render_history", "segment",
            "update_history"]

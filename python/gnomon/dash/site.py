@@ -10,7 +10,10 @@
      "compare":    {"base", "head", "machine",
                     "rows": [{"key", "base_median_ns", "head_median_ns", "ratio", "q",
                               "verdict"}]} | None,
-     "peaks":      {fingerprint: {"memory_gbps", "tflops": float | {dtype: float}}}}
+     "peaks":      {fingerprint: {"memory_gbps", "tflops": float | {dtype: float}}},
+     "accuracy":   [{"series", "machine": fingerprint, "steps": [commit, ...],
+                     "points": [{"commit", "commit_order", "value", "noise_floor",
+                                 "validations"}]}]}
 
 and writes plain HTML, one CSS file and matplotlib SVG plots. The site needs no network and
 runs no JavaScript. Pages:
@@ -23,6 +26,8 @@ runs no JavaScript. Pages:
   varies most, across the cases measured at that op's latest commit;
 - ``roofline.html``: per machine, arithmetic intensity (FLOPs / bytes) against achieved
   TFLOP/s at each benchmark's latest commit, under the memory and compute ceilings of ``peaks``;
+- ``accuracy.html``: per predictor accuracy series, its value over commits inside the band of
+  its noise floor, a marker where it moved beyond it, and its points;
 - ``compare.html``: the rows of ``compare``, verdicts highlighted;
 - ``machines.html``: the machines and their peaks.
 
@@ -65,6 +70,9 @@ _COMPARE = {"base": str, "head": str, "machine": str, "rows": list}
 _ROW = {"key": str, "base_median_ns": _OPT_NUM, "head_median_ns": _OPT_NUM, "ratio": _OPT_NUM,
         "q": _OPT_NUM, "verdict": str}
 _PEAK = {"memory_gbps": _OPT_NUM, "tflops": (int, float, dict, type(None))}
+_ACCURACY = {"series": str, "machine": str, "points": list, "steps": list}
+_ACCURACY_POINT = {"commit": str, "commit_order": int, "value": _NUM, "noise_floor": _NUM,
+                   "validations": int}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,13 +86,13 @@ def _check(obj: Any, fields: dict, where: str) -> None:
 def validate_site_data(data: Any) -> dict:
     """Checks the shape of the site data and returns it; DocumentError names the field."""
     _check(data, {"machines": list, "benchmarks": list, "compare": (dict, type(None)),
-                  "peaks": dict}, "the data")
+                  "peaks": dict, "accuracy": list}, "the data")
     fingerprints = set()
     for i, machine in enumerate(data["machines"]):
         _check(machine, _MACHINE, f"machines[{i}]")
         if machine["fingerprint"] in fingerprints:
             raise DocumentError(f"site data: machines[{i}].fingerprint "
-                             f"{machine['fingerprint']!r} appears twice")
+                                f"{machine['fingerprint']!r} appears twice")
         fingerprints.add(machine["fingerprint"])
     identities = set()
     for b, bench in enumerate(data["benchmarks"]):
@@ -96,28 +104,28 @@ def validate_site_data(data: Any) -> dict:
             if not isinstance(name, str) or isinstance(value, bool) or not isinstance(
                     value, (int, float, str)):
                 raise DocumentError(f"site data: {where}.params[{name!r}] must be an int, float "
-                                 "or string")
+                                    "or string")
         identity = (bench["key"], bench["machine"], bench["definition_hash"])
         if identity in identities:
             raise DocumentError(f"site data: {where} repeats benchmark {bench['key']!r} on machine "
-                             f"{bench['machine']!r} with the same definition_hash")
+                                f"{bench['machine']!r} with the same definition_hash")
         identities.add(identity)
         commits, orders = set(), set()
         for p, point in enumerate(bench["series"]):
             _check(point, _POINT, f"{where}.series[{p}]")
             if point["commit"] in commits or point["commit_order"] in orders:
                 raise DocumentError(f"site data: {where}.series[{p}] repeats commit "
-                                 f"{point['commit']!r}")
+                                    f"{point['commit']!r}")
             commits.add(point["commit"])
             orders.add(point["commit_order"])
         for s, step in enumerate(bench["steps"]):
             _check(step, _STEP, f"{where}.steps[{s}]")
             if step["state"] not in _STATES:
                 raise DocumentError(f"site data: {where}.steps[{s}].state {step['state']!r} is not "
-                                 f"one of {', '.join(_STATES)}")
+                                    f"one of {', '.join(_STATES)}")
             if step["commit"] not in commits:
                 raise DocumentError(f"site data: {where}.steps[{s}].commit {step['commit']!r} is "
-                                 "not in the benchmark's series")
+                                    "not in the benchmark's series")
     compare = data["compare"]
     if compare is not None:
         _check(compare, _COMPARE, "compare")
@@ -125,7 +133,7 @@ def validate_site_data(data: Any) -> dict:
             _check(row, _ROW, f"compare.rows[{r}]")
             if row["verdict"] not in _VERDICTS:
                 raise DocumentError(f"site data: compare.rows[{r}].verdict {row['verdict']!r} is "
-                                 f"not one of {', '.join(_VERDICTS)}")
+                                    f"not one of {', '.join(_VERDICTS)}")
     for fingerprint, peak in data["peaks"].items():
         where = f"peaks[{fingerprint!r}]"
         if fingerprint not in fingerprints:
@@ -136,6 +144,16 @@ def validate_site_data(data: Any) -> dict:
                 if isinstance(value, bool) or not isinstance(value, _NUM) or not math.isfinite(
                         value):
                     raise DocumentError(f"site data: {where}.tflops[{dtype!r}] must be a number")
+    for a, series in enumerate(data["accuracy"]):
+        where = f"accuracy[{a}]"
+        _check(series, _ACCURACY, where)
+        if series["machine"] not in fingerprints:
+            raise DocumentError(f"site data: {where}.machine is not in machines")
+        for p, point in enumerate(series["points"]):
+            _check(point, _ACCURACY_POINT, f"{where}.points[{p}]")
+        commits = {point["commit"] for point in series["points"]}
+        if not set(series["steps"]) <= commits:
+            raise DocumentError(f"site data: {where}.steps name commits not in its points")
     return data
 
 
@@ -233,8 +251,8 @@ svg.spark { display: block; }
 """
 
 _PAGES = (("index.html", "Benchmarks"), ("sweep.html", "Shape sweep"),
-          ("roofline.html", "Roofline"), ("compare.html", "Compare"),
-          ("machines.html", "Machines"))
+          ("roofline.html", "Roofline"), ("accuracy.html", "Accuracy"),
+          ("compare.html", "Compare"), ("machines.html", "Machines"))
 
 
 def _page(title: str, body: str, here: str, root: str = "") -> str:
@@ -397,6 +415,7 @@ class _Site:
                 self.benchmark(bench)
             self.sweep()
             self.roofline()
+            self.accuracy()
         self.compare()
         self.machines_page()
 
@@ -634,6 +653,58 @@ class _Site:
         ax.set_ylabel("achieved TFLOP/s")
         ax.legend(fontsize=7, loc="lower right")
         return self.plots.save(fig, "roofline-" + slug(fingerprint) + ".svg")
+
+    def accuracy(self) -> None:
+        """Per accuracy series: its value over commits, the band of its noise floor around
+        it (a later commit outside the band of the one before moved for real), and the
+        points."""
+        parts = ['<p>Predictor accuracy from <code>gnomon validate</code>, one series per '
+                 'figure, predictor, model and tp on each machine; lower is better. The band is '
+                 'the noise floor the same validation measured; a triangle marks a commit whose '
+                 'figure moved beyond it.</p>']
+        if not self.data["accuracy"]:
+            parts.append('<p class="muted">No validation documents are stored: '
+                         '<code>gnomon validate --out FILE</code>, then '
+                         '<code>gnomon dash ingest FILE</code>.</p>')
+        for n, series in enumerate(self.data["accuracy"]):
+            points = sorted(series["points"], key=lambda p: p["commit_order"])
+            plot = self._plot_accuracy(series, points, f"accuracy-{n}.svg")
+            rows = [f'<tr><td><code>{_e(_short(p["commit"]))}</code></td>'
+                    f'<td>{p["value"]:.1%}</td><td>{p["noise_floor"]:.1%}</td>'
+                    f'<td>{p["validations"]}</td>'
+                    f'<td>{"moved" if p["commit"] in series["steps"] else ""}</td></tr>'
+                    for p in points]
+            parts.append(f'<section class="accuracy-series"><h2>{_e(series["series"])}</h2>'
+                         f'<p>{_e(self.machine_label(series["machine"]))}</p>'
+                         f'<img class="plot" src="{_e(plot)}" '
+                         f'alt="{_e(series["series"])} over commits">'
+                         + _table(("commit", "value", "noise floor", "validations", ""), rows)
+                         + "</section>")
+        self.write("accuracy.html", _page("Predictor accuracy", "\n".join(parts),
+                                          "accuracy.html"))
+
+    def _plot_accuracy(self, series: dict, points: list, name: str) -> str:
+        x = list(range(len(points)))
+        values = [100 * p["value"] for p in points]
+        noise = [100 * p["noise_floor"] for p in points]
+        fig, (ax,) = self.plots.new(9, 3.2)
+        ax.fill_between(x, [max(v - f, 0) for v, f in zip(values, noise)],
+                        [v + f for v, f in zip(values, noise)], color="#0b57d0", alpha=0.15,
+                        linewidth=0, label="noise floor")
+        ax.plot(x, values, color="#0b57d0", marker="o", markersize=4, label="value")
+        for i, p in enumerate(points):
+            if p["commit"] in series["steps"]:
+                ax.plot([i], [values[i]], marker="v", markersize=9, color="#d1242f",
+                        linestyle="none")
+        every = max(1, math.ceil(len(points) / 25))
+        ax.set_xticks(x[::every], [_short(p["commit"]) for p in points][::every], rotation=45,
+                      ha="right", fontfamily="monospace")
+        ax.set_xlim(-0.5, len(points) - 0.5)
+        ax.set_ylim(0, max(v + f for v, f in zip(values, noise)) * 1.15 or 1.0)
+        ax.set_xlabel("commit (in commit order)")
+        ax.set_ylabel("error (%)")
+        ax.legend(loc="best", fontsize=8)
+        return self.plots.save(fig, name)
 
     def compare(self) -> None:
         compare = self.data["compare"]

@@ -153,3 +153,34 @@ def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],
                 note = "change not significant"
         verdicts.append(Verdict(key, base, head, ratio, q, verdict, len(a), len(b), t, note))
     return verdicts
+
+
+# --------------------------------------------------------------------------- accuracy
+
+@dataclass
+class AccuracyVerdict:
+    """One accuracy series (lower is better) between two commits: the median of each
+    commit's values, and the noise floor the change is judged against (the larger of the two
+    commits' median noise floors)."""
+
+    series: str
+    base: float
+    head: float
+    noise_floor: float
+    verdict: str
+
+
+def judge_accuracy(series: str, base: Sequence[tuple[float, float]],
+                   head: Sequence[tuple[float, float]]) -> AccuracyVerdict:
+    """`base` and `head` are (value, noise floor) pairs, one per validation of that commit. A
+    validation is one run, so no rank test applies: a change beyond the noise floor that the
+    same validation measured is a REGRESSION (worse) or an IMPROVEMENT; a side with no
+    validation is AMBIGUOUS."""
+    if not base or not head:
+        value = median([v for v, _ in base or head])
+        return AccuracyVerdict(series, value if base else math.nan,
+                               value if head else math.nan, math.nan, AMBIGUOUS)
+    b, h = median([v for v, _ in base]), median([v for v, _ in head])
+    floor = max(median([n for _, n in base]), median([n for _, n in head]))
+    verdict = REGRESSION if h - b > floor else IMPROVEMENT if b - h > floor else SAME
+    return AccuracyVerdict(series, b, h, floor, verdict)

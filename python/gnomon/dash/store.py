@@ -24,6 +24,12 @@ Tables::
             samples)                             samples: zlib of little-endian int64
     steps(benchmark, machine, commit, commit_order, ratio, q, state, reason)
          written by `gnomon dash history`; state is open, acknowledged or fixed
+    accuracy(machine, commit, commit_order, content_hash, series, predictor, model, tp, figure,
+             value, noise_floor)                 one row per figure of a `gnomon validate`
+         document (`gnomon.predict.accuracy`); unique (machine, commit, content_hash, series)
+
+Schema versions: 1 had no accuracy table; `migrate` (``gnomon dash migrate``) brings a version-1
+database to version 2 by creating it. A database at a newer version is refused.
 """
 
 from __future__ import annotations
@@ -43,10 +49,13 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from gnomon import documents
 from gnomon.bench import results as results_file
 from gnomon.documents import DocumentError
+from gnomon.predict import accuracy as accuracy_doc
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+MIGRATIONS = {2: "create the table accuracy (predictor accuracy series from gnomon validate)"}
 DEFAULT_PATH = Path(".gnomon") / "bench.sqlite"
 WRITE_LOCK = 0x676E6F6D6F6E  # "gnomon": the advisory lock key every PostgreSQL writer takes
 
@@ -142,6 +151,24 @@ steps = sa.Table(
     sa.UniqueConstraint("benchmark_id", "machine_id", "commit", name="uq_steps_commit"),
 )
 
+accuracy = sa.Table(
+    "accuracy", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("machine_id", sa.Integer, sa.ForeignKey("machines.id"), nullable=False),
+    sa.Column("commit", sa.String(64), nullable=False, index=True),
+    sa.Column("commit_order", sa.Integer, nullable=False, index=True),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("series", sa.Text, nullable=False, index=True),
+    sa.Column("predictor", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("tp", sa.Integer, nullable=False),
+    sa.Column("figure", sa.String(32), nullable=False),
+    sa.Column("value", sa.Float, nullable=False),
+    sa.Column("noise_floor", sa.Float, nullable=False),
+    sa.UniqueConstraint("machine_id", "commit", "content_hash", "series",
+                        name="uq_accuracy_content"),
+)
+
 STEP_STATES = ("open", "acknowledged", "fixed")
 
 
@@ -211,8 +238,37 @@ def with_retry(engine: Engine, work: Callable[[Connection], T], attempts: int = 
 def open_engine(db: str | None = None, *, create: bool = True) -> Engine:
     """An engine on the dashboard database with its schema checked (and created when empty).
 
-    Raises StoreError for a URL SQLAlchemy cannot use, a missing driver, or a database written
-    by a newer schema than this gnomon reads."""
+    Raises StoreError for a URL SQLAlchemy cannot use, a missing driver, a server that cannot
+    be reached, or a database at another schema version than this gnomon's (an older one names
+    `gnomon dash migrate`)."""
+    return _on_database(db, lambda conn, url: _ensure_schema(conn, url, create))[0]
+
+
+def migrate(db: str | None = None, *, dry_run: bool = False) -> dict:
+    """Brings a dashboard database to `SCHEMA_VERSION` (an empty one is created), or with
+    `dry_run` only says what that would change: ``{"url", "found", "target", "changes"}``,
+    `found` being None for an empty database. A newer schema is refused."""
+
+    def work(conn: Connection, url: str) -> dict:
+        found = _stored_version(conn, url)
+        changes = (["create the dashboard schema"] if found is None else
+                   [MIGRATIONS[v] for v in range(found + 1, SCHEMA_VERSION + 1)])
+        if changes and not dry_run:
+            metadata.create_all(conn, checkfirst=True)
+            if found is None:
+                conn.execute(sa.insert(schema_version).values(version=SCHEMA_VERSION))
+            else:
+                conn.execute(sa.update(schema_version).values(version=SCHEMA_VERSION))
+        return {"url": url, "found": found, "target": SCHEMA_VERSION, "changes": changes}
+
+    engine, report = _on_database(db, work)
+    engine.dispose()
+    return report
+
+
+def _on_database(db: str | None, work: Callable[[Connection, str], T]) -> tuple[Engine, T]:
+    """An engine on `db` and what `work(conn, shown url)` returned, in one write transaction;
+    StoreError for a URL, driver or server that does not work."""
     raw = default_url(db)
     url = shown_url(raw)  # what messages show
     try:
@@ -237,7 +293,7 @@ def open_engine(db: str | None = None, *, create: bool = True) -> Engine:
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine)
     try:
-        with_retry(engine, lambda conn: _ensure_schema(conn, url, create))
+        return engine, with_retry(engine, lambda conn: work(conn, url))
     except sa.exc.DatabaseError as error:
         engine.dispose()
         reason = error.orig if error.orig is not None else error
@@ -247,7 +303,6 @@ def open_engine(db: str | None = None, *, create: bool = True) -> Engine:
     except DashError:
         engine.dispose()
         raise
-    return engine
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -273,25 +328,32 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _ensure_schema(conn: Connection, url: str, create: bool) -> None:
+def _stored_version(conn: Connection, url: str) -> int | None:
+    """The database's schema version, None when it is empty; StoreError for a newer one or a
+    database that is not the dashboard's."""
     inspector = sa.inspect(conn)
     if inspector.has_table("schema_version"):
-        row = conn.execute(sa.select(schema_version.c.version)).first()
-        if row is not None:
-            found = row[0]
-            if found > SCHEMA_VERSION:
-                raise StoreError(f"database {url} was written by dashboard schema version "
-                                 f"{found}; this gnomon reads schema version {SCHEMA_VERSION} "
-                                 "(upgrade gnomon)")
-            if found < SCHEMA_VERSION:
-                raise StoreError(f"database {url} has dashboard schema version {found}; "
-                                 f"this gnomon reads schema version {SCHEMA_VERSION} "
-                                 "and has no migration for it")
-            metadata.create_all(conn, checkfirst=True)  # tables added within a version
-            return
-    elif inspector.get_table_names():
+        found = conn.execute(sa.select(schema_version.c.version)).scalar()
+        if found is not None and found > SCHEMA_VERSION:
+            raise StoreError(f"database {url} was written by dashboard schema version "
+                             f"{found}; this gnomon reads schema version {SCHEMA_VERSION} "
+                             "(upgrade gnomon)")
+        return found
+    if inspector.get_table_names():
         raise StoreError(f"database {url} holds tables but no schema_version table; "
                          "it is not a gnomon dashboard database")
+    return None
+
+
+def _ensure_schema(conn: Connection, url: str, create: bool) -> None:
+    found = _stored_version(conn, url)
+    if found == SCHEMA_VERSION:
+        return
+    if found is not None:
+        changes = "; ".join(MIGRATIONS[v] for v in range(found + 1, SCHEMA_VERSION + 1))
+        raise StoreError(f"database {url} has dashboard schema version {found}; this gnomon "
+                         f"reads schema version {SCHEMA_VERSION}: `gnomon dash migrate` "
+                         f"brings it there ({changes})")
     if not create:
         raise StoreError(f"database {url} is empty")
     metadata.create_all(conn, checkfirst=True)
@@ -302,44 +364,71 @@ def _ensure_schema(conn: Connection, url: str, create: bool) -> None:
 
 def run_content_hash(doc: dict, run: dict) -> str:
     """sha256 of one run as it sits in its file, with the file's mode (canonical JSON)."""
-    payload = json.dumps({"mode": doc["mode"], "run": run}, sort_keys=True,
-                         separators=(",", ":"))
-    return hashlib.sha256(payload.encode()).hexdigest()
+    return _canonical_hash({"mode": doc["mode"], "run": run})
+
+
+def read_document(path: str | Path) -> dict:
+    """A bench results file or a validation document (`gnomon.predict.accuracy`), checked."""
+    doc = documents.load_any(path, {results_file.KIND: results_file.ACCEPTED_VERSIONS,
+                                    accuracy_doc.KIND: accuracy_doc.ACCEPTED_VERSIONS})
+    if doc["kind"] == accuracy_doc.KIND:
+        return accuracy_doc.validate(doc, str(path))
+    doc = results_file.validate(doc, str(path))
+    for r, run in enumerate(doc["runs"]):
+        keys = [case["key"] for case in run["cases"]]
+        if len(set(keys)) != len(keys):
+            raise DocumentError(f"{path}: runs[{r}] holds the same benchmark key twice")
+    return doc
 
 
 def ingest(engine: Engine, paths: Iterable[str | Path]) -> dict:
-    """Reads every file first (a missing, truncated, malformed or unknown-version file raises
-    DocumentError before anything is written), then writes them all in one transaction.
+    """Reads every file first (bench results files and validation documents; a missing,
+    truncated, malformed or unknown-version file raises DocumentError before anything is
+    written), then writes them all in one transaction.
 
-    Idempotent: a run already stored for the same machine and commit with the same content
-    is skipped. Returns counts: files, runs_added, runs_skipped, results_added."""
-    docs = [(str(path), results_file.load(path)) for path in paths]
+    Idempotent: a run (or a validation's figures) already stored for the same machine and
+    commit with the same content is skipped. Returns counts: files, runs_added, runs_skipped,
+    results_added, figures_added, figures_skipped."""
+    docs = [(str(path), read_document(path)) for path in paths]
     if not docs:
         raise DashError("ingest needs at least one results file")
-    for source, doc in docs:
-        for r, run in enumerate(doc["runs"]):
-            keys = [case["key"] for case in run["cases"]]
-            if len(set(keys)) != len(keys):
-                raise DocumentError(
-                    f"{source}: runs[{r}] holds the same benchmark key twice")
     return with_retry(engine, lambda conn: _ingest(conn, docs))
 
 
+def _canonical_hash(payload) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":"))
+                          .encode()).hexdigest()
+
+
+def _commit_order(conn: Connection, commit: str, cache: dict[str, int]) -> int:
+    """The commit's order: the one stored with its runs or figures, else one past the last."""
+    if commit not in cache:
+        stored = [conn.execute(sa.select(sa.func.min(table.c.commit_order))
+                               .where(table.c.commit == commit)).scalar()
+                  for table in (runs, accuracy)]
+        known = [order for order in stored if order is not None]
+        if known:
+            cache[commit] = min(known)
+        else:
+            last = [conn.execute(sa.select(sa.func.max(table.c.commit_order))).scalar()
+                    for table in (runs, accuracy)]
+            cache[commit] = max([order for order in last if order is not None], default=0) + 1
+    return cache[commit]
+
+
 def _ingest(conn: Connection, docs: list[tuple[str, dict]]) -> dict:
-    counts = {"files": len(docs), "runs_added": 0, "runs_skipped": 0, "results_added": 0}
+    counts = {"files": len(docs), "runs_added": 0, "runs_skipped": 0, "results_added": 0,
+              "figures_added": 0, "figures_skipped": 0}
     machine_ids: dict[str, int] = {}
     bench_ids: dict[tuple[str, str], int] = {}
     commit_orders: dict[str, int] = {}
     for _source, doc in docs:
         machine_id = _machine_id(conn, doc["machine"], machine_ids)
         commit = doc["commit"]
-        if commit not in commit_orders:
-            order = conn.execute(sa.select(sa.func.min(runs.c.commit_order))
-                                 .where(runs.c.commit == commit)).scalar()
-            if order is None:
-                order = (conn.execute(sa.select(sa.func.max(runs.c.commit_order))).scalar()
-                         or 0) + 1
-            commit_orders[commit] = order
+        order = _commit_order(conn, commit, commit_orders)
+        if doc["kind"] == accuracy_doc.KIND:
+            _ingest_figures(conn, doc, machine_id, order, counts)
+            continue
         version = str(doc["created_with"].get("version", "unknown"))
         for run in doc["runs"]:
             digest = run_content_hash(doc, run)
@@ -350,7 +439,7 @@ def _ingest(conn: Connection, docs: list[tuple[str, dict]]) -> dict:
                 counts["runs_skipped"] += 1
                 continue
             run_id = conn.execute(sa.insert(runs).values(
-                machine_id=machine_id, commit=commit, commit_order=commit_orders[commit],
+                machine_id=machine_id, commit=commit, commit_order=order,
                 run_index=run["index"], content_hash=digest, peaks=doc["peaks"],
                 mode=doc["mode"], gnomon_version=version)).inserted_primary_key[0]
             rows = []
@@ -369,6 +458,26 @@ def _ingest(conn: Connection, docs: list[tuple[str, dict]]) -> dict:
             counts["runs_added"] += 1
             counts["results_added"] += len(rows)
     return counts
+
+
+def _ingest_figures(conn: Connection, doc: dict, machine_id: int, order: int,
+                    counts: dict) -> None:
+    digest = _canonical_hash(doc)
+    setup = doc["setup"]
+    for figure, (value, noise) in accuracy_doc.figures(doc).items():
+        series = accuracy_doc.series_key(doc, figure)
+        exists = conn.execute(sa.select(accuracy.c.id).where(
+            accuracy.c.machine_id == machine_id, accuracy.c.commit == doc["commit"],
+            accuracy.c.content_hash == digest, accuracy.c.series == series)).first()
+        if exists is not None:
+            counts["figures_skipped"] += 1
+            continue
+        conn.execute(sa.insert(accuracy).values(
+            machine_id=machine_id, commit=doc["commit"], commit_order=order,
+            content_hash=digest, series=series, predictor=setup["predictor"],
+            model=setup["model"], tp=setup["tp"], figure=figure, value=value,
+            noise_floor=noise))
+        counts["figures_added"] += 1
 
 
 def _machine_id(conn: Connection, machine: dict, cache: dict[str, int]) -> int:

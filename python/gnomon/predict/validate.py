@@ -32,6 +32,8 @@ import numpy as np
 
 from gnomon import documents
 
+from . import accuracy
+from .accuracy import KIND, SCHEMA_VERSION
 from .calibrate import (CPU_KV_BLOCKS, calibrate, cpu_engine_args, measured_steps, rank_threads,
                         real_run)
 from .calibrated import CalibratedPredictor
@@ -42,8 +44,6 @@ from .serve import RunTrace, run_workload, simulated_engine
 from .shapes import ModelSpec, check_tp
 from .workloads import LengthDist, SyntheticSpec, synthetic
 
-SCHEMA_VERSION = 1
-KIND = "gnomon.predict.validation"
 GOAL = 0.05
 NOISE_THRESHOLD = 0.033
 NOISE_FACTOR = 1.5
@@ -121,12 +121,16 @@ def noise_step_errors(first: RunTrace, repeat: RunTrace) -> List[float]:
 def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
              calibration_requests: int = CALIBRATION_REQUESTS,
              bench_suites: Sequence[str] = CALIBRATION_BENCH_SUITES,
-             scale: Optional[float] = None, tp: int = 1,
+             scale: Optional[float] = None, tp: int = 1, commit: Optional[str] = None,
              progress: Optional[Callable[[str], None]] = None) -> dict:
     """Runs the whole validation (module docstring) at `tp` ranks and returns the JSON-ready
-    report. `scale` shrinks both workloads (None: `machine_scale` measures it from the
-    warm-up)."""
+    report (a `gnomon.predict.accuracy` document of `commit`, default: the checkout's).
+    `scale` shrinks both workloads (None: `machine_scale` measures it from the warm-up)."""
+    import gnomon
+    from gnomon.bench.machine import machine_info, resolve_commit
+
     say = progress or (lambda stage: None)
+    commit = resolve_commit(commit)
     spec = ModelSpec.from_model(model)
     check_tp(spec.config, tp, "tp")
     with rank_threads(tp):
@@ -162,7 +166,8 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
     errors = step_errors(predictor, first, spec, tp)
     step_ape = _ape_summary(errors["all"])
     report = {
-        "schema_version": SCHEMA_VERSION, "kind": KIND,
+        "schema_version": SCHEMA_VERSION, "kind": KIND, "commit": commit,
+        "machine": machine_info("cpu"), "created_with": {"version": gnomon.__version__},
         "setup": {"model": spec.name, "predictor": predictor.name,
                   "calibration": predictor.info, "workload": workload.description,
                   "scale": scale, "tp": tp,
@@ -205,7 +210,7 @@ def _goal(report: dict) -> dict:
 
 
 def dump(report: dict, path) -> None:
-    documents.dump(report, path)
+    documents.dump(accuracy.validate(report, str(path)), path)
 
 
 def render(report: dict, console=None) -> None:
