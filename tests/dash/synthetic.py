@@ -83,3 +83,22 @@ def document(commit: str, *, runs: int = 3, seed: int = 0, factors: Mapping[str,
 def write(doc: dict, path: Path) -> Path:
     path.write_text(json.dumps(doc))
     return path
+
+
+def validation(commit: str, *, step_ape: float = 0.08, noise: float = 0.03,
+               ttft: float = -0.04, machine_name: str = "box", tp: int = 1) -> dict:
+    """A `gnomon validate` document for ``commit`` (valid per gnomon.predict.accuracy), with
+    the figures given and every noise floor `noise`."""
+    from gnomon.predict import accuracy
+
+    ape = {"count": 200, "median": step_ape, "p90": 2 * step_ape, "max": 3 * step_ape,
+           "bias": 0.01}
+    floor = {"count": 200, "median": noise, "p90": 2 * noise, "max": 3 * noise, "bias": 0.0}
+    doc = {"schema_version": accuracy.SCHEMA_VERSION, "kind": accuracy.KIND, "commit": commit,
+           "machine": machine(machine_name), "created_with": {"version": "0.1.0"},
+           "setup": {"model": "small-llama", "predictor": "calibrated", "tp": tp,
+                     "scale": 1.0},
+           "step_ape": ape, "ttft_error": ttft, "tpot_error": 0.02, "throughput_error": -0.03,
+           "noise_floor": {"step_ape": floor, "ttft_error": noise, "tpot_error": noise,
+                           "throughput_error": noise}}
+    return accuracy.validate(doc, "synthetic")

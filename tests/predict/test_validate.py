@@ -93,3 +93,17 @@ def test_tp2_validates_a_tensor_parallel_run_and_reports_its_communication(repor
     assert report_tp2["step_ape"]["median"] < 0.5  # as loose as at tp 1 (see above)
     json.dumps(report_tp2, allow_nan=False)
     assert not multiprocessing.active_children()  # every engine's workers were shut down
+
+
+def test_the_report_is_a_document_the_dashboard_ingests(report, tmp_path):
+    from gnomon.predict import accuracy
+
+    path = tmp_path / "validation.json"
+    val.dump(report, path)
+    doc = accuracy.load(path)
+    assert len(doc["commit"]) == 40 and doc["machine"]["device"] == "cpu"
+    figures = accuracy.figures(doc)
+    assert set(figures) == set(accuracy.FIGURES)
+    assert figures["step_ape_median"] == (report["step_ape"]["median"],
+                                          report["noise_floor"]["step_ape"]["median"])
+    assert figures["ttft_error"][0] == abs(report["ttft_error"])
