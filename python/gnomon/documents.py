@@ -62,8 +62,8 @@ def check_finite(doc: Any, source: str) -> None:
 
 
 def check_fields(obj: Any, fields: Mapping[str, Kinds], where: str, source: str) -> None:
-    """`obj` is an object holding each of `fields` with a value of its type(s). A bool never
-    counts as a number, and a number must be finite."""
+    """`obj` is an object holding each of `fields` with a value of its type(s); a bool never
+    counts as a number (`check_finite` checks the numbers)."""
     if not isinstance(obj, dict):
         raise DocumentError(f"{source}: {where} must be an object, got {type(obj).__name__}")
     for name, kind in fields.items():
@@ -75,9 +75,6 @@ def check_fields(obj: Any, fields: Mapping[str, Kinds], where: str, source: str)
         if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
             raise DocumentError(f"{source}: {where}.{name} is {type(value).__name__}; "
                                 f"expected {_type_names(kind)}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise DocumentError(f"{source}: {where}.{name} is {value}; expected a finite "
-                                "number (null where a value does not exist)")
 
 
 def check_header(doc: Any, kind: str, accepted_versions: Sequence[int], source: str) -> dict:

@@ -503,5 +503,5 @@ def clone_args(args: tuple) -> tuple:
     return tuple(a.clone() if hasattr(a, "clone") else a for a in args)
 
 
-__all__ = ["COMM_OPS", "Case", "bandwidth_peak", "MXFP4_BITS_PER_WEIGHT", "OPS", "OpSpec", "args_nbytes", "clone_args",
-           "touched_experts"]
+__all__ = ["COMM_OPS", "Case", "MXFP4_BITS_PER_WEIGHT", "OPS", "OpSpec", "args_nbytes",
+           "bandwidth_peak", "clone_args", "touched_experts"]

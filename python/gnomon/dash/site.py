@@ -85,6 +85,7 @@ def _check(obj: Any, fields: dict, where: str) -> None:
 
 def validate_site_data(data: Any) -> dict:
     """Checks the shape of the site data and returns it; DocumentError names the field."""
+    documents.check_finite(data, "site data")
     _check(data, {"machines": list, "benchmarks": list, "compare": (dict, type(None)),
                   "peaks": dict, "accuracy": list}, "the data")
     fingerprints = set()
@@ -99,7 +100,8 @@ def validate_site_data(data: Any) -> dict:
         where = f"benchmarks[{b}]"
         _check(bench, _BENCH, where)
         if bench["machine"] not in fingerprints:
-            raise DocumentError(f"site data: {where}.machine {bench['machine']!r} is not in machines")
+            raise DocumentError(f"site data: {where}.machine {bench['machine']!r} is not in "
+                                "machines")
         for name, value in bench["params"].items():
             if not isinstance(name, str) or isinstance(value, bool) or not isinstance(
                     value, (int, float, str)):

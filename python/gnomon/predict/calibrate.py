@@ -107,10 +107,10 @@ def real_run(model, workload, *, args: Optional[EngineArgs] = None,
 
 def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7, tp: int = 1):
     """The model's own GEMMs (`opcount.dense_ops`' gemm family: every layer's projections and
-    lm_head; one rank's shard of them at `tp`), timed through ``torch.nn.functional.linear`` as the runner calls them, at each
-    knot M = 1, 2, 4, ... up to `max_m`: ``[(ops, seconds)]``, the median of `repeats` passes.
-    A pass walks every layer's own weights, as a step does, so they stream from memory rather
-    than sit in a cache."""
+    lm_head; one rank's shard of them at `tp`), timed through ``torch.nn.functional.linear``
+    as the runner calls them, at each knot M = 1, 2, 4, ... up to `max_m`: ``[(ops, seconds)]``,
+    the median of `repeats` passes. A pass walks every layer's own weights, as a step does, so
+    they stream from memory rather than sit in a cache."""
     import torch
     import torch.nn.functional as F
 
