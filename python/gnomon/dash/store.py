@@ -91,12 +91,17 @@ machines = sa.Table(
     sa.Column("runtime", sa.Text),
 )
 
+def _placed() -> list:
+    """The columns that place a measurement: its id, its machine, and its commit in commit
+    order."""
+    return [sa.Column("id", sa.Integer, primary_key=True),
+            sa.Column("machine_id", sa.Integer, sa.ForeignKey("machines.id"), nullable=False),
+            sa.Column("commit", sa.String(64), nullable=False, index=True),
+            sa.Column("commit_order", sa.Integer, nullable=False, index=True)]
+
+
 runs = sa.Table(
-    "runs", metadata,
-    sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("machine_id", sa.Integer, sa.ForeignKey("machines.id"), nullable=False),
-    sa.Column("commit", sa.String(64), nullable=False, index=True),
-    sa.Column("commit_order", sa.Integer, nullable=False, index=True),
+    "runs", metadata, *_placed(),
     sa.Column("run_index", sa.Integer, nullable=False),
     sa.Column("content_hash", sa.String(64), nullable=False),
     sa.Column("peaks", sa.JSON, nullable=False),
@@ -152,11 +157,7 @@ steps = sa.Table(
 )
 
 accuracy = sa.Table(
-    "accuracy", metadata,
-    sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("machine_id", sa.Integer, sa.ForeignKey("machines.id"), nullable=False),
-    sa.Column("commit", sa.String(64), nullable=False, index=True),
-    sa.Column("commit_order", sa.Integer, nullable=False, index=True),
+    "accuracy", metadata, *_placed(),
     sa.Column("content_hash", sa.String(64), nullable=False),
     sa.Column("series", sa.Text, nullable=False, index=True),
     sa.Column("predictor", sa.Text, nullable=False),
