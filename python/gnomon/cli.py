@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -211,18 +212,17 @@ def _catalogue_epilog() -> str:
             f"engines: vllm, sglang, gnomon, or a .json profile")
 
 
-def _add_simulate_parser(commands) -> None:  # noqa: ANN001
+def _add_serving_arguments(p, sweep: bool) -> None:  # noqa: ANN001
+    """The flags of a serving simulation, shared by simulate and sweep. With `sweep` the axes
+    (hardware, tp, concurrency, batched tokens, sequences, rate) take comma-separated lists."""
     from gnomon.predict import defaults as sim
 
-    p = commands.add_parser(
-        "simulate", help="predict TTFT, TPOT and throughput of a model on a GPU, without one",
-        description="Runs a workload through gnomon's real scheduler on a simulated runner.",
-        epilog=_catalogue_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    many = " (a comma-separated list sweeps it)" if sweep else ""
     p.add_argument("--model", default=sim.DEFAULT_MODEL,
                    help=f"a preset or model folder (default {sim.DEFAULT_MODEL})")
     p.add_argument("--hardware", default=sim.DEFAULT_HARDWARE,
                    help=f"a GPU name, host, or a .json/.yaml file "
-                        f"(default {sim.DEFAULT_HARDWARE})")
+                        f"(default {sim.DEFAULT_HARDWARE}){many}")
     p.add_argument("--workload", default=sim.DEFAULT_WORKLOAD,
                    help="chat, long-context, random (vllm bench's: 1024 in, 128 out), "
                         "sharegpt (ShareGPT-like lengths) or trace:FILE (CSV/JSONL; "
@@ -236,17 +236,17 @@ def _add_simulate_parser(commands) -> None:  # noqa: ANN001
                    help=f"requests/s (default {sim.DEFAULT_RATE:g}); inf sends every request at "
                         f"t=0; a comma-separated list (2,4,8,16) sweeps them, a row each")
     p.add_argument("--concurrency", default=None, metavar="N",
-                   help="at most N requests in flight (vllm bench serve --max-concurrency); "
-                        "with --rate inf a closed loop of N users")
+                   help=f"at most N requests in flight (vllm bench serve --max-concurrency); "
+                        f"with --rate inf a closed loop of N users{many}")
     p.add_argument("--num-requests", type=int, default=None,
                    help=f"requests (default {sim.DEFAULT_NUM_REQUESTS}; a trace: all rows)")
     p.add_argument("--engine", default=sim.DEFAULT_ENGINE,
                    help=f"vllm, sglang, gnomon or a .json profile: the scheduler defaults on "
                         f"this GPU and the host overhead per step (default {sim.DEFAULT_ENGINE})")
-    p.add_argument("--max-num-seqs", type=int, default=None,
-                   help="sequences per step (default: the engine's)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per step (default: the engine's)")
+    p.add_argument("--max-num-seqs", default=None,
+                   help=f"sequences per step (default: the engine's){many}")
+    p.add_argument("--max-num-batched-tokens", default=None,
+                   help=f"tokens per step (default: the engine's){many}")
     p.add_argument("--weight-dtype", default="auto",
                    help="auto (the config's quantization_config), bfloat16, float16 or fp8")
     p.add_argument("--kv-dtype", default="auto", help="auto, bfloat16, float16 or fp8")
@@ -255,15 +255,51 @@ def _add_simulate_parser(commands) -> None:  # noqa: ANN001
                         "their window, as vLLM's hybrid KV cache)")
     p.add_argument("--predictor", default="roofline",
                    help=f"{sim.PREDICTOR_FORMS} (default roofline)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    p.add_argument("--tp", default="1", help=f"tensor-parallel GPUs (default 1){many}")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--slo-ttft-ms", type=float, default=2000.0,
-                   help="goodput's TTFT bound in ms (default 2000)")
-    p.add_argument("--slo-tpot-ms", type=float, default=100.0,
-                   help="goodput's TPOT bound in ms (default 100)")
-    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--slo-ttft-ms", type=float, default=None,
+                   help="TTFT bound in ms (goodput's, default 2000; sweep: keep only the "
+                        "configurations whose mean TTFT meets it)")
+    p.add_argument("--slo-tpot-ms", type=float, default=None,
+                   help="TPOT bound in ms (goodput's, default 100; sweep: likewise, on the "
+                        "mean TPOT, 1000 / tok/s per user)")
+    p.add_argument("--out", default=None, help="write the JSON document here")
+
+
+def _add_simulate_parser(commands) -> None:  # noqa: ANN001
+    p = commands.add_parser(
+        "simulate", help="predict TTFT, TPOT and throughput of a model on a GPU, without one",
+        description="Runs a workload through gnomon's real scheduler on a simulated runner.",
+        epilog=_catalogue_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_serving_arguments(p, sweep=False)
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="write latency CDFs and KV usage over time to this PNG")
+
+
+def _add_sweep_parser(commands) -> None:  # noqa: ANN001
+    p = commands.add_parser(
+        "sweep", help="simulate a grid of serving configurations; the Pareto frontier",
+        description="One simulation per point of a grid (list-valued flags, or --spec FILE), "
+                    "in parallel; prints the frontier of output tok/s per GPU against tok/s "
+                    "per user and writes every point's report.",
+        epilog=_catalogue_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_serving_arguments(p, sweep=True)
+    p.add_argument("--spec", default=None, metavar="FILE",
+                   help="a YAML/JSON spec: {grid: {axis: [values]}, <fixed flags>}; replaces "
+                        "the serving flags")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="local worker processes (default: the CPU count)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the points as Ray tasks on the cluster at ADDRESS, or on a local "
+                        "one without it (pip install 'gnomon[ray]')")
+    p.add_argument("--resume", action="store_true",
+                   help="go on with --out: points already in it are not run again")
+    p.add_argument("--cost-per-gpu-hour", default=None, metavar="NAME=USD,...",
+                   help="prices per GPU-hour (no built-in list): adds $ per million output "
+                        "tokens")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="tok/s per GPU against tok/s per user, a curve per hardware and tp, "
+                        "the Pareto points marked and labelled")
 
 
 def _positive(text, flag: str):
@@ -278,56 +314,114 @@ def _positive(text, flag: str):
     return value
 
 
+def _listed(text, parse, flag: str) -> list:
+    """A comma-separated flag's values, each through `parse(item, flag)`."""
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"{flag}: expected at least one value")
+    return [parse(item, flag) for item in items]
+
+
+def _check_plot_dependency(path) -> None:
+    """--plot needs matplotlib: said before any point runs, not after."""
+    if path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError("--plot needs matplotlib: pip install matplotlib (or pip install "
+                             "'gnomon[dash]')") from None
+
+
+def _serving_spec(args, sweep: bool):  # noqa: ANN001
+    """The `SweepSpec` of the serving flags: list-valued axes when `sweep`, else only the rate
+    may list (a one-axis sweep)."""
+    from gnomon.predict import defaults as sim
+    from gnomon.predict.sweep import SweepSpec
+
+    trace_file = args.workload.startswith("trace:")
+    num = args.num_requests if (args.num_requests is not None or trace_file) \
+        else sim.DEFAULT_NUM_REQUESTS
+    slo = {"ttft_s": (2000.0 if args.slo_ttft_ms is None else args.slo_ttft_ms) / 1e3,
+           "tpot_s": (100.0 if args.slo_tpot_ms is None else args.slo_tpot_ms) / 1e3}
+    base = dict(model=args.model, workload=args.workload, num_requests=num,
+                predictor=args.predictor, seed=args.seed, engine=args.engine,
+                weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, slo=slo,
+                enable_hybrid_kv=not args.no_hybrid_kv, input_len=args.input_len,
+                output_len=args.output_len)
+    if args.input_len is not None or args.output_len is not None:
+        from gnomon.predict import workloads
+
+        for text, flag in ((args.input_len, "--input-len"), (args.output_len, "--output-len")):
+            if text is not None:
+                workloads.parse_length(text, flag)  # refused now, not in every point
+    integer = lambda item, flag: _positive(item, flag)  # noqa: E731
+    given = {"hardware": (args.hardware, lambda item, flag: item),
+             "tp": (args.tp, integer), "concurrency": (args.concurrency, integer),
+             "max_num_batched_tokens": (args.max_num_batched_tokens, integer),
+             "max_num_seqs": (args.max_num_seqs, integer),
+             "rate": (None if trace_file else args.rate, _rate_value)}
+    axes = {}
+    for name, (text, parse) in given.items():
+        flag = "--" + name.replace("_", "-")
+        values = [None] if text is None else _listed(text, parse, flag)
+        if len(values) > 1 and not sweep and name != "rate":
+            raise ValueError(f"{flag}: takes one value here (gnomon sweep takes a list)")
+        if len(values) > 1:
+            axes[name] = values
+        else:
+            base[name] = values[0]
+    return SweepSpec(base, axes)
+
+
+def _rate_value(item: str, flag: str):
+    """A rate as a sweep spec stores it: JSON has no infinity, so "inf" stays a string."""
+    rate = _rates(item)[0]
+    return "inf" if rate == float("inf") else rate
+
+
+def _rates(text: str) -> list:
+    from gnomon.predict.workloads import parse_rate
+
+    rates = [parse_rate(r.strip()) for r in text.split(",") if r.strip()]
+    if not rates:
+        raise ValueError("--rate: expected at least one rate")
+    return rates
+
+
 def _run_simulate(args) -> int:  # noqa: ANN001
     from rich.console import Console
     from rich.progress import Progress
 
     from gnomon.predict import report as reports
     from gnomon.predict import simulate as sim
-    from gnomon.predict import workloads
-    from gnomon.predict.metrics import SLO
+    from gnomon.predict import sweep
 
-    trace_file = args.workload.startswith("trace:")
-    num = args.num_requests if (args.num_requests is not None or trace_file) \
-        else sim.DEFAULT_NUM_REQUESTS
     try:
-        rates = [None] if trace_file else _rates(args.rate)
-        if len(rates) > 1 and args.plot:
+        spec = _serving_spec(args, sweep=False)
+        if spec.axes and args.plot:
             raise ValueError("--plot: draws one run; pass a single --rate")
-        lengths = {key: None if text is None else workloads.parse_length(text, flag)
-                   for key, text, flag in (("input_len", args.input_len, "--input-len"),
-                                           ("output_len", args.output_len, "--output-len"))}
-        knobs = dict(concurrency=_positive(args.concurrency, "--concurrency"),
-                     max_num_seqs=_positive(args.max_num_seqs, "--max-num-seqs"),
-                     max_num_batched_tokens=_positive(args.max_num_batched_tokens,
-                                                      "--max-num-batched-tokens"))
-        slo = SLO(ttft_s=args.slo_ttft_ms / 1e3, tpot_s=args.slo_tpot_ms / 1e3)
-        done_reports = []
-        with Progress(console=Console(stderr=True), transient=True) as bar:
-            for rate in rates:
-                task = bar.add_task(f"simulating{'' if rate is None else f' {rate:g} req/s'}",
-                                    total=None)
-
+        _check_plot_dependency(args.plot)
+        if spec.axes:  # a rate sweep: the sweep's own mechanism, one axis
+            doc = sweep.run_sweep(spec, out=args.out, resume=False, jobs=1)
+            refused = [r for r in doc["points"] if r["status"] != sweep.COMPLETE]
+            if refused:
+                raise ValueError(refused[0]["reason"])
+            done_reports = [r["report"] for r in doc["points"]]
+        else:
+            with Progress(console=Console(stderr=True), transient=True) as bar:
+                task = bar.add_task("simulating", total=None)
                 shown = [-1]
 
-                def progress(done: int, total: int, task=task, shown=shown) -> None:
+                def progress(done: int, total: int) -> None:
                     if done != shown[0]:  # called every step; redraw only on a change
                         shown[0] = done
                         bar.update(task, completed=done, total=total)
 
-                report, _ = sim.simulate(args.model, args.hardware, args.workload, rate=rate,
-                                         num_requests=num, predictor=args.predictor,
-                                         tp=args.tp, seed=args.seed, slo=slo,
-                                         engine=args.engine, weight_dtype=args.weight_dtype,
-                                         kv_dtype=args.kv_dtype, progress=progress,
-                                         enable_hybrid_kv=not args.no_hybrid_kv,
-                                         **lengths, **knobs)
-                done_reports.append(report)
-        if args.out:
-            if len(done_reports) == 1:
-                reports.dump(done_reports[0], args.out)
-            else:
-                reports.dump_sweep(done_reports, args.out)
+                report, _ = sim.simulate(**sweep._simulate_args(spec.base, {}),
+                                         progress=progress)
+            done_reports = [report]
+            if args.out:
+                reports.dump(report, args.out)
         if args.plot:
             reports.plot(done_reports[0], args.plot)
     except (ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
@@ -342,13 +436,36 @@ def _run_simulate(args) -> int:  # noqa: ANN001
     return 0
 
 
-def _rates(text: str) -> list:
-    from gnomon.predict.workloads import parse_rate
+def _run_sweep(args) -> int:  # noqa: ANN001
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
 
-    rates = [parse_rate(r.strip()) for r in text.split(",") if r.strip()]
-    if not rates:
-        raise ValueError("--rate: expected at least one rate")
-    return rates
+    from gnomon.predict import sweep
+
+    try:
+        spec = sweep.SweepSpec.from_file(args.spec) if args.spec else _serving_spec(args, True)
+        prices = sweep.parse_prices(args.cost_per_gpu_hour)
+        _check_plot_dependency(args.plot)
+        columns = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("eta"), TimeRemainingColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("points", total=len(spec.points()))
+            doc = sweep.run_sweep(spec, out=args.out, resume=args.resume, jobs=args.jobs,
+                                  use_ray=args.ray is not None, ray_address=args.ray or None,
+                                  progress=lambda done, total: bar.update(
+                                      task, completed=done, total=total))
+        if args.plot:
+            sweep.plot(doc, args.plot)
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
+        return _error(error)
+    slo_ttft = None if args.slo_ttft_ms is None else args.slo_ttft_ms / 1e3
+    slo_tpot = None if args.slo_tpot_ms is None else args.slo_tpot_ms / 1e3
+    sweep.render(doc, prices=prices, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot)
+    for path in (args.out, args.plot):
+        if path:
+            print(f"wrote {path}")
+    return 0
 
 
 def _add_calibrate_parser(commands) -> None:  # noqa: ANN001
@@ -439,6 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_dash_parser(commands)
     _add_generate_parser(commands)
     _add_simulate_parser(commands)
+    _add_sweep_parser(commands)
     _add_calibrate_parser(commands)
     _add_validate_parser(commands)
 
@@ -464,6 +582,8 @@ def _dispatch(args) -> int:  # noqa: ANN001
         return _run_generate(args)
     elif args.command == "simulate":
         return _run_simulate(args)
+    elif args.command == "sweep":
+        return _run_sweep(args)
     elif args.command == "calibrate":
         return _run_calibrate(args)
     elif args.command == "validate":

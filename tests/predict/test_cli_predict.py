@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from gnomon.predict import report as reports
+from gnomon.predict import sweep
 
 
 def gnomon(*args, timeout=300):
@@ -146,14 +147,15 @@ def test_rate_sweep_and_slo(tmp_path):
                  "--out", str(out))
     assert run.returncode == 0, run.stderr
     assert "rate sweep" in run.stdout and "TPOT <= 0.001 ms" in run.stdout
-    doc = json.loads(out.read_text())
-    assert doc["kind"] == "gnomon.predict.sweep"
-    assert [r["setup"]["workload"]["rate"] for r in doc["reports"]] == [2.0, 16.0]
-    for r in doc["reports"]:
+    doc = sweep.load(out)  # a rate list is a one-axis sweep, through gnomon sweep's code
+    assert doc["spec"]["axes"] == {"rate": [2.0, 16.0]}
+    done = [p["report"] for p in doc["points"]]
+    assert [r["setup"]["workload"]["rate"] for r in done] == [2.0, 16.0]
+    for r in done:
         reports.validate(r)
         assert r["metrics"]["goodput"]["fraction"] == 0.0  # no TPOT meets 1 µs
     # the same requests, arriving faster: queueing can only grow
-    slow, fast = (r["metrics"]["queueing"]["p99"] for r in doc["reports"])
+    slow, fast = (r["metrics"]["queueing"]["p99"] for r in done)
     assert fast >= slow
 
 

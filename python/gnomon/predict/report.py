@@ -27,7 +27,6 @@ from gnomon.documents import DocumentError
 
 SCHEMA_VERSION = 1
 KIND = "gnomon.predict.report"
-SWEEP_KIND = "gnomon.predict.sweep"
 ACCEPTED_VERSIONS = (1,)
 
 _TOP = {"schema_version": int, "kind": str, "created_with": dict, "setup": dict,
@@ -56,15 +55,6 @@ def validate(doc: Any, source: str = "report") -> dict:
 def dump(report: dict, path) -> None:
     """Validates `report` and writes it (no NaN or infinity: JSON has none)."""
     documents.dump(validate(report, str(path)), path)
-
-
-def dump_sweep(reports: List[dict], path) -> None:
-    """Writes a rate sweep: ``{"schema_version", "kind": SWEEP_KIND, "reports": [report, ...]}``,
-    each report valid on its own."""
-    for i, report in enumerate(reports):
-        validate(report, f"{path} reports[{i}]")
-    documents.dump({"schema_version": SCHEMA_VERSION, "kind": SWEEP_KIND, "reports": reports},
-                   path)
 
 
 def load(path) -> dict:
