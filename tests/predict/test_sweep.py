@@ -188,3 +188,42 @@ def test_the_plot_marks_the_frontier(inline, tmp_path):
     pixels = image.imread(path)[..., :3]
     assert pixels.shape[0] > 400 and pixels.shape[1] > 600
     assert (pixels.min(axis=2) < 0.5).mean() > 0.01  # not blank: lines, marks, labels
+
+
+def test_a_filesystem_without_locks_refuses_the_sweep(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(ValueError, match="cannot take the lock .* on this filesystem"):
+        sweep.run_sweep(SweepSpec(BASE, {"tp": [1]}), out=tmp_path / "s.json", resume=True)
+
+
+NO_MATPLOTLIB = ("import sys; sys.modules['matplotlib'] = None; from gnomon import cli; "
+                 "sys.exit(cli.main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("command", ["simulate", "sweep"])
+def test_plot_without_matplotlib_is_refused_before_any_point_runs(tmp_path, command):
+    out = tmp_path / "out.json"
+    run = subprocess.run([sys.executable, "-c", NO_MATPLOTLIB, command, "--model",
+                          "llama-3.1-8b", "--num-requests", "5", "--out", str(out), "--plot",
+                          str(tmp_path / "p.png")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "--plot needs matplotlib" in run.stderr, run.stderr
+    assert not out.exists()  # nothing ran
+
+
+def test_the_cli_prints_the_frontier_and_the_refusals(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "gnomon.cli", "sweep", "--model", "llama-3.1-8b",
+                          "--workload", "random", "--num-requests", "24", "--input-len", "48",
+                          "--output-len", "16", "--rate", "inf", "--tp", "1,3",
+                          "--concurrency", "4,16", "--jobs", "1",
+                          "--cost-per-gpu-hour", "MI355X=3"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "Pareto frontier" in run.stdout and "tp1 c16" in run.stdout
+    assert run.stdout.count("refused") == 2  # tp 3 at both concurrencies
+    assert "tp: 3 does not divide the 32 attention heads" in run.stdout
