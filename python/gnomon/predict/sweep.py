@@ -467,9 +467,16 @@ def plot(doc: dict, path) -> None:
             linestyle="--", linewidth=1, label="Pareto frontier")
     ax.scatter([r.per_user for r in front], [r.per_gpu for r in front], s=90,
                facecolors="none", edgecolors="black", linewidths=1.5, zorder=3)
+    labels: List[List[Any]] = []  # [x, y, text]: points within 2% of each other share one
     for r in front:
-        ax.annotate(describe(r.point), (r.per_user, r.per_gpu), xytext=(5, 5),
-                    textcoords="offset points", fontsize=7)
+        near = next((lab for lab in labels if abs(lab[0] - r.per_user) <= 0.02 * lab[0]
+                     and abs(lab[1] - r.per_gpu) <= 0.02 * lab[1]), None)
+        if near is None:
+            labels.append([r.per_user, r.per_gpu, describe(r.point)])
+        else:
+            near[2] += "\n" + describe(r.point)
+    for x, y, text in labels:
+        ax.annotate(text, (x, y), xytext=(5, 5), textcoords="offset points", fontsize=7)
     ax.set_xlabel("output tok/s per user (1 / mean TPOT)")
     ax.set_ylabel("output tok/s per GPU")
     ax.set_title(f"{doc['spec']['base'].get('model')}: throughput against interactivity")
