@@ -392,6 +392,7 @@ def _run_simulate(args) -> int:  # noqa: ANN001
     from rich.console import Console
     from rich.progress import Progress
 
+    from gnomon import documents
     from gnomon.predict import report as reports
     from gnomon.predict import simulate as sim
     from gnomon.predict import sweep
@@ -402,11 +403,13 @@ def _run_simulate(args) -> int:  # noqa: ANN001
             raise ValueError("--plot: draws one run; pass a single --rate")
         _check_plot_dependency(args.plot)
         if spec.axes:  # a rate sweep: the sweep's own mechanism, one axis
-            doc = sweep.run_sweep(spec, out=args.out, resume=False, jobs=1)
+            doc = sweep.run_sweep(spec, jobs=1)
             refused = [r for r in doc["points"] if r["status"] != sweep.COMPLETE]
             if refused:
                 raise ValueError(refused[0]["reason"])
             done_reports = [r["report"] for r in doc["points"]]
+            if args.out:  # simulate's --out is replaced, as a single run's is
+                documents.dump(doc, args.out)
         else:
             with Progress(console=Console(stderr=True), transient=True) as bar:
                 task = bar.add_task("simulating", total=None)

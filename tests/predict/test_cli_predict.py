@@ -147,6 +147,9 @@ def test_rate_sweep_and_slo(tmp_path):
                  "--out", str(out))
     assert run.returncode == 0, run.stderr
     assert "rate sweep" in run.stdout and "TPOT <= 0.001 ms" in run.stdout
+    again = gnomon("simulate", "--rate", "2,16", "--num-requests", "40", "--slo-tpot-ms",
+                   "0.001", "--out", str(out))
+    assert again.returncode == 0, again.stderr  # simulate replaces its --out
     doc = sweep.load(out)  # a rate list is a one-axis sweep, through gnomon sweep's code
     assert doc["spec"]["axes"] == {"rate": [2.0, 16.0]}
     done = [p["report"] for p in doc["points"]]
