@@ -105,6 +105,7 @@ def compare(engine: Engine, base: str, head: str, machine: str | None = None,
         base_sha = resolve_commit(conn, base)
         head_sha = resolve_commit(conn, head)
         machine_id, fingerprint = resolve_machine(conn, machine, (base_sha, head_sha))
+        figures = accuracy_figures(conn, machine_id, (base_sha, head_sha))
         a = run_medians(conn, machine_id, base_sha)
         b = run_medians(conn, machine_id, head_sha)
         ids = sorted(set(a) | set(b))
@@ -127,8 +128,6 @@ def compare(engine: Engine, base: str, head: str, machine: str | None = None,
         if row.op in op_thresholds:
             per_key[label] = op_thresholds[row.op]
     verdicts = stats.judge(evidence, threshold=threshold, thresholds=per_key) if evidence else []
-    with engine.connect() as conn:
-        figures = accuracy_figures(conn, machine_id, (base_sha, head_sha))
     judged = [stats.judge_accuracy(name, sides.get(base_sha, []), sides.get(head_sha, []))
               for name, sides in sorted(figures.items())]
     return Comparison(base_sha, head_sha, fingerprint, verdicts, ops, judged)
