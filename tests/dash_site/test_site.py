@@ -11,7 +11,7 @@ import pytest
 from gnomon.dash import site
 from gnomon.dash.site import write_site
 
-from .conftest import COMMITS, SLOW, STEADY
+from .conftest import COMMITS, FINGERPRINT, SLOW, STEADY
 
 PAGES = ("index.html", "sweep.html", "roofline.html", "accuracy.html", "compare.html",
          "machines.html", "style.css")
@@ -231,3 +231,46 @@ def test_unusual_but_valid_data_renders(tmp_path, data):
     compare = _read(out / "compare.html")
     assert 'class="verdict-AMBIGUOUS"' in compare and "new/case[x=1]" in compare
     assert "NVIDIA H200" in _read(out / "machines.html")
+
+
+def _roofline_legends(monkeypatch) -> list:
+    """Collects the legend texts of every roofline plot the site saves."""
+    legends = []
+    save = site._Plots.save
+
+    def spy(self, fig, name):
+        if name.startswith("roofline-"):
+            legends.extend(t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts())
+        return save(self, fig, name)
+
+    monkeypatch.setattr(site._Plots, "save", spy)
+    return legends
+
+
+def test_a_ceiling_below_its_points_is_said_and_their_fraction_flagged(tmp_path, data,
+                                                                       monkeypatch):
+    """The issue's case: a bf16 peak measured 1000x too low drew the ceiling under the points."""
+    legends = _roofline_legends(monkeypatch)
+    data["peaks"][FINGERPRINT] = {"memory_gbps": 40.0, "tflops": {"bf16": 0.000914}}
+    out = tmp_path / "site"
+    write_site(data, out)
+    roofline = _read(out / "roofline.html")
+    assert 'class="above-peak worse"' in roofline and "bf16 (2 points)" in roofline
+    assert roofline.count("% (!)") == 2  # both points' % of roof
+    assert any(t.startswith("compute bf16") and "below 2 points: suspect" in t for t in legends)
+    assert "above a ceiling" in legends  # the points are ringed
+
+
+def test_points_under_their_ceilings_carry_no_warning(tmp_path, data, monkeypatch):
+    legends = _roofline_legends(monkeypatch)
+    out = tmp_path / "site"
+    write_site(data, out)
+    roofline = _read(out / "roofline.html")
+    assert "above-peak" not in roofline and "(!)" not in roofline
+    assert "% of roof" in roofline
+    # % of roof: the lower of the top compute ceiling and bandwidth x intensity
+    bench = data["benchmarks"][0]
+    latest = max(bench["series"], key=lambda p: p["commit_order"])
+    roof = min(1.2, 40.0 * latest["flops"] / latest["bytes"] / 1000)
+    assert f"{100 * latest['tflops'] / roof:.1f}%" in roofline
+    assert not any("suspect" in t for t in legends) and "above a ceiling" not in legends

@@ -70,6 +70,24 @@ def test_host_is_measured_here():
     assert resolve_hardware("HOST") is host  # measured once per process
 
 
+def test_host_falls_back_to_the_nominal_rate_when_every_measured_one_is_implausible(
+        monkeypatch):
+    from gnomon.bench import machine
+    from gnomon.predict import hardware as host_hardware
+
+    nominal = machine.nominal_cpu_peaks(2, flags={"avx2", "fma"}, ghz=2.5, cores=2)
+    slow = machine.cpu_peaks(20.0, {"float32": 1e-4, "bfloat16": 1e-4}, nominal, "test")
+    assert slow["tflops"] == {}
+    monkeypatch.setattr(machine, "measure_cpu_peaks", lambda llc, quick: slow)
+    host_hardware.host.cache_clear()
+    try:
+        host = host_hardware.host()
+        assert host.tflops("bfloat16") == pytest.approx(nominal["tflops"]["bfloat16"])
+        assert "nominal" in host.bf16_tflops.source and "implausible" in host.bf16_tflops.source
+    finally:
+        host_hardware.host.cache_clear()
+
+
 def test_null_means_none_and_missing_means_not_given(tmp_path):
     base = {"name": "X", "vendor": "NVIDIA", "bf16_tflops": 1, "hbm_tbps": 1, "hbm_gb": 1,
             "generation": "ampere"}

@@ -36,8 +36,17 @@ def _time(ns: float) -> str:
     return f"{ns:.3g} ns"
 
 
+ABOVE_PEAK = "(!)"
+ABOVE_PEAK_NOTE = (f"{ABOVE_PEAK} above 100% of its peak: no case can beat the machine's "
+                   "limit, so the peak it is taken against is suspect (measured too low, for "
+                   "instance under load); that figure is not a fraction of the machine's limit")
+
+
 def _fraction(value) -> str:
-    return "—" if value is None else f"{100 * value:.1f}%"
+    """A fraction of peak as a percentage; one above 100% carries the ABOVE_PEAK mark."""
+    if value is None:
+        return "—"
+    return f"{100 * value:.1f}% {ABOVE_PEAK}" if value > 1 else f"{100 * value:.1f}%"
 
 
 def table(doc: Dict[str, Any]) -> Table:
@@ -53,6 +62,10 @@ def table(doc: Dict[str, Any]) -> Table:
     caption = (f"peaks: memory {memory:.3g} GB/s; TFLOP/s {tflops_peaks or 'none'} "
                f"({peaks.get('source', '')})" if memory else
                f"peaks: {peaks.get('source', 'none')}")
+    implausible = peaks.get("implausible") or {}
+    if implausible:
+        caption += "\nnot used as peaks (no % peak compute against them): " + "; ".join(
+            f"{dtype} {why}" for dtype, why in implausible.items())
     if len(runs) > 1:
         caption += f"\n{len(runs)} runs: median of run medians, median of run IQRs"
     out = Table(title=title, caption=caption, caption_justify="left")
@@ -60,6 +73,7 @@ def table(doc: Dict[str, Any]) -> Table:
                           ("IQR", "right"), ("TFLOP/s", "right"), ("GB/s", "right"),
                           ("% peak compute", "right"), ("% peak memory", "right")):
         out.add_column(name, justify=justify, overflow="fold")
+    above = False
     by_key: Dict[str, List[Dict[str, Any]]] = {}
     for run in runs:
         for case in run["cases"]:
@@ -75,9 +89,12 @@ def table(doc: Dict[str, Any]) -> Table:
         bandwidth = bandwidth_peak(first["op"], peaks)
         mem = gbps / bandwidth if first["bytes"] and bandwidth else None
         count = sum(c["stats"]["count"] for c in cases)
+        above = above or any(f is not None and f > 1 for f in (compute, mem))
         out.add_row(Text(key), str(count), _time(median), _time(iqr),
                     f"{tflops:.3g}" if first["flops"] else "—", f"{gbps:.3g}",
                     _fraction(compute), _fraction(mem))
+    if above:
+        out.caption = f"{out.caption}\n{ABOVE_PEAK_NOTE}"
     return out
 
 

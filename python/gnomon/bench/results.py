@@ -10,7 +10,7 @@ A results file is JSON::
       "machine": {"fingerprint": "<16 hex>", "device": "cpu" | "cuda" | "hip",
                   "cpu_model": str, "cores": int, "ram_gb": int,
                   "gpu_name": str | null, "driver": str | null, "runtime": str | null},
-      "peaks": {"memory_gbps": float, "tflops": {"<dtype>": float}, "source": str},
+      "peaks": PEAKS,
       "mode": "hot" | "cold",
       "runs": [{"index": int, "cases": [CASE, ...]}, ...]
     }
@@ -23,6 +23,19 @@ A results file is JSON::
                       "max": float},          # nanoseconds
             "flops": int, "bytes": int, "tflops": float, "gbps": float,
             "fraction_of_peak": {"compute": float | null, "memory": float | null}}
+
+    PEAKS = {"memory_gbps": float | null, "tflops": {"<dtype>": float}, "source": str,
+             # the rates fractions of peak are taken against; a CPU run adds (optional, so
+             # files written before them still load):
+             "measured_tflops": {"<dtype>": float},   # the best measured, trusted or not
+             "nominal": {"tflops": {"<dtype>": float}, "simd": str, "ghz": float,
+                         "cores": int, "flops_per_cycle": {"<dtype>": int}, "source": str},
+             "floor_fraction": float,     # measured below this x nominal: not a peak
+             "implausible": {"<dtype>": str},    # measured, left out of tflops, and why
+             "stand_ins": {"<dtype>": "<dtype>"},  # bf16's peak is fp32's (no bf16 math)
+             "measurements": [PEAKS, ...]}         # before and after the sweep
+
+    A fraction of peak above 1 is possible (a peak measured too low); readers flag it.
 
 Renaming or removing a field is a major version bump; readers say which versions they accept.
 """
@@ -48,6 +61,38 @@ _CASE = {"key": str, "suite": str, "op": str, "params": dict, "dtypes": dict,
 _STATS = {k: (int, float) for k in ("count", "min", "q1", "median", "q3", "max")}
 
 
+def _check_rates(obj: Any, where: str, source: str) -> None:
+    if not isinstance(obj, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and v >= 0 for k, v in obj.items()):
+        raise DocumentError(f"{source}: {where}: expected an object of dtype -> non-negative "
+                            "number")
+
+
+def _check_peaks(peaks: dict, where: str, source: str) -> None:
+    """The peaks object: the fields every version has, and the optional ones when present."""
+    documents.check_fields(peaks, {"memory_gbps": (int, float, type(None)), "tflops": dict,
+                                   "source": str}, where, source)
+    _check_rates(peaks["tflops"], f"{where}.tflops", source)
+    if "measured_tflops" in peaks:
+        _check_rates(peaks["measured_tflops"], f"{where}.measured_tflops", source)
+    if "nominal" in peaks:
+        documents.check_fields(peaks["nominal"], {"tflops": dict, "simd": str,
+                                                  "ghz": (int, float), "source": str},
+                               f"{where}.nominal", source)
+        _check_rates(peaks["nominal"]["tflops"], f"{where}.nominal.tflops", source)
+    for name in ("implausible", "stand_ins"):
+        if name in peaks and not (isinstance(peaks[name], dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in peaks[name].items())):
+            raise DocumentError(f"{source}: {where}.{name}: expected an object of dtype -> "
+                                "string")
+    if "floor_fraction" in peaks and (isinstance(peaks["floor_fraction"], bool) or
+                                      not isinstance(peaks["floor_fraction"], (int, float))):
+        raise DocumentError(f"{source}: {where}.floor_fraction: expected a number")
+    for m, measurement in enumerate(peaks.get("measurements") or []):
+        _check_peaks(measurement, f"{where}.measurements[{m}]", source)
+
+
 def validate(doc: Any, source: str = "results") -> dict:
     """Checks a parsed results document and returns it; DocumentError names the problem."""
     documents.check_header(doc, KIND, ACCEPTED_VERSIONS, source)
@@ -56,6 +101,7 @@ def validate(doc: Any, source: str = "results") -> dict:
     if doc["mode"] not in ("hot", "cold"):
         raise DocumentError(f"{source}: mode is {doc['mode']!r}; expected 'hot' or 'cold'")
     documents.check_fields(doc["machine"], _MACHINE, "machine", source)
+    _check_peaks(doc["peaks"], "peaks", source)
     if not doc["runs"]:
         raise DocumentError(f"{source}: runs is empty; expected at least one run")
     for r, run in enumerate(doc["runs"]):

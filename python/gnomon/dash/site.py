@@ -25,7 +25,10 @@ runs no JavaScript. Pages:
 - ``sweep.html``: per machine and op, the median and TFLOP/s against the size parameter that
   varies most, across the cases measured at that op's latest commit;
 - ``roofline.html``: per machine, arithmetic intensity (FLOPs / bytes) against achieved
-  TFLOP/s at each benchmark's latest commit, under the memory and compute ceilings of ``peaks``;
+  TFLOP/s at each benchmark's latest commit, under the memory and compute ceilings of ``peaks``,
+  with each point's % of the roof; a ceiling that points lie above (a peak measured too low)
+  says so in its legend and in the page, the points are ringed, and % of roof above 100% is
+  marked (!);
 - ``accuracy.html``: per predictor accuracy series, its value over commits inside the band of
   its noise floor, a marker where it moved beyond it, and its points;
 - ``compare.html``: the rows of ``compare``, verdicts highlighted;
@@ -195,6 +198,18 @@ def _fmt_num(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}g}"
 
 
+def _fmt_fraction(value: float, of: float | None) -> str:
+    """value / of as a percentage (HTML); above 100% marked (!) and coloured: a point above
+    its ceiling means the ceiling (a measured peak) is suspect."""
+    if not of:
+        return "—"
+    fraction = value / of
+    if fraction > 1:
+        return (f'<span class="worse" title="above its ceiling: the peak is suspect">'
+                f'{100 * fraction:.1f}% (!)</span>')
+    return f"{100 * fraction:.1f}%"
+
+
 def _fmt_ratio(ratio: float | None) -> str:
     """A ratio head/base as a signed percentage change."""
     return "—" if ratio is None else f"{(ratio - 1) * 100:+.1f}%"
@@ -214,6 +229,34 @@ def _params(params: dict) -> str:
 
 def _series(bench: dict) -> list[dict]:
     return sorted(bench["series"], key=lambda p: p["commit_order"])
+
+
+def _ceilings(peak: dict | None) -> tuple[dict, float | None]:
+    """A machine's compute ceilings ({label: TFLOP/s}) and memory ceiling (GB/s)."""
+    compute = {}
+    if peak is not None and peak["tflops"] is not None:
+        compute = (peak["tflops"] if isinstance(peak["tflops"], dict)
+                   else {"peak": peak["tflops"]})
+    return compute, peak["memory_gbps"] if peak is not None else None
+
+
+def _roof(point: dict, compute: dict, memory: float | None) -> float | None:
+    """The roofline's TFLOP/s at a point's intensity: the lower of the highest compute ceiling
+    and bandwidth x intensity (whichever exist)."""
+    bounds = [max(compute.values())] if compute else []
+    if memory and point["bytes"] > 0:
+        bounds.append(memory * point["flops"] / point["bytes"] / 1000)
+    return min(bounds) if bounds else None
+
+
+def _above(point: dict, compute: dict, memory: float | None) -> list[str]:
+    """The ceilings a point lies above: compute labels it exceeds, and "memory" when it beats
+    bandwidth x intensity. No case can beat the machine's limit, so each names a peak that
+    was measured too low (or a memory figure that cache served, in hot mode)."""
+    over = [label for label, tflops in sorted(compute.items()) if point["tflops"] > tflops]
+    if memory and point["bytes"] > 0 and point["gbps"] > memory:
+        over.append("memory")
+    return over
 
 
 # ----------------------------------------------------------------------------------------------
@@ -604,16 +647,34 @@ class _Site:
             if peak is None:
                 parts.append('<p class="muted">No peaks recorded for this machine: no '
                              "ceilings drawn.</p>")
+            compute, memory = _ceilings(peak)
+            exceeded: dict[str, list] = {}
+            for b, p in plotted:
+                for label in _above(p, compute, memory):
+                    exceeded.setdefault(label, []).append(b)
+            if exceeded:
+                parts.append(
+                    '<p class="above-peak worse">Points lie above ceilings of this machine: ' +
+                    "; ".join(f"{_e(label)} ({len(found)} point{'s' * (len(found) > 1)})"
+                              for label, found in sorted(exceeded.items())) +
+                    ". No case can beat the machine's limit: a compute ceiling below its own "
+                    "dtype's points is a peak measured too low (for instance under load), and "
+                    "points above the memory line were served from cache or the bandwidth "
+                    "was measured too low. Rings mark those points; a % of roof above 100% is "
+                    "marked (!).</p>")
             if plotted:
-                svg = self._plot_roofline(fingerprint, plotted, peak)
+                svg = self._plot_roofline(fingerprint, plotted, peak, exceeded)
                 parts.append(f'<img class="plot" src="{_e(svg)}" alt="roofline of '
                              f'{_e(self.machine_label(fingerprint))}">')
-            parts.append(_table(["benchmark", "commit", "FLOPs/byte", "TFLOP/s", "GB/s"], [
+            parts.append(_table(["benchmark", "commit", "FLOPs/byte", "TFLOP/s", "GB/s",
+                                 "% of roof"], [
                 f'<tr><td class="key">{self.bench_link(b)}</td>'
                 f'<td><code>{_e(_short(p["commit"]))}</code></td>'
                 f'<td class="num">{_e(_fmt_num(p["flops"] / p["bytes"]))}</td>'
                 f'<td class="num">{_e(_fmt_num(p["tflops"]))}</td>'
-                f'<td class="num">{_e(_fmt_num(p["gbps"]))}</td></tr>' for b, p in plotted]))
+                f'<td class="num">{_e(_fmt_num(p["gbps"]))}</td>'
+                f'<td class="num">{_fmt_fraction(p["tflops"], _roof(p, compute, memory))}'
+                f'</td></tr>' for b, p in plotted]))
             if skipped:
                 parts.append("<p class=\"muted\">Not on the roofline (no FLOPs or no bytes "
                              "counted): " + ", ".join(self.bench_link(b) for b in skipped) +
@@ -622,15 +683,20 @@ class _Site:
             parts.append('<p class="muted">No results yet.</p>')
         self.write("roofline.html", _page("Roofline", "\n".join(parts), "roofline.html"))
 
-    def _plot_roofline(self, fingerprint: str, cases: list, peak: dict | None) -> str:
+    def _plot_roofline(self, fingerprint: str, cases: list, peak: dict | None,
+                       exceeded: dict | None = None) -> str:
+        """The roofline; a ceiling that points lie above says so in its label, and those
+        points are ringed."""
+        exceeded = exceeded or {}
+
+        def above(label: str) -> str:
+            count = len(exceeded.get(label, ()))
+            return f" (below {count} point{'s' * (count > 1)}: suspect)" if count else ""
+
         fig, (ax,) = self.plots.new(8, 5)
         intensity = [p["flops"] / p["bytes"] for _, p in cases]
         lo, hi = min(intensity) / 4, max(intensity) * 4
-        compute = {}
-        if peak is not None and peak["tflops"] is not None:
-            compute = (peak["tflops"] if isinstance(peak["tflops"], dict)
-                       else {"peak": peak["tflops"]})
-        memory = peak["memory_gbps"] if peak is not None else None
+        compute, memory = _ceilings(peak)
         top = max(compute.values(), default=None)
         if memory and top:  # show the ridge point
             ridge = top * 1000 / memory
@@ -638,14 +704,21 @@ class _Site:
         if memory:
             xs = [lo, hi]
             ax.plot(xs, [memory * x / 1000 for x in xs], color="#57606a", linewidth=1.5,
-                    label=f"memory {memory:.4g} GB/s")
+                    label=f"memory {memory:.4g} GB/s{above('memory')}")
         for i, (dtype, tflops) in enumerate(sorted(compute.items())):
-            ax.axhline(tflops, color="#57606a", linewidth=1.2, linestyle=("-", "--", ":", "-.")[
-                i % 4], label=f"compute {dtype} {tflops:.4g} TFLOP/s")
+            ax.axhline(tflops, color="#b42318" if dtype in exceeded else "#57606a",
+                       linewidth=1.2, linestyle=("-", "--", ":", "-.")[i % 4],
+                       label=f"compute {dtype} {tflops:.4g} TFLOP/s{above(dtype)}")
         ops = sorted({b["op"] for b, _ in cases})
         for op in ops:
             pts = [(p["flops"] / p["bytes"], p["tflops"]) for b, p in cases if b["op"] == op]
             ax.scatter([x for x, _ in pts], [y for _, y in pts], s=22, label=op, zorder=3)
+        flagged = [(p["flops"] / p["bytes"], p["tflops"]) for b, p in cases
+                   if _above(p, compute, memory)]
+        if flagged:
+            ax.scatter([x for x, _ in flagged], [y for _, y in flagged], s=90,
+                       facecolors="none", edgecolors="#b42318", linewidths=1.2, zorder=4,
+                       label="above a ceiling")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo, hi)

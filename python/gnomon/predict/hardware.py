@@ -21,9 +21,16 @@ def host() -> Hardware:
 
     peaks = measure_cpu_peaks(last_level_cache_bytes()[0], quick=True)
     source = f"gnomon.bench {peaks['source']}"
+    if peaks["tflops"]:
+        compute = Figure(max(peaks["tflops"].values()), source)
+    else:  # every measured rate was implausibly low (gnomon.bench.machine.FLOOR_FRACTION)
+        nominal = peaks["nominal"]
+        compute = Figure(max(nominal["tflops"].values()),
+                         f"gnomon.bench nominal rate, {nominal['source']}: the measured ones "
+                         f"were implausible ({'; '.join(peaks['implausible'].values())})")
     return Hardware(
         name=HOST, vendor="host",
-        bf16_tflops=Figure(max(peaks["tflops"].values()), source),
+        bf16_tflops=compute,
         fp8_tflops=Figure(None, "a CPU has no fp8 math"),
         fp4_tflops=Figure(None, "a CPU has no fp4 math"),
         hbm_tbps=Figure(peaks["memory_gbps"] / 1000, source),
