@@ -13,6 +13,7 @@
 #include "core/build_info.h"
 #include "core/errors.h"
 #include "core/threads.h"
+#include "cpu/vec.h"
 #include "ops.h"
 
 namespace py = pybind11;
@@ -594,6 +595,21 @@ PYBIND11_MODULE(_C, m) {
                     "simd_cpu"_a = info.simd_cpu, "gpu_backends"_a = info.gpu_backends,
                     "gpu_architectures"_a = info.gpu_architectures);
   });
+  m.def(
+      "cpu_peak_gflops",
+      [](const std::string& unit, double seconds) {
+        if (unit != "fma" && unit != "bf16_dot") {
+          gnomon::raise<gnomon::ValueError>("unit: expected 'fma' or 'bf16_dot', got '", unit,
+                                            "'");
+        }
+        return gnomon::cpu::peak_gflops(unit == "bf16_dot", seconds);
+      },
+      "unit"_a, "seconds"_a = 0.2, py::call_guard<py::gil_scoped_release>(),
+      "The vector units' peak GFLOP/s at num_threads() threads on the kernel family the ops run "
+      "(GNOMON_CPU_KERNELS caps it): float32 FMAs, or bf16 dot products (0.0 where the family "
+      "has none). The best of at least five register-only runs over `seconds`.");
+  m.def("cpu_kernel_isa", [] { return gnomon::cpu::isa_name(gnomon::cpu::kernel_isa()); },
+        "The CPU kernel family the ops run now: avx512-bf16, avx512, avx2 or portable.");
   m.def("num_threads", &gnomon::num_threads);
   m.def("set_num_threads", &gnomon::set_num_threads, "n"_a);
 

@@ -27,11 +27,6 @@
 #include "cpu/kernels.h"
 #include "cpu/vec.h"
 
-// bfloat16 scores use AVX512-BF16 dot products where the CPU has them (checked at run time).
-// Building with -DGNOMON_ATTENTION_BF16_DOT=0 leaves only the portable path.
-#if !defined(GNOMON_ATTENTION_BF16_DOT) && GNOMON_HAS_X86_INTRINSICS
-#define GNOMON_ATTENTION_BF16_DOT 1
-#endif
 
 namespace gnomon::cpu {
 
@@ -62,36 +57,14 @@ constexpr int64_t kRowsPerTile = 64;    // (query, head) rows per prefill work i
 constexpr int64_t kMinSplitKeys = 64;   // a key-range split is never shorter than this
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Fixed-width vectors (GCC/Clang vector extensions): each SIMD clone lowers them to its own
-// registers (one zmm, two ymm, four xmm; four NEON registers on arm64). They are only passed by
-// reference, so no vector type ever crosses a function ABI.
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef float f32x4 __attribute__((vector_size(16)));
+// Decode tiles run on 16-float vectors in every clone (one zmm, two ymm, four xmm).
+using f32x16 = Wide::F;
+using i32x16 = Wide::I;
+using f32x8 = Narrow::F;
 constexpr int64_t kLanes = 16;
 
-// GCC inlines nothing into a SIMD clone across differing target arches unless forced, so every
-// helper of the clone below is always_inline (and then compiled once per clone).
-#define ATTENTION_INLINE inline __attribute__((always_inline))
-
-ATTENTION_INLINE void load(f32x16& v, const float* p) { std::memcpy(&v, p, sizeof(v)); }
-ATTENTION_INLINE void store(float* p, const f32x16& v) { std::memcpy(p, &v, sizeof(v)); }
-
-ATTENTION_INLINE float reduce_add(const f32x16& v) {
-  f32x8 lo, hi;
-  std::memcpy(&lo, &v, sizeof(lo));
-  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
-  lo += hi;
-  f32x4 a, b;
-  std::memcpy(&a, &lo, sizeof(a));
-  std::memcpy(&b, reinterpret_cast<const char*>(&lo) + sizeof(a), sizeof(b));
-  a += b;
-  return (a[0] + a[2]) + (a[1] + a[3]);
-}
-
 // The largest lane, folding halves (a tree, not a chain of 15 dependent steps).
-ATTENTION_INLINE float reduce_max(const f32x16& v) {
+GNOMON_INLINE float reduce_max(const f32x16& v) {
   f32x8 lo, hi;
   std::memcpy(&lo, &v, sizeof(lo));
   std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
@@ -102,7 +75,7 @@ ATTENTION_INLINE float reduce_max(const f32x16& v) {
 }
 
 // The sums of eight vectors, lane i of `out` for a[i].
-ATTENTION_INLINE void reduce_add8(f32x8& out, const f32x16 (&a)[8]) {
+GNOMON_INLINE void reduce_add8(f32x8& out, const f32x16 (&a)[8]) {
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
   // A butterfly of two-source shuffles: about 3 instructions per vector instead of ~10 for a
   // reduction of each. Level by level, each vector's partial sums fold into half as many lanes.
@@ -132,41 +105,6 @@ ATTENTION_INLINE void reduce_add8(f32x8& out, const f32x16 (&a)[8]) {
 #endif
 }
 
-// mask ? a : b, lane by lane (mask lanes are all ones or all zeros).
-ATTENTION_INLINE void select(f32x16& out, const i32x16& mask, const f32x16& a, const f32x16& b) {
-  i32x16 ia, ib;
-  std::memcpy(&ia, &a, sizeof(ia));
-  std::memcpy(&ib, &b, sizeof(ib));
-  const i32x16 bits = (ia & mask) | (ib & ~mask);
-  std::memcpy(&out, &bits, sizeof(out));
-}
-
-// e^x lane by lane for x <= 0, no calls or branches: Cody-Waite reduction by ln 2 and the Cephes
-// expf polynomial (within 2 ulp of expf). Lanes below -87, -inf included, give 0; NaN stays NaN.
-// 2^n comes from the bits of the rounding sum, so no float-to-int conversion is involved.
-ATTENTION_INLINE void exp_nonpositive(f32x16& out, const f32x16& x) {
-  const i32x16 underflow = x < -87.0f;
-  f32x16 xc, floor_value = {};
-  floor_value -= 87.0f;
-  select(xc, underflow, floor_value, x);
-  const f32x16 shifted = xc * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to int
-  const f32x16 n = shifted - 12582912.0f;
-  const f32x16 r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
-  f32x16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  i32x16 bits;
-  std::memcpy(&bits, &shifted, sizeof(bits));
-  bits = (bits - 0x4b400000 + 127) << 23;  // (n + 127) << 23: the float 2^n
-  f32x16 two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  const f32x16 zero = {};
-  select(out, underflow, zero, p * two_n);
-}
-
 // A tile's work is two passes over the rows of one work item (one KV head's rows): score_tile
 // writes each row's scores against the tile's keys, update_tile folds them into the row's online
 // softmax and value accumulator. Row r sees keys [lo[r], hi[r]) of the tile (n <= kKeyTile
@@ -176,21 +114,21 @@ ATTENTION_INLINE void exp_nonpositive(f32x16& out, const f32x16& x) {
 // the scale; k[j] is key j's padded float row, readable for every j < kKeyTile. kChunks > 0
 // fixes `chunks` at compile time, so a row's query lives in registers.
 template <int kChunks>
-ATTENTION_INLINE void score_tile_impl(int64_t chunks_at_run_time, int64_t rows, const float* q,
+GNOMON_INLINE void score_tile_impl(int64_t chunks_at_run_time, int64_t rows, const float* q,
                                       const float* const* k, const int32_t* lo,
                                       const int32_t* hi, float* scores) {
   constexpr int kMaxChunks = kChunks > 0 ? kChunks : static_cast<int>(kMaxHeadDim / kLanes);
   const int64_t chunks = kChunks > 0 ? kChunks : chunks_at_run_time;
   for (int64_t r = 0; r < rows; ++r) {
     f32x16 qv[kMaxChunks];
-    for (int64_t c = 0; c < chunks; ++c) load(qv[c], q + r * chunks * kLanes + c * kLanes);
+    for (int64_t c = 0; c < chunks; ++c) qv[c] = load<f32x16>(q + r * chunks * kLanes + c * kLanes);
     // Eight keys at a time: independent accumulation chains, one butterfly reduction.
     for (int64_t j = lo[r] & ~int32_t{7}; j < hi[r]; j += 8) {
       f32x16 a[8] = {}, kv;
       for (int64_t c = 0; c < chunks; ++c) {
 #pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) {
-          load(kv, k[j + i] + c * kLanes);
+          kv = load<f32x16>(k[j + i] + c * kLanes);
           a[i] += qv[c] * kv;
         }
       }
@@ -215,7 +153,7 @@ GNOMON_SIMD_CLONES void score_tile(int64_t chunks, int64_t rows, const float* q,
 // v[j] (padded float rows) are added into its acc row (stride chunks * 16), which lives in
 // registers when kChunks fixes `chunks`.
 template <int kChunks>
-ATTENTION_INLINE void update_tile_impl(int64_t chunks_at_run_time, int64_t rows,
+GNOMON_INLINE void update_tile_impl(int64_t chunks_at_run_time, int64_t rows,
                                        const float* const* v, const int32_t* lo,
                                        const int32_t* hi, float* scores,
                                        math::OnlineSoftmax* state, float* acc) {
@@ -235,18 +173,18 @@ ATTENTION_INLINE void update_tile_impl(int64_t chunks_at_run_time, int64_t rows,
     f32x16 sv[kVectors], m = neg_inf;
 #pragma GCC unroll 8
     for (int u = 0; u < kVectors; ++u) {
-      load(sv[u], s + u * kLanes);
+      sv[u] = load<f32x16>(s + u * kLanes);
       const i32x16 index = lane + u * static_cast<int32_t>(kLanes);
-      select(sv[u], (index >= static_cast<int32_t>(first)) & (index < static_cast<int32_t>(last)),
+      sv[u] = select((index >= static_cast<int32_t>(first)) & (index < static_cast<int32_t>(last)),
              sv[u], neg_inf);
-      select(m, sv[u] > m, sv[u], m);
+      m = max(m, sv[u]);
     }
     const float block_max = reduce_max(m);
     if (block_max == kNegInf) continue;  // every score -inf: nothing to add
     f32x16 total = {};
 #pragma GCC unroll 8
     for (int u = 0; u < kVectors; ++u) {
-      exp_nonpositive(sv[u], sv[u] - block_max);
+      sv[u] = exp_nonpositive<Wide>(sv[u] - block_max);
       total += sv[u];
     }
     float acc_scale, block_scale;
@@ -257,13 +195,13 @@ ATTENTION_INLINE void update_tile_impl(int64_t chunks_at_run_time, int64_t rows,
     f32x16 av[kMaxChunks], vv;
     float* acc_row = acc + r * chunks * kLanes;
     for (int64_t c = 0; c < chunks; ++c) {
-      load(av[c], acc_row + c * kLanes);
+      av[c] = load<f32x16>(acc_row + c * kLanes);
       av[c] *= acc_scale;
     }
     for (int64_t j = first; j < last; ++j) {
       const float w = s[j];
       for (int64_t c = 0; c < chunks; ++c) {
-        load(vv, v[j] + c * kLanes);
+        vv = load<f32x16>(v[j] + c * kLanes);
         av[c] += w * vv;
       }
     }
@@ -281,15 +219,14 @@ GNOMON_SIMD_CLONES void update_tile(int64_t chunks, int64_t rows, const float* c
   }
 }
 
-#if GNOMON_ATTENTION_BF16_DOT
+#if GNOMON_HAS_WIDE_KERNELS
 // Scores straight from bfloat16 rows with AVX512-BF16 dot products (vdpbf16ps: two products
 // per float lane, each exact, summed in float32): no key is converted to float, and a
 // dot costs half the instructions. `q` rows are the unscaled bf16 queries, `pairs` * 32 elements
 // long (the head dim, a multiple of 32); k[j] points at key j's bf16 row in the cache.
-#define BF16_DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 template <int kPairs>
-BF16_DOT_TARGET ATTENTION_INLINE void score_tile_bf16_impl(int64_t pairs_at_run_time,
+GNOMON_TARGET_BF16 GNOMON_INLINE void score_tile_bf16_impl(int64_t pairs_at_run_time,
                                                            int64_t rows, const uint16_t* q,
                                                            const uint16_t* const* k,
                                                            const int32_t* lo, const int32_t* hi,
@@ -322,7 +259,7 @@ BF16_DOT_TARGET ATTENTION_INLINE void score_tile_bf16_impl(int64_t pairs_at_run_
   }
 }
 
-BF16_DOT_TARGET void score_tile_bf16(int64_t pairs, int64_t rows, const uint16_t* q,
+GNOMON_TARGET_BF16 void score_tile_bf16(int64_t pairs, int64_t rows, const uint16_t* q,
                                      const uint16_t* const* k, const int32_t* lo,
                                      const int32_t* hi, float scale, float* scores) {
   switch (pairs) {
@@ -332,12 +269,245 @@ BF16_DOT_TARGET void score_tile_bf16(int64_t pairs, int64_t rows, const uint16_t
   }
 }
 
-bool cpu_has_bf16_dot() {
-  static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has;
+#endif
+
+// ---- prefill with the rows in the lanes ---------------------------------------------------------
+//
+// An item with at least kLanesMinRows rows per KV head runs each key tile as two register-blocked
+// GEMMs with its (query, head) rows in the vector lanes: S^T = K Q^T, then O^T += V^T P^T. With
+// rows in lanes the online softmax is vertical (a row's max and sum over the tile are lane-wise
+// max and add across the tile's score vectors), and both products broadcast one element of K or
+// V against vectors of Q^T or P^T, so nothing is summed across lanes. Q^T and O^T are built and
+// taken apart once per item; each key tile is copied dense once and shared by all of the rows.
+// With AVX512-BF16 and bfloat16 data both products are bf16 dot products (pairs of head dims for
+// S, pairs of keys for O, so P is rounded to bfloat16), accumulated in float32.
+
+constexpr int64_t kLanesMinRows = 16;
+constexpr int64_t kLanesKeys = 32;  // keys per tile: each tile reads and writes O^T once
+
+// C[i][v] for i < NI and RV lane vectors: (c_scale ? C * c_scale[v] : 0) + sum over k < depth of
+// a[i * ai + k * ak] * B[k][v]; B and C rows are ldb and ldc floats apart.
+template <typename V, int NI, int RV>
+GNOMON_INLINE void gemm_lanes(const float* a, int64_t ai, int64_t ak, int64_t depth,
+                              const float* b, int64_t ldb, float* c, int64_t ldc,
+                              const float* c_scale) {
+  using F = typename V::F;
+  F acc[NI][RV];
+  for (int i = 0; i < NI; ++i) {
+    for (int v = 0; v < RV; ++v) {
+      acc[i][v] = c_scale != nullptr
+                      ? load<F>(c + i * ldc + v * V::L) * load<F>(c_scale + v * V::L)
+                      : F{};
+    }
+  }
+  for (int64_t k = 0; k < depth; ++k) {
+    F bv[RV];
+    for (int v = 0; v < RV; ++v) bv[v] = load<F>(b + k * ldb + v * V::L);
+    for (int i = 0; i < NI; ++i) {
+      const float av = a[i * ai + k * ak];  // scalar * vector: a broadcast operand
+      for (int v = 0; v < RV; ++v) acc[i][v] += av * bv[v];
+    }
+  }
+  for (int i = 0; i < NI; ++i) {
+    for (int v = 0; v < RV; ++v) store(c + i * ldc + v * V::L, acc[i][v]);
+  }
 }
-#else
-bool cpu_has_bf16_dot() { return false; }
+
+#if GNOMON_HAS_WIDE_KERNELS
+// The same over bf16 pairs: a and B hold 32-bit words of two bfloat16 values each, and depth
+// counts pairs; vdpbf16ps adds both products of a pair into the float32 lane. A call, not
+// inlined: its callers are built for every target, and a block is a thousand instructions.
+template <int NI, int RV>
+GNOMON_TARGET_BF16 void gemm_lanes_bf16(const uint32_t* a, int64_t ai, int64_t ak,
+                                                      int64_t depth, const uint32_t* b,
+                                                      int64_t ldb, float* c, int64_t ldc,
+                                                      const float* c_scale) {
+  __m512 acc[NI][RV];
+  for (int i = 0; i < NI; ++i) {
+    for (int v = 0; v < RV; ++v) {
+      acc[i][v] = c_scale != nullptr
+                      ? bit_cast<__m512>(load<Wide::F>(c + i * ldc + v * 16) *
+                                         load<Wide::F>(c_scale + v * 16))
+                      : _mm512_setzero_ps();
+    }
+  }
+  for (int64_t k = 0; k < depth; ++k) {
+    __m512bh bv[RV];
+    for (int v = 0; v < RV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + k * ldb + v * 16);
+    for (int i = 0; i < NI; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[i * ai + k * ak]));
+      for (int v = 0; v < RV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+    }
+  }
+  for (int i = 0; i < NI; ++i) {
+    for (int v = 0; v < RV; ++v) _mm512_storeu_ps(c + i * ldc + v * 16, acc[i][v]);
+  }
+}
+#endif
+
+// One KV head's share of a lanes item: `lanes` rows padded to whole vectors (padding rows see no
+// key), their transposed query, output and softmax state, and the current key tile, dense.
+struct LanesHead {
+  int64_t lanes;
+  float* qt;         // [D][lanes] floats, or [D/2][lanes] bf16 pairs (dot path)
+  float* ot;         // [D][lanes]
+  float* max;        // [lanes]
+  float* sum;        // [lanes]
+};
+
+struct LanesTile {
+  const void* keys;    // [kLanesKeys][D] float32, or bf16 (dot path)
+  const void* values;  // [kLanesKeys][D] float32, or [kLanesKeys / 2][D] bf16 key pairs (dot path)
+  float* scores;       // [kLanesKeys][lanes]: S^T, then P^T
+  uint32_t* p_pairs;   // [kLanesKeys / 2][lanes] (dot path)
+  float* alpha;        // [lanes]: this tile's rescale of each row's output
+  const int32_t* lo;   // [lanes]
+  const int32_t* hi;
+  int64_t n, d;
+  float scale;
+  bool masked;  // some row sees only part of the tile's keys
+};
+
+// C (rows `count`, lanes of ldc) in register blocks of NI rows by RV lane vectors, the rest
+// of the rows one by one, the rest of the vectors one by one.
+template <typename V, bool kDot, int RV, int NI>
+GNOMON_INLINE void lanes_gemm(int64_t count, const void* a, int64_t ai, int64_t ak, int64_t depth,
+                             const void* b, float* c, int64_t lanes, const float* c_scale) {
+  const int64_t vectors = lanes / V::L;
+  auto block = [&](auto ni, auto rv, int64_t i, int64_t v) {
+    const int64_t lane = v * V::L;
+    const float* scale = c_scale != nullptr ? c_scale + lane : nullptr;
+#if GNOMON_HAS_WIDE_KERNELS
+    if constexpr (kDot) {
+      gemm_lanes_bf16<decltype(ni)::value, decltype(rv)::value>(static_cast<const uint32_t*>(a) + i * ai, ai, ak, depth,
+                                  static_cast<const uint32_t*>(b) + lane, lanes,
+                                  c + i * lanes + lane, lanes, scale);
+      return;
+    }
+#endif
+    if constexpr (!kDot) {
+      gemm_lanes<V, decltype(ni)::value, decltype(rv)::value>(static_cast<const float*>(a) + i * ai, ai, ak, depth,
+                                static_cast<const float*>(b) + lane, lanes, c + i * lanes + lane,
+                                lanes, scale);
+    }
+  };
+  using One = std::integral_constant<int, 1>;
+  using Rows = std::integral_constant<int, NI>;
+  using Vectors = std::integral_constant<int, RV>;
+  for (int64_t v = 0; v < vectors; v += RV) {
+    const bool whole = v + RV <= vectors;
+    int64_t i = 0;
+    for (; i + NI <= count; i += NI) {
+      if (whole) {
+        block(Rows{}, Vectors{}, i, v);
+      } else {
+        for (int64_t u = v; u < vectors; ++u) block(Rows{}, One{}, i, u);
+      }
+    }
+    for (; i < count; ++i) {
+      if (whole) {
+        block(One{}, Vectors{}, i, v);
+      } else {
+        for (int64_t u = v; u < vectors; ++u) block(One{}, One{}, i, u);
+      }
+    }
+  }
+}
+
+// One key tile of one KV head: scores, the online softmax in lanes, and the value update, in
+// register blocks of NI x RV vectors.
+template <typename V, bool kDot, int RV, int NI>
+GNOMON_INLINE void lanes_tile(const LanesHead& head, const LanesTile& tile) {
+  using F = typename V::F;
+  using I = typename V::I;
+  const int64_t lanes = head.lanes, d = tile.d;
+  // S^T[j][r] = sum over head dims of K[j][e] Q^T[e][r]
+  lanes_gemm<V, kDot, RV, NI>(tile.n, tile.keys, kDot ? d / 2 : d, 1, kDot ? d / 2 : d, head.qt,
+                         tile.scores, lanes, nullptr);
+  if (tile.masked) {  // a tile on the diagonal or the window's edge: -inf outside each row's range
+    for (int64_t r = 0; r < lanes; ++r) {
+      for (int64_t j = 0; j < tile.n; ++j) {
+        if (j < tile.lo[r] || j >= tile.hi[r]) {
+          tile.scores[j * lanes + r] = -std::numeric_limits<float>::infinity();
+        }
+      }
+    }
+  }
+  const F neg_inf = F{} - std::numeric_limits<float>::infinity();
+  for (int64_t lane = 0; lane < lanes; lane += V::L) {
+    F block_max = neg_inf;
+    for (int64_t j = 0; j < tile.n; ++j) {
+      float* s = tile.scores + j * lanes + lane;
+      const F scaled = load<F>(s) * tile.scale;
+      store(s, scaled);
+      block_max = max(block_max, scaled);
+    }
+    const F old_max = load<F>(head.max + lane);
+    const F new_max = max(old_max, block_max);
+    const F shift = select(new_max == neg_inf, F{}, new_max);  // all -inf so far: p = 0, not NaN
+    const F alpha = exp_nonpositive<V>(old_max - shift);
+    F total = F{};
+    for (int64_t j = 0; j < tile.n; ++j) {
+      float* s = tile.scores + j * lanes + lane;
+      const F p = exp_nonpositive<V>(load<F>(s) - shift);
+      store(s, p);
+      total += p;
+    }
+    if (kDot && tile.n % 2 == 1) store(tile.scores + tile.n * lanes + lane, F{});  // pairs' odd end
+    store(head.max + lane, new_max);
+    store(head.sum + lane, load<F>(head.sum + lane) * alpha + total);
+    store(tile.alpha + lane, alpha);
+  }
+  const float* alpha = tile.alpha;
+  if constexpr (kDot) {
+    // P^T rounded to bf16 and paired by keys, as V's rows are
+    const int64_t pairs = (tile.n + 1) / 2;
+    for (int64_t q = 0; q < pairs; ++q) {
+      for (int64_t lane = 0; lane < lanes; lane += V::L) {
+        const typename V::U even = bf16_bits<V>(load<F>(tile.scores + 2 * q * lanes + lane));
+        const typename V::U odd = bf16_bits<V>(load<F>(tile.scores + (2 * q + 1) * lanes + lane));
+        store(tile.p_pairs + q * lanes + lane, even | (odd << 16));
+      }
+    }
+    // O^T[e][r] = alpha[r] O^T[e][r] + sum over key pairs of V2[q][e] . P2^T[q][r]
+    lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, pairs, tile.p_pairs, head.ot, lanes, alpha);
+  } else {
+    lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, tile.n, tile.scores, head.ot, lanes, alpha);
+  }
+}
+
+GNOMON_SIMD_CLONES void lanes_tile_narrow(const LanesHead& head, const LanesTile& tile) {
+  lanes_tile<Narrow, false, 2, 6>(head, tile);  // 12 accumulators of 16 registers
+}
+#if GNOMON_HAS_WIDE_KERNELS
+GNOMON_TARGET_WIDE void lanes_tile_wide(const LanesHead& head, const LanesTile& tile) {
+  lanes_tile<Wide, false, 4, 4>(head, tile);
+}
+GNOMON_TARGET_BF16 void lanes_tile_bf16(const LanesHead& head, const LanesTile& tile) {
+  lanes_tile<Wide, true, 4, 4>(head, tile);
+}
+
+// Rows 2q and 2q + 1 of `rows` (bf16, d each; row n and later read as zeros) as 32-bit pairs:
+// out[q][e] = rows[2q][e] | rows[2q + 1][e] << 16.
+GNOMON_TARGET_BF16 void pair_rows_bf16(const uint16_t* const* rows, int64_t n, int64_t d,
+                                       uint32_t* out) {
+  typedef uint16_t u16x32 __attribute__((vector_size(64)));
+  const u16x32 low = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                      8,  40, 9,  41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const u16x32 high = low + 16;
+  for (int64_t q = 0; 2 * q < n; ++q) {
+    const uint16_t* even = rows[2 * q];
+    const uint16_t* odd = 2 * q + 1 < n ? rows[2 * q + 1] : nullptr;
+    uint32_t* dst = out + q * d;
+    int64_t e = 0;
+    for (; odd != nullptr && e + 32 <= d; e += 32) {
+      const u16x32 a = load<u16x32>(even + e), b = load<u16x32>(odd + e);
+      store(dst + e, __builtin_shuffle(a, b, low));
+      store(dst + e + 16, __builtin_shuffle(a, b, high));
+    }
+    for (; e < d; ++e) dst[e] = even[e] | (odd != nullptr ? uint32_t{odd[e]} << 16 : 0u);
+  }
+}
 #endif
 
 // The call's geometry, shared by every work item.
@@ -354,6 +524,7 @@ struct Geometry {
   const float* sinks;  // nullptr: none
   float scale;
   int64_t window;  // 0: none
+  Isa isa;         // the kernel family this call runs
   bool bf16_dot;   // bfloat16 scores by AVX512-BF16 dot products
 
   int64_t padded() const { return chunks * kLanes; }
@@ -379,6 +550,7 @@ struct SplitTile {
 // Per-thread scratch, grown on demand and kept for the next call.
 struct Scratch {
   std::vector<float> q, acc, keys, values, scores;
+  std::vector<float> lanes, tiles;  // the lanes path's per-head and per-tile buffers
   std::vector<uint16_t> q_bf16;
   std::vector<math::OnlineSoftmax> state;
   std::vector<int32_t> lo, hi;
@@ -412,7 +584,151 @@ void finish_rows(const Geometry& geo, const Item& item, math::OnlineSoftmax* sta
   }
 }
 
+// An item's rows (sc.state, sc.acc) as a partial result of a split, or normalised into `out`.
+void emit_item(const Geometry& geo, const Item& item, Scratch& sc, const TensorView& out,
+               float* partials) {
+  const int64_t d = geo.head_dim, stride = geo.padded();
+  if (item.partial >= 0) {
+    // Layout per row: max, sum, then the head_dim unnormalised outputs.
+    float* p = partials + item.partial;
+    const int64_t rows = item.heads * item.count * geo.group;
+    for (int64_t r = 0; r < rows; ++r, p += d + 2) {
+      p[0] = sc.state[r].max;
+      p[1] = sc.state[r].sum;
+      std::memcpy(p + 2, sc.acc.data() + r * stride, d * sizeof(float));
+    }
+    return;
+  }
+  finish_rows(geo, item, sc.state.data(), sc.acc.data(), out);
+}
+
+// A key's rows for the item's heads are one contiguous run in the cache, at this element.
+int64_t key_element(const Geometry& geo, const Item& item, int64_t key) {
+  const int32_t* table = geo.block_tables + item.b * geo.max_blocks;
+  return (table[key / geo.block_size] * geo.block_size + key % geo.block_size) *
+             geo.num_kv_heads * geo.head_dim +
+         item.g0 * geo.head_dim;
+}
+
+// The rows of tile [kb, kb + n) each (query, head) row of an item sees: query i sees keys
+// [pos - window + 1, pos]. Every KV head's rows see the same ranges.
+bool key_ranges(const Geometry& geo, const Item& item, int64_t kb, int64_t n, int32_t* lo,
+                int32_t* hi) {
+  bool partial = false;
+  for (int64_t i = 0; i < item.count; ++i) {
+    const int64_t pos = item.pos + i;
+    const int64_t first = std::max<int64_t>(0, geo.window > 0 ? pos - geo.window + 1 - kb : 0);
+    const int64_t last = std::max(first, std::min<int64_t>(n, pos + 1 - kb));
+    partial = partial || first > 0 || last < n;
+    for (int64_t h = 0; h < geo.group; ++h) {
+      lo[i * geo.group + h] = static_cast<int32_t>(first);
+      hi[i * geo.group + h] = static_cast<int32_t>(last);
+    }
+  }
+  return partial;
+}
+
+void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out,
+                    float* partials) {
+  const int64_t d = geo.head_dim, stride = geo.padded(), heads = item.heads;
+  const int64_t head_rows = item.count * geo.group;
+  const bool dot = geo.isa == Isa::WideBf16 && geo.dtype == DType::BFloat16 && d % 2 == 0;
+  const int64_t vector = geo.isa == Isa::Narrow ? Narrow::L : Wide::L;
+  const int64_t lanes = (head_rows + vector - 1) / vector * vector;
+  Scratch& sc = thread_scratch();
+  // Per head: Q^T, O^T [d][lanes], max and sum [lanes]. Per head and tile: keys and values
+  // [kLanesKeys][d], scores [kLanesKeys][lanes], P pairs [kLanesKeys / 2][lanes], alpha [lanes].
+  const int64_t head_floats = 2 * d * lanes + 2 * lanes;
+  const int64_t tile_floats = 2 * kLanesKeys * d + kLanesKeys * lanes + kLanesKeys / 2 * lanes + lanes;
+  sc.lanes.assign(heads * head_floats, 0.0f);
+  sc.tiles.assign(heads * tile_floats, 0.0f);
+  sc.lo.assign(lanes, 0);
+  sc.hi.assign(lanes, 0);
+  std::vector<LanesHead> head(heads);
+  std::vector<LanesTile> tile(heads);
+  std::vector<const uint16_t*> value_rows(kLanesKeys);
+  for (int64_t h = 0; h < heads; ++h) {
+    float* base = sc.lanes.data() + h * head_floats;
+    head[h] = LanesHead{lanes, base, base + d * lanes, base + 2 * d * lanes,
+                        base + 2 * d * lanes + lanes};
+    std::fill(head[h].max, head[h].max + lanes, kNegInf);
+    float* t = sc.tiles.data() + h * tile_floats;
+    float* scores = t + 2 * kLanesKeys * d;
+    tile[h] = LanesTile{t, t + kLanesKeys * d, scores,
+                        reinterpret_cast<uint32_t*>(scores + kLanesKeys * lanes),
+                        scores + kLanesKeys * lanes + kLanesKeys / 2 * lanes, sc.lo.data(),
+                        sc.hi.data(), 0, d, geo.scale, false};
+    // Q^T: head dims (or, for the dot path, pairs of them) down, rows across
+    std::vector<float> row(d);
+    for (int64_t r = 0; r < head_rows; ++r) {
+      const int64_t i = r / geo.group, g = item.g0 + h;
+      const char* q =
+          geo.query + ((item.token + i) * geo.num_heads + g * geo.group + r % geo.group) * d *
+                          geo.elem;
+      if (dot) {
+        uint32_t* qt = reinterpret_cast<uint32_t*>(head[h].qt);
+        for (int64_t e = 0; e < d / 2; ++e) std::memcpy(qt + e * lanes + r, q + 4 * e, 4);
+      } else {
+        load_floats(q, geo.dtype, row.data(), d);
+        for (int64_t e = 0; e < d; ++e) head[h].qt[e * lanes + r] = row[e];
+      }
+    }
+  }
+
+  for (int64_t kb = item.k0; kb < item.k1; kb += kLanesKeys) {
+    const int64_t n = std::min(kLanesKeys, item.k1 - kb);
+    const bool masked = key_ranges(geo, item, kb, n, sc.lo.data(), sc.hi.data());
+    for (int64_t h = 0; h < heads; ++h) {
+      LanesTile& t = tile[h];
+      t.n = n;
+      t.masked = masked;
+      char* keys = static_cast<char*>(const_cast<void*>(t.keys));
+      const int64_t key_bytes = d * (dot ? 2 : 4);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t element = key_element(geo, item, kb + j) + h * d;
+        const char* k = geo.key_cache + element * geo.elem;
+        const char* v = geo.value_cache + element * geo.elem;
+        if (dot) {
+          std::memcpy(keys + j * key_bytes, k, key_bytes);
+          value_rows[j] = reinterpret_cast<const uint16_t*>(v);
+        } else {
+          load_floats(k, geo.dtype, reinterpret_cast<float*>(keys) + j * d, d);
+          load_floats(v, geo.dtype, const_cast<float*>(static_cast<const float*>(t.values)) + j * d,
+                      d);
+        }
+      }
+      switch (geo.isa) {
+#if GNOMON_HAS_WIDE_KERNELS
+        case Isa::WideBf16:
+          if (dot) {
+            pair_rows_bf16(value_rows.data(), n, d,
+                           reinterpret_cast<uint32_t*>(const_cast<void*>(t.values)));
+            lanes_tile_bf16(head[h], t);
+            break;
+          }
+          [[fallthrough]];
+        case Isa::Wide: lanes_tile_wide(head[h], t); break;
+#endif
+        default: lanes_tile_narrow(head[h], t); break;
+      }
+    }
+  }
+
+  const int64_t rows = heads * head_rows;
+  sc.acc.assign(rows * stride, 0.0f);
+  sc.state.resize(rows);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t r = 0; r < head_rows; ++r) {
+      float* acc = sc.acc.data() + (h * head_rows + r) * stride;
+      for (int64_t e = 0; e < d; ++e) acc[e] = head[h].ot[e * lanes + r];
+      sc.state[h * head_rows + r] = math::OnlineSoftmax{head[h].max[r], head[h].sum[r]};
+    }
+  }
+  emit_item(geo, item, sc, out, partials);
+}
+
 void run_item(const Geometry& geo, const Item& item, const TensorView& out, float* partials) {
+  if (item.count * geo.group >= kLanesMinRows) return run_item_lanes(geo, item, out, partials);
   const int64_t d = geo.head_dim, stride = geo.padded(), group = geo.group;
   const int64_t heads = item.heads, head_rows = item.count * group, rows = heads * head_rows;
   // float32 rows with no padding are read in place; bfloat16 keys are read in place by the
@@ -459,16 +775,10 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
   }
 
   // A key's rows for the item's heads are one contiguous run in the cache.
-  const int32_t* table = geo.block_tables + item.b * geo.max_blocks;
-  const int64_t token_elems = geo.num_kv_heads * d;
-  auto element_of = [&](int64_t block, int64_t offset) {
-    return (table[block] * geo.block_size + offset) * token_elems + item.g0 * d;
-  };
   for (int64_t kb = item.k0; kb < item.k1; kb += kKeyTile) {
     const int64_t n = std::min(kKeyTile, item.k1 - kb);
-    int64_t block = kb / geo.block_size, offset = kb % geo.block_size;
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t element = element_of(block, offset);
+      const int64_t element = key_element(geo, item, kb + j);
       const char* k = geo.key_cache + element * geo.elem;
       const char* v = geo.value_cache + element * geo.elem;
       for (int64_t h = 0; h < heads; ++h) {
@@ -486,10 +796,6 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
           load_floats(v + head_bytes, geo.dtype, sc.values.data() + slot * stride, d);
         }
       }
-      if (++offset == geo.block_size) {
-        offset = 0;
-        ++block;
-      }
     }
     if (keys_in_place) {  // the scores read (and then mask) groups of 8 keys up to kKeyTile
       for (int64_t h = 0; h < heads; ++h) {
@@ -502,20 +808,10 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
         }
       }
     }
-    // Query i sees keys [pos - window + 1, pos]; the tile holds [kb, kb + n). Every KV head's
-    // rows see the same ranges.
-    for (int64_t i = 0; i < item.count; ++i) {
-      const int64_t pos = item.pos + i;
-      const int64_t lo = std::max<int64_t>(0, geo.window > 0 ? pos - geo.window + 1 - kb : 0);
-      const int64_t hi = std::max(lo, std::min<int64_t>(n, pos + 1 - kb));
-      for (int64_t h = 0; h < group; ++h) {
-        sc.lo[i * group + h] = static_cast<int32_t>(lo);
-        sc.hi[i * group + h] = static_cast<int32_t>(hi);
-      }
-    }
+    key_ranges(geo, item, kb, n, sc.lo.data(), sc.hi.data());
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t r = h * head_rows;
-#if GNOMON_ATTENTION_BF16_DOT
+#if GNOMON_HAS_WIDE_KERNELS
       if (bf16_dot) {
         score_tile_bf16(d / 32, head_rows, sc.q_bf16.data() + r * d,
                         sc.k_rows_bf16.data() + h * kKeyTile, sc.lo.data(), sc.hi.data(),
@@ -532,17 +828,7 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
     }
   }
 
-  if (item.partial >= 0) {
-    // Layout per row: max, sum, then the head_dim unnormalised outputs.
-    float* p = partials + item.partial;
-    for (int64_t r = 0; r < rows; ++r, p += d + 2) {
-      p[0] = sc.state[r].max;
-      p[1] = sc.state[r].sum;
-      std::memcpy(p + 2, sc.acc.data() + r * stride, d * sizeof(float));
-    }
-    return;
-  }
-  finish_rows(geo, item, sc.state.data(), sc.acc.data(), out);
+  emit_item(geo, item, sc, out, partials);
 }
 
 void merge_splits(const Geometry& geo, const SplitTile& split, const TensorView& out,
@@ -589,7 +875,9 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
   geo.sinks = sinks != nullptr ? sinks->ptr<const float>() : nullptr;
   geo.scale = static_cast<float>(scale);
   geo.window = sliding_window;
-  geo.bf16_dot = geo.dtype == DType::BFloat16 && geo.head_dim % 32 == 0 && cpu_has_bf16_dot();
+  geo.isa = kernel_isa();
+  geo.bf16_dot = geo.isa == Isa::WideBf16 && geo.dtype == DType::BFloat16 &&
+                 geo.head_dim % 32 == 0;
 
   const int64_t batch = seq_lens.size(0);
   const int32_t* lens = seq_lens.ptr<const int32_t>();

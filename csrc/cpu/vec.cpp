@@ -1,7 +1,16 @@
 #include "cpu/vec.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/errors.h"
+#include "core/parallel.h"
+#include "core/threads.h"
 #include "core/scalar_math.h"
-#include "core/simd.h"
 
 namespace gnomon::cpu {
 namespace {
@@ -67,6 +76,130 @@ GNOMON_SIMD_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
 
 GNOMON_SIMD_CLONES void scale(float alpha, float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+}
+
+#if GNOMON_HAS_WIDE_KERNELS
+bool cpu_has_wide() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512cd");
+  return has;
+}
+
+bool cpu_has_bf16_dot() {
+  static const bool has = cpu_has_wide() && __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+#else
+bool cpu_has_wide() { return false; }
+bool cpu_has_bf16_dot() { return false; }
+#endif
+
+Isa kernel_isa() {
+  const Isa best = cpu_has_bf16_dot() ? Isa::WideBf16 : cpu_has_wide() ? Isa::Wide : Isa::Narrow;
+  const char* cap = std::getenv("GNOMON_CPU_KERNELS");
+  if (cap == nullptr || *cap == '\0') return best;
+  const std::string name(cap);
+  if (name == "narrow") return Isa::Narrow;
+  if (name == "wide") return best == Isa::Narrow ? best : Isa::Wide;
+  raise<ValueError>("GNOMON_CPU_KERNELS: expected 'narrow', 'wide' or unset, got '", name, "'");
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::WideBf16: return "avx512-bf16";
+    case Isa::Wide: return "avx512";
+    default: return GNOMON_HAS_SIMD_CLONES && __builtin_cpu_supports("avx2") ? "avx2" : "portable";
+  }
+}
+
+}  // namespace gnomon::cpu
+
+namespace gnomon::cpu {
+namespace {
+
+// Independent accumulator chains, enough to cover the FMA latency on every port: the loop is
+// nothing but FMAs (or bf16 dot products) on registers, so its rate is the units' peak.
+template <typename V, int kChains>
+GNOMON_INLINE double fma_rounds(int64_t rounds, float seed) {
+  using F = typename V::F;
+  F acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = F{} + seed * static_cast<float>(i);
+  const F a = F{} + 0.999f, b = F{} + seed;
+  for (int64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 32
+    for (int i = 0; i < kChains; ++i) acc[i] = acc[i] * a + b;
+  }
+  F total = acc[0];
+  for (int i = 1; i < kChains; ++i) total += acc[i];
+  return reduce_add(total);
+}
+
+GNOMON_SIMD_CLONES double fma_rounds_narrow(int64_t rounds, float seed) {
+  return fma_rounds<Narrow, 12>(rounds, seed);
+}
+#if GNOMON_HAS_WIDE_KERNELS
+GNOMON_TARGET_WIDE double fma_rounds_wide(int64_t rounds, float seed) {
+  return fma_rounds<Wide, 24>(rounds, seed);
+}
+GNOMON_TARGET_BF16 double dot_rounds_bf16(int64_t rounds, float seed) {
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(seed * static_cast<float>(i));
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(seed));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(seed), _mm512_set1_ps(0.25f));
+  for (int64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 total = acc[0];
+  for (int i = 1; i < 24; ++i) total = _mm512_add_ps(total, acc[i]);
+  return _mm512_reduce_add_ps(total);
+}
+#endif
+
+}  // namespace
+
+double peak_gflops(bool bf16_dot, double seconds) {
+  const Isa isa = kernel_isa();
+  if (bf16_dot && isa != Isa::WideBf16) return 0.0;
+  // FLOPs per round: chains x lanes x 2 (a dot product counts its two multiplies and adds)
+  const double round_flops = bf16_dot ? 24 * 32 * 2 : isa == Isa::Narrow ? 12 * 8 * 2 : 24 * 16 * 2;
+  auto run = [&](int64_t rounds) {
+    const int64_t threads = num_threads();
+    std::vector<double> sink(threads);
+    const auto start = std::chrono::steady_clock::now();
+    parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float seed = 1e-3f * static_cast<float>(t + 1);
+        switch (bf16_dot ? Isa::WideBf16 : isa) {
+#if GNOMON_HAS_WIDE_KERNELS
+          case Isa::WideBf16:
+            sink[t] = bf16_dot ? dot_rounds_bf16(rounds, seed) : fma_rounds_wide(rounds, seed);
+            break;
+          case Isa::Wide: sink[t] = fma_rounds_wide(rounds, seed); break;
+#endif
+          default: sink[t] = fma_rounds_narrow(rounds, seed); break;
+        }
+      }
+    });
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    volatile double keep = sink[0];
+    (void)keep;
+    return std::pair{elapsed, static_cast<double>(threads) * rounds * round_flops};
+  };
+  // The best of several short runs: a run that the OS preempts only ever reads slower.
+  int64_t rounds = 1 << 16;
+  while (run(rounds).first < 2e-3 && rounds < (int64_t{1} << 34)) rounds *= 2;
+  double best = 0.0;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(seconds, 0.0));
+  int runs = 0;
+  do {
+    const auto [elapsed, flops] = run(rounds);
+    best = std::max(best, flops / elapsed / 1e9);
+  } while (++runs < 5 || std::chrono::steady_clock::now() < deadline);
+  return best;
 }
 
 }  // namespace gnomon::cpu

@@ -1,9 +1,33 @@
 #pragma once
-// Vector primitives for the CPU kernels, compiled for AVX-512, AVX2 and the baseline with runtime
-// dispatch (core/simd.h). Kernels convert rows to float32 once, do their math here, and store.
+// The CPU kernels' one vector layer.
+//
+// Row helpers (load_floats, dot, ...) are compiled for AVX-512, AVX2 and the baseline and picked
+// at load time (core/simd.h). Hot loops use Vec<L>: L-lane vectors of GCC/Clang vector
+// extensions that every target lowers to its own registers (one zmm for Wide, one ymm or two xmm
+// for Narrow, NEON pairs on arm64). A kernel is written once over V and instantiated twice: Wide
+// in a function built for x86-64-v4, Narrow in a GNOMON_SIMD_CLONES function; kernel_isa() says
+// which one runs. Intrinsics appear only where the vector extensions have no spelling (the bf16
+// dot product). Vectors are passed between always-inline helpers only, never across a call ABI.
 #include <cstdint>
+#include <cstring>
+#include <limits>
 
+#include "core/simd.h"
 #include "core/tensor.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"  // 64-byte vectors in the narrow clones: see above
+#endif
+
+#define GNOMON_INLINE inline __attribute__((always_inline))
+
+#if GNOMON_HAS_SIMD_CLONES
+#define GNOMON_TARGET_WIDE __attribute__((target("arch=x86-64-v4")))
+#define GNOMON_TARGET_BF16 __attribute__((target("arch=x86-64-v4,avx512bf16")))
+#define GNOMON_HAS_WIDE_KERNELS 1
+#else
+#define GNOMON_HAS_WIDE_KERNELS 0
+#endif
 
 namespace gnomon::cpu {
 
@@ -16,5 +40,120 @@ float dot(const float* a, const float* b, int64_t n);
 float sum_squares(const float* x, int64_t n);
 void axpy(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
 void scale(float alpha, float* x, int64_t n);                 // x *= alpha
+
+// The kernel family a call runs: Narrow (8 lanes: AVX2 or the baseline, by load-time clone),
+// Wide (16 lanes, AVX-512) or Wide with the AVX512-BF16 dot product for bfloat16 data. The
+// CPU's best, capped by GNOMON_CPU_KERNELS=narrow|wide (read on every call, for tests and
+// benchmarks of the other paths); any other value raises a ValueError naming the variable.
+enum class Isa { Narrow, Wide, WideBf16 };
+Isa kernel_isa();
+const char* isa_name(Isa isa);
+bool cpu_has_wide();
+bool cpu_has_bf16_dot();
+
+// The vector units' peak GFLOP/s on the kernel family above, at num_threads() threads: FMAs on
+// registers, or bf16 dot products (0 where the family has none); the best of runs over
+// `seconds` (at least five).
+double peak_gflops(bool bf16_dot, double seconds);
+
+template <int Lanes>
+struct Vec {
+  static constexpr int L = Lanes;
+  typedef float F __attribute__((vector_size(4 * Lanes)));
+  typedef uint32_t U __attribute__((vector_size(4 * Lanes)));
+  typedef int32_t I __attribute__((vector_size(4 * Lanes)));
+  typedef uint16_t H __attribute__((vector_size(2 * Lanes)));
+};
+using Narrow = Vec<8>;
+using Wide = Vec<16>;
+
+template <typename T>
+GNOMON_INLINE T load(const void* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <typename T>
+GNOMON_INLINE void store(void* p, const T& v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+template <typename To, typename From>
+GNOMON_INLINE To bit_cast(const From& from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  std::memcpy(&to, &from, sizeof(to));
+  return to;
+}
+
+template <typename F>
+GNOMON_INLINE float reduce_add(const F& v) {
+  constexpr int L = sizeof(F) / 4;
+  float lanes[L];
+  std::memcpy(lanes, &v, sizeof(v));
+  for (int width = L / 2; width > 0; width /= 2) {  // a tree: log2(L) dependent adds
+    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+  }
+  return lanes[0];
+}
+
+// mask ? a : b lane by lane (mask lanes all ones or all zeros, as comparisons give).
+// GCC's vector conditional becomes a mask blend (AVX-512) or a blendv (AVX2).
+template <typename F, typename I>
+GNOMON_INLINE F select(const I& mask, const F& a, const F& b) {
+#if defined(__GNUC__) && !defined(__clang__)
+  return mask ? a : b;
+#else
+  return bit_cast<F>((bit_cast<I>(a) & mask) | (bit_cast<I>(b) & ~mask));
+#endif
+}
+
+template <typename F>
+GNOMON_INLINE F max(const F& a, const F& b) {
+  return select(a > b, a, b);
+}
+
+// table[index mod L] per lane: one permute on AVX2, AVX-512 and NEON.
+template <typename V>
+GNOMON_INLINE typename V::F lookup(const typename V::F& table, const typename V::U& index) {
+#if defined(__GNUC__) && !defined(__clang__)
+  return __builtin_shuffle(table, bit_cast<typename V::I>(index));
+#else
+  typename V::F out;
+  for (int i = 0; i < V::L; ++i) out[i] = table[index[i] % V::L];
+  return out;
+#endif
+}
+
+// e^x lane by lane for x <= 0, no calls or branches: Cody-Waite reduction by ln 2 and the Cephes
+// expf polynomial (within 2 ulp of expf). Lanes below -87, -inf included, give 0; NaN stays NaN.
+// 2^n comes from the bits of the rounding sum, so no float-to-int conversion is involved.
+template <typename V>
+GNOMON_INLINE typename V::F exp_nonpositive(const typename V::F& x) {
+  using F = typename V::F;
+  using I = typename V::I;
+  const I underflow = x < -87.0f;
+  const F xc = select(underflow, F{} - 87.0f, x);
+  const F shifted = xc * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to int
+  const F n = shifted - 12582912.0f;
+  const F r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
+  F p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const F two_n = bit_cast<F>((bit_cast<I>(shifted) - 0x4b400000 + 127) << 23);  // 2^n
+  return select(underflow, F{}, p * two_n);
+}
+
+// float lanes to bfloat16 bits (round to nearest even) in the low 16 bits of each lane; for
+// finite values, which is all the kernels round this way.
+template <typename V>
+GNOMON_INLINE typename V::U bf16_bits(const typename V::F& x) {
+  const typename V::U bits = bit_cast<typename V::U>(x);
+  return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+}
 
 }  // namespace gnomon::cpu

@@ -103,6 +103,44 @@ def test_mixed_batch(dtype, block_size):
     check_attention(make_batch(*MIXED, block_size=block_size, dtype=dtype))
 
 
+# Prefill items with 16 or more (query, head) rows per KV head run the rows-in-lanes GEMM
+# kernels; GNOMON_CPU_KERNELS caps the family so each one this CPU has is checked (where the CPU
+# lacks a family the cap falls back and the case checks the one below it). The bf16 dot path
+# also rounds the softmax weights P to bfloat16 before P.V: per weight a relative error of at
+# most 2^-9, the same as the bf16 output's own rounding, so its bound is twice that: measured
+# against the float64 reference with rtol = atol = 2 * 2^-8 (about 0.8%), tighter than ATOL.
+LANES_BF16_TOL = 2 * 2.0 ** -8
+
+
+@pytest.mark.parametrize("family", ["narrow", "wide", "best"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape, options", [
+    (dict(num_heads=8, num_kv_heads=2, head_dim=64), {}),  # group 4: 4 queries fill 16 rows
+    (dict(num_heads=8, num_kv_heads=1, head_dim=128), dict(sinks="random")),  # group 8
+    (dict(num_heads=3, num_kv_heads=3, head_dim=80), dict(sliding_window=9)),  # group 1
+    (dict(num_heads=16, num_kv_heads=4, head_dim=66), dict(sliding_window=30)),  # 66: no whole
+])                                                                                # 32-lane pairs
+def test_prefill_kernel_families(family, dtype, shape, options, monkeypatch):
+    if family != "best":
+        monkeypatch.setenv("GNOMON_CPU_KERNELS", family)
+    # prefill from scratch, chunked prefill over a context (key tiles cut mid-block), a 17-row
+    # item beside full ones, and a one-token decode row in the same call
+    batch = make_batch([40, 23, 17, 1], [40, 90, 61, 33], dtype=dtype, block_size=16, **shape)
+    if options.get("sinks"):
+        options = dict(sinks=torch.randn(shape["num_heads"], generator=torch.Generator().manual_seed(3)))
+    out = ops.paged_attention(**batch, **options)
+    expected = reference_attention(*batch.values(), **options)
+    tol = LANES_BF16_TOL if dtype == torch.bfloat16 else ATOL[dtype]
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+
+
+def test_cpu_kernels_cap_is_checked(monkeypatch):
+    monkeypatch.setenv("GNOMON_CPU_KERNELS", "fastest")
+    batch = make_batch([20], [20])
+    with pytest.raises(ValueError, match="GNOMON_CPU_KERNELS: expected 'narrow', 'wide'"):
+        ops.paged_attention(**batch)
+
+
 @pytest.mark.parametrize("options", [
     dict(sliding_window=7),
     dict(sliding_window=1),
