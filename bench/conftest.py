@@ -3,10 +3,20 @@ benchmark run."""
 
 RATIOS = {}  # suite -> {implementation: median seconds}
 NOTES = []  # lines a benchmark asked to print in the summary
+SPEEDUPS = []  # (suite, implementation, baseline, goal): summary lines asked for by `speedup`
 
 
 def note(line):
     NOTES.append(line)
+
+
+def speedup(suite, implementation, baseline, goal=None):
+    """Asks the summary for one line: `implementation`'s speed in `suite` as a multiple of
+    `baseline`'s (both `record`ed in the same run), and whether it meets `goal` (a multiple)
+    where one is given. Printed only when both were timed."""
+    entry = (suite, implementation, baseline, goal)
+    if entry not in SPEEDUPS:
+        SPEEDUPS.append(entry)
 
 
 def record(suite, implementation, benchmark):
@@ -22,6 +32,16 @@ def pytest_terminal_summary(terminalreporter):
         parts = ", ".join(f"{impl} {medians[impl] / medians[fastest]:.1f}x"
                           for impl in sorted(medians, key=medians.get))
         terminalreporter.write_line(f"{suite}: median time relative to {fastest}: {parts}")
+    for suite, implementation, baseline, goal in SPEEDUPS:
+        medians = RATIOS.get(suite, {})
+        if implementation not in medians or baseline not in medians:
+            continue
+        ratio = medians[baseline] / medians[implementation]
+        verdict = ""
+        if goal is not None:
+            verdict = f" (goal >= {goal:g}x: {'met' if ratio >= goal else 'NOT met'})"
+        terminalreporter.write_line(f"{suite}: {implementation} {ratio:.2f}x the speed of "
+                                    f"{baseline}{verdict}")
     for line in NOTES:
         terminalreporter.write_line(line)
 
@@ -29,6 +49,14 @@ def pytest_terminal_summary(terminalreporter):
 import time
 
 import pytest
+
+
+@pytest.fixture(scope="session")
+def benchmarks_enabled(request):
+    """False under --benchmark-disable (each benchmark then runs once): set-up that only
+    timing needs, such as weight copies that outgrow the cache, can be skipped."""
+    session = getattr(request.config, "_benchmarksession", None)
+    return session is None or not session.disabled
 
 
 @pytest.fixture(scope="session")
