@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/errors.h"
@@ -28,12 +29,6 @@
 #include "cpu/vec.h"
 
 
-// The 64-byte vector types are passed between always-inline helpers only; the ABI note GCC gives
-// for them in the non-AVX-512 clones does not apply.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
 #if defined(__has_builtin)
 #if __has_builtin(__builtin_shufflevector)
 #define GNOMON_HAS_SHUFFLEVECTOR 1
@@ -43,62 +38,12 @@
 #define GNOMON_HAS_SHUFFLEVECTOR 0
 #endif
 
-#if defined(__GNUC__)
-#define GNOMON_INLINE inline __attribute__((always_inline))
-#else
-#define GNOMON_INLINE inline
-#endif
-
 namespace gnomon::cpu {
 namespace {
 
 using math::kMxfp4BlockSize;
 
 constexpr int64_t kBlockBytes = kMxfp4BlockSize / 2;
-
-// ---- portable vectors (GCC/Clang vector extensions; each clone lowers them to its ISA) ----------
-
-template <int Lanes>
-struct Vec {
-  static constexpr int L = Lanes;
-  typedef float F __attribute__((vector_size(4 * Lanes)));
-  typedef uint32_t U __attribute__((vector_size(4 * Lanes)));
-  typedef int32_t I __attribute__((vector_size(4 * Lanes)));
-};
-using Narrow = Vec<8>;   // AVX2, NEON (as pairs), baseline
-using Wide = Vec<16>;    // AVX-512
-
-template <typename V>
-GNOMON_INLINE V load_vec(const void* p) {
-  V v;
-  memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-template <typename V>
-GNOMON_INLINE void store_vec(void* p, const V& v) {
-  memcpy(p, &v, sizeof(v));
-}
-
-template <typename To, typename From>
-GNOMON_INLINE To bit_cast_vec(const From& from) {
-  static_assert(sizeof(To) == sizeof(From));
-  To to;
-  memcpy(&to, &from, sizeof(to));
-  return to;
-}
-
-// table[index mod L] per lane: one permute on AVX2/AVX-512/NEON.
-template <typename V>
-GNOMON_INLINE typename V::F lookup(const typename V::F& table, const typename V::U& index) {
-#if defined(__GNUC__) && !defined(__clang__)
-  return __builtin_shuffle(table, bit_cast_vec<typename V::I>(index));
-#else
-  typename V::F out;
-  for (int i = 0; i < V::L; ++i) out[i] = table[index[i] % V::L];
-  return out;
-#endif
-}
 
 // The first L values of the E2M1 code table, lane-repeated: 16 codes for wide vectors, the 8
 // magnitudes (the sign is bit 3) for narrow ones.
@@ -121,8 +66,8 @@ GNOMON_INLINE typename V::F decode_nibbles(const typename V::F& table, const typ
   if constexpr (V::L >= 16) {
     return lookup<V>(table, codes);
   } else {
-    const U magnitude = bit_cast_vec<U>(lookup<V>(table, codes));
-    return bit_cast_vec<F>(magnitude | ((codes & 8u) << 28));
+    const U magnitude = bit_cast<U>(lookup<V>(table, codes));
+    return bit_cast<F>(magnitude | ((codes & 8u) << 28));
   }
 }
 
@@ -138,7 +83,7 @@ GNOMON_INLINE typename V::F group_scales(uint32_t scale_word) {
   U bits = byte << 23;
   bits = byte == 0u ? U{} + 0x00400000u : bits;
   bits = byte == static_cast<uint32_t>(math::kE8M0NaN) ? U{} + 0x7fc00000u : bits;
-  return bit_cast_vec<typename V::F>(bits);
+  return bit_cast<typename V::F>(bits);
 }
 
 // ---- quantize ----------------------------------------------------------------------------------
@@ -184,14 +129,14 @@ GNOMON_SIMD_CLONES void dequantize_blocks(const uint8_t* packed, const uint8_t* 
     const float scale = math::e8m0_to_float(scales[b]);
     for (int half = 0; half < kBlockBytes / V::L; ++half) {
       const V::U words =
-          __builtin_convertvector(load_vec<Bytes>(packed + b * kBlockBytes + half * V::L), V::U);
+          __builtin_convertvector(load<Bytes>(packed + b * kBlockBytes + half * V::L), V::U);
       const V::F low = decode_nibbles<V>(table, words, 0) * scale;
       const V::F high = decode_nibbles<V>(table, words, 4) * scale;
       // Interleave: element 2i is the low nibble of byte i, 2i+1 the high one.
       float* dst = out + b * kMxfp4BlockSize + half * 2 * V::L;
 #if GNOMON_HAS_SHUFFLEVECTOR
-      store_vec(dst, __builtin_shufflevector(low, high, 0, 8, 1, 9, 2, 10, 3, 11));
-      store_vec(dst + V::L, __builtin_shufflevector(low, high, 4, 12, 5, 13, 6, 14, 7, 15));
+      store(dst, __builtin_shufflevector(low, high, 0, 8, 1, 9, 2, 10, 3, 11));
+      store(dst + V::L, __builtin_shufflevector(low, high, 4, 12, 5, 13, 6, 14, 7, 15));
 #else
       for (int i = 0; i < V::L; ++i) {
         dst[2 * i] = low[i];
@@ -207,11 +152,20 @@ GNOMON_SIMD_CLONES void dequantize_blocks(const uint8_t* packed, const uint8_t* 
 struct Gemm {
   const uint8_t* w;         // [N, K/2]
   const uint8_t* w_scales;  // [N, K/32]
-  const void* a;            // [M, k_padded] float32 (bf16 for the bf16 kernel), permuted, 0-padded
+  // The activations, float32 (bf16 for the bf16 kernel), permuted within each group of kGroup
+  // elements, 0-padded to k_padded, and laid out group-major in blocks of row_block rows:
+  // block b holds rows [b * row_block, (b + 1) * row_block), group by group, each group's rows
+  // one after another. A tile's rows of a group are then one contiguous run at fixed offsets.
+  const void* a;
   const float* bias;        // [N] or null
   void* out;                // [M, N]
   DType out_dtype;
-  int64_t m, n, k, k_padded;
+  int64_t m, n, k, k_padded, row_block;
+
+  // Element offset of row `row`, group 0, for groups of `group` elements.
+  int64_t a_offset(int64_t row, int64_t group) const {
+    return ((row / row_block) * (k_padded / group) * row_block + row % row_block) * group;
+  }
 };
 
 // The weight rows [n0, n0 + NT) of a tile, one group (GroupBytes bytes, GroupBytes / 16 blocks)
@@ -277,32 +231,33 @@ struct TileRows {
 template <typename V, int MaxMT, int TileNT>
 struct FloatTiles {
   static constexpr int kMaxMT = MaxMT, kNT = TileNT, kLanes = V::L;
+  static constexpr int64_t kGroup = 8 * V::L, kActivationBytes = 4;  // K elements per group
   using F = typename V::F;
   using U = typename V::U;
   const F table = e2m1_table<V>();
 
   template <int MT, int NT>
-  GNOMON_INLINE void tile(const Gemm& g, int64_t m0, int64_t n0, float* res, int64_t res_stride,
-                          int64_t col) const {
+  GNOMON_INLINE void tile(const Gemm& g, int64_t m0, int64_t n0, float* res,
+                          int64_t res_stride) const {
     constexpr int L = V::L;
     constexpr int kAcc = MT * NT >= 8 ? 1 : MT * NT >= 4 ? 2 : MT * NT >= 2 ? 4 : 8;
     const TileRows<NT, 4 * L> rows(g, n0);
     F acc[MT][NT][kAcc];
-    for (auto& per_m : acc) {
-      for (auto& per_n : per_m) {
-        for (F& x : per_n) x = F{};
+    for (int m = 0; m < MT; ++m) {
+      for (int r = 0; r < NT; ++r) {
+        for (int i = 0; i < kAcc; ++i) acc[m][r][i] = F{};
       }
     }
-    const float* a_rows = static_cast<const float*>(g.a) + m0 * g.k_padded;
-    for (int64_t grp = 0; grp < g.k_padded / (8 * L); ++grp) {
+    const float* a_rows = static_cast<const float*>(g.a) + g.a_offset(m0, kGroup);
+    for (int64_t grp = 0; grp < g.k_padded / kGroup; ++grp) {
       U words[NT];
       F scale[NT];
       rows.prefetch_next(grp);
       for (int r = 0; r < NT; ++r) {
-        words[r] = load_vec<U>(rows.bytes(r, grp));
+        words[r] = load<U>(rows.bytes(r, grp));
         scale[r] = group_scales<V>(rows.scale_word(r, grp));
       }
-      const float* a_group = a_rows + grp * 8 * L;
+      const float* a_group = a_rows + grp * MaxMT * kGroup;
 #pragma GCC unroll 8
       for (int kh = 0; kh < 8; ++kh) {
         F weights[NT];
@@ -310,7 +265,7 @@ struct FloatTiles {
           weights[r] = decode_nibbles<V>(table, words[r], 4 * kh) * scale[r];
         }
         for (int m = 0; m < MT; ++m) {
-          const F x = load_vec<F>(a_group + m * g.k_padded + kh * L);
+          const F x = load<F>(a_group + m * kGroup + kh * L);
           for (int r = 0; r < NT; ++r) acc[m][r][kh % kAcc] += weights[r] * x;
         }
       }
@@ -319,21 +274,19 @@ struct FloatTiles {
       for (int r = 0; r < NT; ++r) {
         F total = acc[m][r][0];
         for (int i = 1; i < kAcc; ++i) total += acc[m][r][i];
-        float sum = 0.0f;
-        for (int i = 0; i < L; ++i) sum += total[i];
-        res[m * res_stride + col + r] = sum;
+        res[m * res_stride + r] = reduce_add(total);
       }
     }
   }
 
-  // Row `src` (K floats) into the group order, zero-padded to k_padded:
-  // dst[g*8L + kh*L + j] = src[g*8L + 8j + kh].
+  // Row `src` (K floats) into the group order, zero-padded to k_padded, group i at
+  // dst + i * MaxMT * kGroup: dst[kh*L + j] of a group = src[g0 + 8j + kh].
   static void permute_row(const float* src, int64_t k, int64_t k_padded, float* dst) {
-    for (int64_t g0 = 0; g0 < k_padded; g0 += 8 * V::L) {
+    for (int64_t g0 = 0; g0 < k_padded; g0 += kGroup, dst += MaxMT * kGroup) {
       for (int kh = 0; kh < 8; ++kh) {
         for (int j = 0; j < V::L; ++j) {
           const int64_t e = g0 + 8 * j + kh;
-          dst[g0 + kh * V::L + j] = e < k ? src[e] : 0.0f;
+          dst[kh * V::L + j] = e < k ? src[e] : 0.0f;
         }
       }
     }
@@ -350,8 +303,8 @@ GNOMON_INLINE void gemm_strip(const Gemm& g, const Tiles& tiles, int64_t m0, int
                               int64_t n1, float* res) {
   constexpr int NT = Tiles::kNT;
   int64_t n = n0;
-  for (; n + NT <= n1; n += NT) tiles.template tile<MT, NT>(g, m0, n, res, n1 - n0, n - n0);
-  for (; n < n1; ++n) tiles.template tile<MT, 1>(g, m0, n, res, n1 - n0, n - n0);
+  for (; n + NT <= n1; n += NT) tiles.template tile<MT, NT>(g, m0, n, res + n - n0, n1 - n0);
+  for (; n < n1; ++n) tiles.template tile<MT, 1>(g, m0, n, res + n - n0, n1 - n0);
 }
 
 // The weight rows of one piece of work are cut into slices of about this many bytes, which stay
@@ -369,9 +322,9 @@ GNOMON_INLINE void gemm_rows(const Gemm& g, const Tiles& tiles, int64_t n_begin,
     for (int64_t m0 = 0; m0 < g.m; m0 += MaxMT) {
       const int mt = static_cast<int>(std::min<int64_t>(MaxMT, g.m - m0));
       switch (mt) {
-#define GNOMON_MXFP4_CASE(MT)                                                   \
-  case MT:                                                                      \
-    if constexpr (MT <= MaxMT) gemm_strip<Tiles, MT>(g, tiles, m0, s0, s1, res.data()); \
+#define GNOMON_MXFP4_CASE(MT)                                                                \
+  case MT:                                                                                   \
+    if constexpr (MT <= MaxMT) gemm_strip<Tiles, MT>(g, tiles, m0, s0, s1, res.data());     \
     break;
         GNOMON_MXFP4_CASE(1)
         GNOMON_MXFP4_CASE(2)
@@ -400,24 +353,12 @@ GNOMON_SIMD_CLONES void gemm_rows_narrow(const Gemm& g, int64_t n_begin, int64_t
   gemm_rows(g, NarrowTiles{}, n_begin, n_end);
 }
 
-// 16-lane tiles run only where AVX-512 is (cpu_has_avx512), so they are built for x86-64-v4 alone
-// rather than cloned for targets that would never run them.
-#if GNOMON_HAS_SIMD_CLONES
-#define GNOMON_MXFP4_WIDE_KERNEL 1
-__attribute__((target("arch=x86-64-v4"))) void gemm_rows_wide(const Gemm& g, int64_t n_begin,
-                                                               int64_t n_end) {
+// 16-lane tiles run only where AVX-512 is, so they are built for x86-64-v4 alone rather than
+// cloned for targets that would never run them.
+#if GNOMON_HAS_WIDE_KERNELS
+GNOMON_TARGET_WIDE void gemm_rows_wide(const Gemm& g, int64_t n_begin, int64_t n_end) {
   gemm_rows(g, WideTiles{}, n_begin, n_end);
 }
-
-bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512cd");
-  return has;
-}
-#else
-#define GNOMON_MXFP4_WIDE_KERNEL 0
-bool cpu_has_avx512() { return false; }
 #endif
 
 // ---- GEMM with bfloat16 activations on AVX512-BF16 ---------------------------------------------
@@ -430,17 +371,11 @@ bool cpu_has_avx512() { return false; }
 // vdpbf16ps sums lanes 2i and 2i+1 (elements 8i + q and 8i + 4 + q) into float lane i, which
 // belongs to block i/4; the block scales then multiply the group's sum in float32. The
 // instruction treats bf16 subnormal activations (below 2^-126) as zero.
-#if GNOMON_HAS_SIMD_CLONES
-#define GNOMON_MXFP4_BF16_KERNEL 1
-#else
-#define GNOMON_MXFP4_BF16_KERNEL 0
-#endif
-
-#if GNOMON_MXFP4_BF16_KERNEL
-#define GNOMON_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#if GNOMON_HAS_WIDE_KERNELS
 
 struct Bf16Tiles {
-  static constexpr int kMaxMT = 4, kNT = 4;
+  static constexpr int kMaxMT = 4, kNT = 4, kLanes = 16;
+  static constexpr int64_t kGroup = 128, kActivationBytes = 2;
   uint16_t table[32];
 
   Bf16Tiles() {
@@ -459,33 +394,33 @@ struct Bf16Tiles {
 
   template <int MT, int NT>
   GNOMON_TARGET_BF16 void tile(const Gemm& g, int64_t m0, int64_t n0, float* res,
-                               int64_t res_stride, int64_t col) const {
+                               int64_t res_stride) const {
     const TileRows<NT, 64> rows(g, n0);
     const __m512i lut = _mm512_loadu_si512(table);
     __m512 acc[MT][NT];
-    for (auto& per_m : acc) {
-      for (__m512& x : per_m) x = _mm512_setzero_ps();
+    for (int m = 0; m < MT; ++m) {
+      for (int r = 0; r < NT; ++r) acc[m][r] = _mm512_setzero_ps();
     }
-    const uint16_t* a_rows = static_cast<const uint16_t*>(g.a) + m0 * g.k_padded;
-    for (int64_t grp = 0; grp < g.k_padded / 128; ++grp) {
+    const uint16_t* a_rows = static_cast<const uint16_t*>(g.a) + g.a_offset(m0, kGroup);
+    for (int64_t grp = 0; grp < g.k_padded / kGroup; ++grp) {
       rows.prefetch_next(grp);
-      const uint16_t* a_group = a_rows + grp * 128;
-      // One weight row at a time: its group decoded to bf16, applied to every activation row,
-      // and done with before the next row is decoded. Fully unrolled, so that the 16
-      // accumulators and the activations stay in registers (with the loops over r left rolled,
-      // GCC kept the accumulators in memory).
+      const uint16_t* a_group = a_rows + grp * kMaxMT * kGroup;
+      // One weight row at a time: its group decoded to bf16, applied to every activation row
+      // (the sums of unscaled products, exact in bf16, times the block scales in float32), and
+      // done with before the next row is decoded. Fully unrolled, so that the 16 accumulators
+      // stay in registers.
 #pragma GCC unroll 4
       for (int r = 0; r < NT; ++r) {
         __m512bh weights[4];
         decode(lut, rows.bytes(r, grp), weights);
-        const __m512 scale = bit_cast_vec<__m512>(group_scales<Wide>(rows.scale_word(r, grp)));
+        const __m512 scale = bit_cast<__m512>(group_scales<Wide>(rows.scale_word(r, grp)));
+        const uint16_t* x = a_group;
+        asm("" : "+r"(x));
+#pragma GCC unroll 16
+        for (int m = 0; m < MT; ++m, x += kGroup) {
+          __m512 sum = _mm512_setzero_ps();
 #pragma GCC unroll 4
-        for (int m = 0; m < MT; ++m) {
-          const uint16_t* x = a_group + m * g.k_padded;
-          __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), weights[0],
-                                        (__m512bh)_mm512_loadu_si512(x));
-#pragma GCC unroll 4
-          for (int q = 1; q < 4; ++q) {
+          for (int q = 0; q < 4; ++q) {
             sum = _mm512_dpbf16_ps(sum, weights[q], (__m512bh)_mm512_loadu_si512(x + 32 * q));
           }
           acc[m][r] = _mm512_fmadd_ps(sum, scale, acc[m][r]);
@@ -493,54 +428,26 @@ struct Bf16Tiles {
       }
     }
     for (int m = 0; m < MT; ++m) {
-      for (int r = 0; r < NT; ++r) {
-        const Wide::F total = bit_cast_vec<Wide::F>(acc[m][r]);
-        float sum = 0.0f;
-        for (int i = 0; i < Wide::L; ++i) sum += total[i];
-        res[m * res_stride + col + r] = sum;
-      }
+      for (int r = 0; r < NT; ++r) res[m * res_stride + r] = _mm512_reduce_add_ps(acc[m][r]);
     }
   }
 
-  // Row `src` (K bf16) into the group order, zero-padded to k_padded:
-  // dst[g*128 + q*32 + l] = src[g*128 + 4l + q].
+  // Row `src` (K bf16) into the group order, zero-padded to k_padded, group i at
+  // dst + i * kMaxMT * kGroup: dst[q*32 + l] of a group = src[g0 + 4l + q].
   static void permute_row(const uint16_t* src, int64_t k, int64_t k_padded, uint16_t* dst) {
-    for (int64_t g0 = 0; g0 < k_padded; g0 += 128) {
+    for (int64_t g0 = 0; g0 < k_padded; g0 += kGroup, dst += kMaxMT * kGroup) {
       for (int q = 0; q < 4; ++q) {
         for (int l = 0; l < 32; ++l) {
           const int64_t e = g0 + 4 * l + q;
-          dst[g0 + 32 * q + l] = e < k ? src[e] : 0;
+          dst[32 * q + l] = e < k ? src[e] : 0;
         }
       }
     }
   }
 };
 
-bool cpu_has_avx512_bf16() {
-  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
-  return has;
-}
-#else
-bool cpu_has_avx512_bf16() { return false; }
+
 #endif
-
-enum class GemmKernel { Narrow, Wide, Bf16 };
-
-// The fastest kernel this CPU runs for these activations. GNOMON_MXFP4_GEMM_KERNEL=narrow|wide
-// restricts the choice (for tests and benchmarks of the other kernels); anything else is refused.
-GemmKernel pick_gemm_kernel(DType a_dtype) {
-  GemmKernel best = cpu_has_avx512() ? GemmKernel::Wide : GemmKernel::Narrow;
-  if (best == GemmKernel::Wide && a_dtype == DType::BFloat16 && cpu_has_avx512_bf16()) {
-    best = GemmKernel::Bf16;
-  }
-  const char* limit = std::getenv("GNOMON_MXFP4_GEMM_KERNEL");
-  if (limit == nullptr || *limit == '\0') return best;
-  const std::string name(limit);
-  if (name == "narrow") return GemmKernel::Narrow;
-  if (name == "wide") return best == GemmKernel::Narrow ? best : GemmKernel::Wide;
-  raise<ValueError>("GNOMON_MXFP4_GEMM_KERNEL: expected 'narrow', 'wide' or unset, got '", name,
-                    "'");
-}
 
 // Rows of a quantize/dequantize call are handled in pieces of this many blocks.
 constexpr int64_t kPieceBlocks = 256;
@@ -591,67 +498,72 @@ void mxfp4_dequantize(const TensorView& out, const TensorView& packed, const Ten
   });
 }
 
+namespace {
+
+// The tiles one call runs: 8-lane float32, 16-lane float32, or bf16 dot products.
+enum class GemmTiles { Narrow, Wide, Bf16 };
+
+template <typename Tiles>
+void permute_rows(const Gemm& g, const TensorView& a, void* dst, int64_t begin, int64_t end) {
+  using Element = std::conditional_t<Tiles::kActivationBytes == 2, uint16_t, float>;
+  std::vector<float> row(Tiles::kActivationBytes == 2 ? 0 : static_cast<size_t>(g.k));
+  for (int64_t i = begin; i < end; ++i) {
+    Element* out = static_cast<Element*>(dst) + g.a_offset(i, Tiles::kGroup);
+    if constexpr (Tiles::kActivationBytes == 2) {
+      Tiles::permute_row(a.ptr<const uint16_t>() + i * g.k, g.k, g.k_padded, out);
+    } else {
+      load_floats(byte_ptr(a, i * g.k), a.dtype, row.data(), g.k);
+      Tiles::permute_row(row.data(), g.k, g.k_padded, out);
+    }
+  }
+}
+
+}  // namespace
+
 void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
                 const TensorView& w_scales, const TensorView* bias) {
   const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
   if (m == 0 || n == 0) return;
-  const GemmKernel kernel = pick_gemm_kernel(a.dtype);
-  const int64_t group = kernel == GemmKernel::Narrow ? 8 * NarrowTiles::kLanes : 128;
+  const Isa isa = kernel_isa();
+  GemmTiles tiles = isa == Isa::Narrow ? GemmTiles::Narrow : GemmTiles::Wide;
+  if (isa == Isa::WideBf16 && a.dtype == DType::BFloat16) tiles = GemmTiles::Bf16;
+  const int64_t group = tiles == GemmTiles::Narrow ? NarrowTiles::kGroup : 128;
   const int64_t k_padded = (k + group - 1) / group * group;
-
-  // The activations, once, in the order the inner loop reads them: float32, or bf16 as given.
-  const bool bf16 = kernel == GemmKernel::Bf16;
-  std::vector<float> a_float(bf16 ? 0 : static_cast<size_t>(m * k_padded));
-  std::vector<uint16_t> a_bf16(bf16 ? static_cast<size_t>(m * k_padded) : 0);
-  parallel_for(m, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(bf16 ? 0 : static_cast<size_t>(k));
-    for (int64_t i = begin; i < end; ++i) {
-#if GNOMON_MXFP4_BF16_KERNEL
-      if (bf16) {
-        Bf16Tiles::permute_row(a.ptr<const uint16_t>() + i * k, k, k_padded,
-                               a_bf16.data() + i * k_padded);
-        continue;
-      }
-#endif
-      load_floats(byte_ptr(a, i * k), a.dtype, row.data(), k);
-      float* dst = a_float.data() + i * k_padded;
-      if (kernel == GemmKernel::Narrow) {
-        NarrowTiles::permute_row(row.data(), k, k_padded, dst);
-      } else {
-        WideTiles::permute_row(row.data(), k, k_padded, dst);
-      }
-    }
-  });
+  const int64_t row_block = tiles == GemmTiles::Narrow ? NarrowTiles::kMaxMT : 4;  // = kMaxMT
+  const int64_t rows = (m + row_block - 1) / row_block * row_block;
+  const bool bf16 = tiles == GemmTiles::Bf16;
+  // The activations, once, in the order and layout the inner loop reads them (zero-filled, so
+  // the padding rows of the last block read as zeros)
+  std::vector<float> a_float(bf16 ? 0 : static_cast<size_t>(rows * k_padded));
+  std::vector<uint16_t> a_bf16(bf16 ? static_cast<size_t>(rows * k_padded) : 0);
+  void* a_data = bf16 ? static_cast<void*>(a_bf16.data()) : a_float.data();
   std::vector<float> bias_values;
   if (bias != nullptr) {
     bias_values.resize(static_cast<size_t>(n));
     load_floats(bias->data, bias->dtype, bias_values.data(), n);
   }
-
-  const Gemm g{w.ptr<const uint8_t>(),
-               w_scales.ptr<const uint8_t>(),
-               bf16 ? static_cast<const void*>(a_bf16.data()) : a_float.data(),
-               bias != nullptr ? bias_values.data() : nullptr,
-               out.data,
-               out.dtype,
-               m,
-               n,
-               k,
-               k_padded};
+  const Gemm g{w.ptr<const uint8_t>(), w_scales.ptr<const uint8_t>(), a_data,
+               bias != nullptr ? bias_values.data() : nullptr, out.data, out.dtype, m, n, k,
+               k_padded, row_block};
+  parallel_for(m, 16, [&](int64_t begin, int64_t end) {
+    switch (tiles) {
+      case GemmTiles::Narrow: return permute_rows<NarrowTiles>(g, a, a_data, begin, end);
+      case GemmTiles::Wide: return permute_rows<WideTiles>(g, a, a_data, begin, end);
+#if GNOMON_HAS_WIDE_KERNELS
+      case GemmTiles::Bf16: return permute_rows<Bf16Tiles>(g, a, a_data, begin, end);
+#endif
+      default: return;
+    }
+  });
   // Parallel over weight rows; each piece holds at least 16 rows.
   parallel_for(n, 16, [&](int64_t begin, int64_t end) {
-    switch (kernel) {
-      case GemmKernel::Narrow: gemm_rows_narrow(g, begin, end); break;
-      case GemmKernel::Wide:
-#if GNOMON_MXFP4_WIDE_KERNEL
-        gemm_rows_wide(g, begin, end);
+    switch (tiles) {
+      case GemmTiles::Narrow: return gemm_rows_narrow(g, begin, end);
+#if GNOMON_HAS_WIDE_KERNELS
+      case GemmTiles::Wide: return gemm_rows_wide(g, begin, end);
+      case GemmTiles::Bf16: return gemm_rows(g, Bf16Tiles{}, begin, end);
 #endif
-        break;
-      case GemmKernel::Bf16:
-#if GNOMON_MXFP4_BF16_KERNEL
-        gemm_rows(g, Bf16Tiles{}, begin, end);
-#endif
-        break;
+      default: return;
     }
   });
 }

@@ -87,18 +87,22 @@ GNOMON_INLINE To bit_cast(const From& from) {
   return to;
 }
 
+// The sum of the lanes: halves added until two lanes are left (extracts and adds, no chain of
+// scalar adds).
 template <typename F>
 GNOMON_INLINE float reduce_add(const F& v) {
   constexpr int L = sizeof(F) / 4;
-  float lanes[L];
-  std::memcpy(lanes, &v, sizeof(v));
-  for (int width = L / 2; width > 0; width /= 2) {  // a tree: log2(L) dependent adds
-    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+  if constexpr (L == 2) {
+    return v[0] + v[1];
+  } else {
+    using Half = typename Vec<L / 2>::F;
+    Half lo, hi;
+    std::memcpy(&lo, &v, sizeof(lo));
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+    return reduce_add(lo + hi);
   }
-  return lanes[0];
 }
 
-// mask ? a : b lane by lane (mask lanes all ones or all zeros, as comparisons give).
 // GCC's vector conditional becomes a mask blend (AVX-512) or a blendv (AVX2).
 template <typename F, typename I>
 GNOMON_INLINE F select(const I& mask, const F& a, const F& b) {

@@ -281,19 +281,19 @@ def check_gemm(a, w, w_scales, bias=None, out_dtype=None):
 
 
 # The GEMM has three kernels: 16-lane float32 tiles (AVX-512), 8-lane float32 tiles (everything
-# else) and, for bf16 activations, bf16 dot products (AVX512-BF16). GNOMON_MXFP4_GEMM_KERNEL
+# else) and, for bf16 activations, bf16 dot products (AVX512-BF16). GNOMON_CPU_KERNELS
 # restricts the choice, so every kernel this CPU can run is tested here.
 @pytest.fixture(params=["auto", "narrow", "wide"])
 def gemm_kernel(request, monkeypatch):
     if request.param != "auto":
-        monkeypatch.setenv("GNOMON_MXFP4_GEMM_KERNEL", request.param)
+        monkeypatch.setenv("GNOMON_CPU_KERNELS", request.param)
     return request.param
 
 
 def test_gemm_kernel_override_is_checked(monkeypatch):
     w, w_scales = random_weight(4, 64, seed=0)
-    monkeypatch.setenv("GNOMON_MXFP4_GEMM_KERNEL", "fastest")
-    with pytest.raises(ValueError, match="GNOMON_MXFP4_GEMM_KERNEL: expected 'narrow', 'wide'"):
+    monkeypatch.setenv("GNOMON_CPU_KERNELS", "fastest")
+    with pytest.raises(ValueError, match="GNOMON_CPU_KERNELS: expected 'narrow', 'wide'"):
         ops.mxfp4_gemm(torch.randn(1, 64), w, w_scales)
 
 
@@ -355,6 +355,45 @@ def test_gemm_extreme_and_nan_scales(gemm_kernel):
     assert ((out[:, keep].double() - expected).abs() <= tol + 2.0 ** -140).all()
     check_gemm(a.bfloat16(), w[keep], w_scales[keep])
     check_gemm(a.bfloat16(), w[keep], w_scales[keep], out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("a_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scale", [0x00, 0x01, 0xFD, 0xFE, 0xFF])
+def test_gemm_scale_edges_on_zero_and_extreme_blocks(gemm_kernel, scale, a_dtype):
+    """Scale bytes at both ends of E8M0 (2^-127, 2^-126, 2^126, 2^127, NaN) on an all-zero
+    block, a block of +6, a block of -6 and mixed codes, each in a row of its own beside
+    ordinary rows, with activations of 2^-10..2^-9.
+
+    At 2^126 and 2^127 a weight of 4 or more exceeds float32. The float32 kernels scale the
+    decoded weights, so such a weight is +-inf, as the float32 dequantised weight is (and a row
+    with both signs is NaN); the bf16 dot kernel scales the sums of unscaled products, so it
+    gives the finite exact result. Each is checked against its own rule."""
+    k = 128
+    w, w_scales = random_weight(8, k, seed=23)
+    w[0], w[1], w[2] = 0x00, 0x77, 0xFF  # codes 0 (+0), 7 (+6), 15 (-6) in every nibble
+    w_scales[:4, 1] = scale  # rows 0..3: one block (of four) at the edge scale
+    g = torch.Generator().manual_seed(5)
+    a = ((torch.rand(3, k, generator=g) + 1.0) * 2.0 ** -10).to(a_dtype)
+    out = ops.mxfp4_gemm(a, w, w_scales, out_dtype=torch.float32)
+    bf16_dot = a_dtype == torch.bfloat16 and _C.cpu_kernel_isa() == "avx512-bf16"
+    if bf16_dot and scale != 0xFF:  # the exact weights, not rounded to float32 first
+        codes = torch.stack([w.long() & 15, w.long() >> 4], -1).flatten(-2)
+        exact = torch.tensor(E2M1_VALUES, dtype=torch.float64)[codes].reshape(8, k // 32, 32)
+        exact = (exact * torch.exp2(w_scales.double() - 127).unsqueeze(-1)).reshape(8, k)
+        expected = a.double() @ exact.T
+        tol = 2e-6 * (a.double().abs() @ exact.abs().T) + 2.0 ** -140
+    else:
+        expected = gemm_reference(a, w, w_scales)
+        tol = gemm_tolerance(a, w, w_scales, torch.float32) + 2.0 ** -140
+    if scale == 0xFF:  # the NaN scale poisons its rows, the zero block's row included
+        assert torch.isnan(out[:, :4]).all()
+    special = ~torch.isfinite(expected)
+    assert torch.equal(torch.isnan(out), torch.isnan(expected))
+    assert torch.equal(torch.isinf(out) & (out > 0), torch.isinf(expected) & (expected > 0))
+    assert torch.equal(torch.isinf(out) & (out < 0), torch.isinf(expected) & (expected < 0))
+    assert ((out[~special].double() - expected[~special]).abs() <= tol[~special]).all()
+    if scale in (0x00, 0x01):
+        assert torch.isfinite(out).all() and (out[:, 1] > 0).all() and (out[:, 2] < 0).all()
 
 
 def test_gemm_of_quantized_weight():
