@@ -63,17 +63,6 @@ using i32x16 = Wide::I;
 using f32x8 = Narrow::F;
 constexpr int64_t kLanes = 16;
 
-// The largest lane, folding halves (a tree, not a chain of 15 dependent steps).
-GNOMON_INLINE float reduce_max(const f32x16& v) {
-  f32x8 lo, hi;
-  std::memcpy(&lo, &v, sizeof(lo));
-  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
-  for (int l = 0; l < 8; ++l) lo[l] = hi[l] > lo[l] ? hi[l] : lo[l];
-  for (int l = 0; l < 4; ++l) lo[l] = lo[l + 4] > lo[l] ? lo[l + 4] : lo[l];
-  const float a = lo[1] > lo[0] ? lo[1] : lo[0], b = lo[3] > lo[2] ? lo[3] : lo[2];
-  return b > a ? b : a;
-}
-
 // The sums of eight vectors, lane i of `out` for a[i].
 GNOMON_INLINE void reduce_add8(f32x8& out, const f32x16 (&a)[8]) {
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)

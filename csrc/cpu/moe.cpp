@@ -69,20 +69,16 @@ void route_row(const float* logits, int64_t num_experts, int k, RoutingMode mode
 
 // ---- register tiles: dot products of up to 4 weight rows with up to 4 token rows ------------
 //
-// A tile run(rows, scales, xs, K, out, ld, e8m0) sets out[r * ld + t] = dot(row r, x_t) for NR
-// weight rows and NT float32 token rows, keeping NR x NT accumulators in registers, and
-// prefetches each row stream kPrefetchBytes ahead (the rows a thread reads next lie behind it).
+// A tile sets out[r * ld + t] = dot(row r, x_t) for NR weight rows and NT float32 token rows,
+// keeping NR x NT accumulators in registers, and prefetches each row stream kPrefetchBytes ahead
+// (the rows a thread reads next lie behind it). One template over the vector width V (vec.h):
+// Narrow in a cloned function (AVX2, the baseline), Wide in one built for AVX-512.
 //
-// bf16 and MXFP4 rows decode into their even and odd elements separately (a 32-bit word holds
-// two bf16 values, a byte two E2M1 codes), so the activations they meet are stored "split":
-// every group of G elements (G = twice the vector width) holds its even elements, then its odd
-// ones. Dense f32/f16 rows meet activations as they are.
-//
-// Two implementations: AVX-512F intrinsics, used when the CPU has it (checked at run time), and
-// GCC/Clang vector extensions over 8 floats, which every target lowers to its own instructions
-// (AVX2, SSE, NEON), with GNOMON_SIMD_CLONES picking the x86 clone at load time.
-
-#define GNOMON_ALWAYS_INLINE inline __attribute__((always_inline))
+// A weight kind decodes a step of its row into float vectors. float32 and float16 rows give L
+// consecutive elements per step; bf16 and MXFP4 rows give 2L, as their even and odd elements
+// separately (a 32-bit word holds two bf16 values, a byte two E2M1 codes), so the activations
+// they meet are stored "split": every group of G = 2L elements holds its even elements, then
+// its odd ones (see Layout). Dense rows meet activations as they are.
 
 constexpr int64_t kPrefetchBytes = 16384;
 
@@ -94,381 +90,154 @@ struct E8M0Table {
 };
 const E8M0Table kE8M0;
 
-GNOMON_ALWAYS_INLINE const char* bytes_of(const void* row) { return static_cast<const char*>(row); }
-
-// The dots function of one tile family: out[r * nt + t] for nr <= 4 rows and nt tokens, in
-// 4 x 4 tiles. A macro rather than a template so that it can carry a target attribute.
-#define GNOMON_DEFINE_DOTS(name, attributes, Tile)                                              \
-  attributes void name(const void* const* rows, const uint8_t* const* scales, int nr,           \
-                       const float* const* xs, int nt, int64_t K, float* out) {                 \
-    const float* e8m0 = kE8M0.value;                                                            \
-    for (int t0 = 0; t0 < nt; t0 += 4) {                                                        \
-      const int n = std::min(4, nt - t0);                                                       \
-      const float* const* x = xs + t0;                                                          \
-      if (nr == 4) {                                                                            \
-        switch (n) {                                                                            \
-          case 1: Tile<4, 1>::run(rows, scales, x, K, out + t0, nt, e8m0); break;               \
-          case 2: Tile<4, 2>::run(rows, scales, x, K, out + t0, nt, e8m0); break;               \
-          case 3: Tile<4, 3>::run(rows, scales, x, K, out + t0, nt, e8m0); break;               \
-          default: Tile<4, 4>::run(rows, scales, x, K, out + t0, nt, e8m0); break;              \
-        }                                                                                       \
-        continue;                                                                               \
-      }                                                                                         \
-      for (int r = 0; r < nr; ++r) {                                                            \
-        float* o = out + r * nt + t0;                                                           \
-        switch (n) {                                                                            \
-          case 1: Tile<1, 1>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;              \
-          case 2: Tile<1, 2>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;              \
-          case 3: Tile<1, 3>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;              \
-          default: Tile<1, 4>::run(rows + r, scales + r, x, K, o, nt, e8m0); break;             \
-        }                                                                                       \
-      }                                                                                         \
-    }                                                                                           \
+template <typename V>
+struct F32Rows {
+  static constexpr int kVectors = 1;
+  static constexpr int64_t kSplit = 0;
+  static int64_t offset(int64_t k) { return 4 * k; }
+  static GNOMON_INLINE void decode(const void* row, const uint8_t*, int64_t k, typename V::F* w) {
+    w[0] = load<typename V::F>(static_cast<const float*>(row) + k);
   }
+  static float at(const void* row, int64_t j) { return static_cast<const float*>(row)[j]; }
+};
 
-#define GNOMON_TILE_ARGS                                                                   \
-  const void *const *rows, const uint8_t *const *scales, const float *const *xs, int64_t K, \
-      float *out, int64_t ld, const float *e8m0
+template <typename V>
+struct F16Rows {
+  static constexpr int kVectors = 1;
+  static constexpr int64_t kSplit = 0;
+  static int64_t offset(int64_t k) { return 2 * k; }
+  static GNOMON_INLINE void decode(const void* row, const uint8_t*, int64_t k, typename V::F* w) {
+    const auto halves = load<typename V::H>(static_cast<const uint16_t*>(row) + k);
+    w[0] = half_to_float<V>(__builtin_convertvector(halves, typename V::U));
+  }
+  static float at(const void* row, int64_t j) {
+    return math::fp16_to_float(static_cast<const uint16_t*>(row)[j]);
+  }
+};
 
-// ---- portable tiles (vector extensions, 8 floats) ----
+// bf16 pairs: the low half of each 32-bit word (shifted up) is the even element, the high half
+// (masked) the odd one.
+template <typename V>
+struct BF16Rows {
+  static constexpr int kVectors = 2;
+  static constexpr int64_t kSplit = 2 * V::L;
+  static int64_t offset(int64_t k) { return 2 * k; }
+  static GNOMON_INLINE void decode(const void* row, const uint8_t*, int64_t k, typename V::F* w) {
+    const auto pairs = load<typename V::U>(static_cast<const uint16_t*>(row) + k);
+    w[0] = bit_cast<typename V::F>(pairs << 16);
+    w[1] = bit_cast<typename V::F>(pairs & 0xffff0000u);
+  }
+  static float at(const void* row, int64_t j) {
+    return math::bf16_to_float(static_cast<const uint16_t*>(row)[j]);
+  }
+};
 
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef int32_t i32x8 __attribute__((vector_size(32)));
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
-typedef uint32_t u32x4 __attribute__((vector_size(16)));
+// MXFP4 rows (K/2 packed bytes, K/32 E8M0 scales; K % 32 == 0): a step's L bytes hold 2L codes,
+// the low nibbles the even elements and the high nibbles the odd ones, all of one block; its
+// scale multiplies the code table, and a permute looks the codes up.
+template <typename V>
+struct Mxfp4Rows {
+  static constexpr int kVectors = 2;
+  static constexpr int64_t kSplit = 2 * V::L;
+  static int64_t offset(int64_t k) { return k / 2; }
+  static GNOMON_INLINE void decode(const void* row, const uint8_t* scales, int64_t k,
+                                   typename V::F* w) {
+    const auto bytes = load<typename V::B>(static_cast<const uint8_t*>(row) + k / 2);
+    const typename V::U codes = __builtin_convertvector(bytes, typename V::U);
+    const typename V::F table = e2m1_table<V>() * kE8M0.value[scales[k / 32]];
+    w[0] = decode_nibbles<V>(table, codes, 0);
+    w[1] = decode_nibbles<V>(table, codes, 4);
+  }
+  static float at(const void*, int64_t) { return 0.0f; }  // K % 32 == 0: no tail
+};
 
-GNOMON_ALWAYS_INLINE void load8(const float* p, f32x8& v) { memcpy(&v, p, sizeof(v)); }
-
-GNOMON_ALWAYS_INLINE float hsum(const f32x8& v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+template <typename V, typename Rows, int NR, int NT>
+GNOMON_INLINE void tile(const void* const* rows, const uint8_t* const* scales,
+                        const float* const* xs, int64_t K, float* out, int64_t ld) {
+  using F = typename V::F;
+  constexpr int W = Rows::kVectors;
+  constexpr int64_t step = W * V::L;
+  F acc[NR][NT];
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) acc[r][t] = F{};
+  }
+  int64_t k = 0;
+  for (; k + step <= K; k += step) {
+    F x[NT][W];
+    for (int t = 0; t < NT; ++t) {
+      for (int i = 0; i < W; ++i) x[t][i] = load<F>(xs[t] + k + i * V::L);
+    }
+    for (int r = 0; r < NR; ++r) {
+      const char* bytes = static_cast<const char*>(rows[r]) + Rows::offset(k);
+      if (Rows::offset(k) % 64 == 0) __builtin_prefetch(bytes + kPrefetchBytes);
+      F w[W];
+      Rows::decode(rows[r], scales[r], k, w);
+      for (int t = 0; t < NT; ++t) {
+        for (int i = 0; i < W; ++i) acc[r][t] += w[i] * x[t][i];
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) {
+      float sum = reduce_add(acc[r][t]);
+      for (int64_t j = k; j < K; ++j) sum += Rows::at(rows[r], j) * xs[t][j];  // stored unsplit
+      out[r * ld + t] = sum;
+    }
+  }
 }
 
-// {w[i], w[i], w[i], w[i], w[i + 1], w[i + 1], w[i + 1], w[i + 1]}
-template <int i>
-GNOMON_ALWAYS_INLINE void spread_words(const u32x4& w, u32x8& r) {
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
-  r = __builtin_shufflevector(w, w, i, i, i, i, i + 1, i + 1, i + 1, i + 1);
+// out[r * nt + t] for nr <= 4 rows and nt tokens, in 4 x 4 tiles.
+template <typename V, typename Rows>
+GNOMON_INLINE void dots(const void* const* rows, const uint8_t* const* scales, int nr,
+                        const float* const* xs, int nt, int64_t K, float* out) {
+  for (int t0 = 0; t0 < nt; t0 += 4) {
+    const int n = std::min(4, nt - t0);
+    const float* const* x = xs + t0;
+    if (nr == 4) {
+      switch (n) {
+        case 1: tile<V, Rows, 4, 1>(rows, scales, x, K, out + t0, nt); break;
+        case 2: tile<V, Rows, 4, 2>(rows, scales, x, K, out + t0, nt); break;
+        case 3: tile<V, Rows, 4, 3>(rows, scales, x, K, out + t0, nt); break;
+        default: tile<V, Rows, 4, 4>(rows, scales, x, K, out + t0, nt); break;
+      }
+      continue;
+    }
+    for (int r = 0; r < nr; ++r) {
+      float* o = out + r * nt + t0;
+      switch (n) {
+        case 1: tile<V, Rows, 1, 1>(rows + r, scales + r, x, K, o, nt); break;
+        case 2: tile<V, Rows, 1, 2>(rows + r, scales + r, x, K, o, nt); break;
+        case 3: tile<V, Rows, 1, 3>(rows + r, scales + r, x, K, o, nt); break;
+        default: tile<V, Rows, 1, 4>(rows + r, scales + r, x, K, o, nt); break;
+      }
+    }
+  }
+}
+
+#define GNOMON_DOTS_ARGS                                                                  \
+  const void *const *rows, const uint8_t *const *scales, int nr, const float *const *xs, \
+      int nt, int64_t K, float *out
+#if GNOMON_HAS_WIDE_KERNELS
+#define GNOMON_DEFINE_DOTS(Rows)                                                          \
+  GNOMON_SIMD_CLONES void Rows##_narrow(GNOMON_DOTS_ARGS) {                               \
+    dots<Narrow, Rows<Narrow>>(rows, scales, nr, xs, nt, K, out);                         \
+  }                                                                                       \
+  GNOMON_TARGET_WIDE void Rows##_wide(GNOMON_DOTS_ARGS) {                                 \
+    dots<Wide, Rows<Wide>>(rows, scales, nr, xs, nt, K, out);                             \
+  }
 #else
-  r = u32x8{w[i], w[i], w[i], w[i], w[i + 1], w[i + 1], w[i + 1], w[i + 1]};
+#define GNOMON_DEFINE_DOTS(Rows)                                                          \
+  GNOMON_SIMD_CLONES void Rows##_narrow(GNOMON_DOTS_ARGS) {                               \
+    dots<Narrow, Rows<Narrow>>(rows, scales, nr, xs, nt, K, out);                         \
+  }
 #endif
-}
+GNOMON_DEFINE_DOTS(F32Rows)
+GNOMON_DEFINE_DOTS(F16Rows)
+GNOMON_DEFINE_DOTS(BF16Rows)
+GNOMON_DEFINE_DOTS(Mxfp4Rows)
+#undef GNOMON_DEFINE_DOTS
 
-// r[j] = table[idx[j]] with table = {lo, hi} and idx in [0, 16).
-GNOMON_ALWAYS_INLINE void lookup16(const f32x8& lo, const f32x8& hi, const i32x8& idx, f32x8& r) {
-#if defined(__GNUC__) && !defined(__clang__)
-  r = __builtin_shuffle(lo, hi, idx);
-#else
-  for (int j = 0; j < 8; ++j) r[j] = idx[j] < 8 ? lo[idx[j] & 7] : hi[idx[j] & 7];
-#endif
-}
-
-template <int NR, int NT>
-struct F32Tile {
-  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
-    (void)scales, (void)e8m0;
-    f32x8 acc[NR][NT];
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
-    int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
-      f32x8 x[NT];
-      for (int t = 0; t < NT; ++t) load8(xs[t] + k, x[t]);
-      for (int r = 0; r < NR; ++r) {
-        if (k % 16 == 0) __builtin_prefetch(bytes_of(rows[r]) + 4 * k + kPrefetchBytes);
-        f32x8 w;
-        load8(static_cast<const float*>(rows[r]) + k, w);
-        for (int t = 0; t < NT; ++t) acc[r][t] += w * x[t];
-      }
-    }
-    for (int r = 0; r < NR; ++r) {
-      for (int t = 0; t < NT; ++t) {
-        float sum = hsum(acc[r][t]);
-        for (int64_t j = k; j < K; ++j) sum += static_cast<const float*>(rows[r])[j] * xs[t][j];
-        out[r * ld + t] = sum;
-      }
-    }
-  }
-};
-
-template <int NR, int NT>
-struct F16Tile {
-  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
-    (void)scales, (void)e8m0;
-    f32x8 acc[NR][NT];
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
-    int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
-      f32x8 x[NT];
-      for (int t = 0; t < NT; ++t) load8(xs[t] + k, x[t]);
-      for (int r = 0; r < NR; ++r) {
-        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
-        if (k % 32 == 0) __builtin_prefetch(bytes_of(p) + kPrefetchBytes);
-        f32x8 w;
-        for (int j = 0; j < 8; ++j) w[j] = math::fp16_to_float(p[j]);
-        for (int t = 0; t < NT; ++t) acc[r][t] += w * x[t];
-      }
-    }
-    for (int r = 0; r < NR; ++r) {
-      for (int t = 0; t < NT; ++t) {
-        float sum = hsum(acc[r][t]);
-        for (int64_t j = k; j < K; ++j) {
-          sum += math::fp16_to_float(static_cast<const uint16_t*>(rows[r])[j]) * xs[t][j];
-        }
-        out[r * ld + t] = sum;
-      }
-    }
-  }
-};
-
-// bf16 rows against split activations (G = 16): the pair in each 32-bit word gives an even
-// element (low half, shifted up) and an odd one (high half, masked).
-template <int NR, int NT>
-struct BF16Tile {
-  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
-    (void)scales, (void)e8m0;
-    f32x8 acc[NR][NT];
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-      f32x8 even[NT], odd[NT];
-      for (int t = 0; t < NT; ++t) {
-        load8(xs[t] + k, even[t]);
-        load8(xs[t] + k + 8, odd[t]);
-      }
-      for (int r = 0; r < NR; ++r) {
-        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
-        if (k % 32 == 0) __builtin_prefetch(bytes_of(p) + kPrefetchBytes);
-        u32x8 pairs;
-        memcpy(&pairs, p, sizeof(pairs));
-        const f32x8 w_even = (f32x8)(pairs << 16);  // vector casts reinterpret the bits
-        const f32x8 w_odd = (f32x8)(pairs & 0xffff0000u);
-        for (int t = 0; t < NT; ++t) {
-          acc[r][t] += w_even * even[t];
-          acc[r][t] += w_odd * odd[t];
-        }
-      }
-    }
-    for (int r = 0; r < NR; ++r) {
-      for (int t = 0; t < NT; ++t) {
-        float sum = hsum(acc[r][t]);
-        for (int64_t j = k; j < K; ++j) {  // the tail is stored unsplit
-          sum += math::bf16_to_float(static_cast<const uint16_t*>(rows[r])[j]) * xs[t][j];
-        }
-        out[r * ld + t] = sum;
-      }
-    }
-  }
-};
-
-// MXFP4 rows (K/2 packed bytes, K/32 E8M0 scales; K % 32 == 0) against split activations
-// (G = 16): the low nibbles of 8 bytes are a group's even elements, the high nibbles its odd
-// ones. Each block's scale multiplies the 16-entry code table, and a permute looks codes up.
-template <int NR, int NT>
-struct Mxfp4Tile {
-  static GNOMON_ALWAYS_INLINE void run(GNOMON_TILE_ARGS) {
-    const f32x8 codes_lo = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    const f32x8 codes_hi = -codes_lo;
-    const u32x8 shift_lo = {0, 8, 16, 24, 0, 8, 16, 24};
-    const u32x8 shift_hi = shift_lo + 4;
-    f32x8 acc[NR][NT];
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) acc[r][t] = f32x8{};
-    const int64_t blocks = K / 32;
-    for (int64_t b = 0; b < blocks; ++b) {
-      f32x8 x[NT][4];  // even, odd of the first 16 elements; even, odd of the second 16
-      for (int t = 0; t < NT; ++t)
-        for (int q = 0; q < 4; ++q) load8(xs[t] + 32 * b + 8 * q, x[t][q]);
-      for (int r = 0; r < NR; ++r) {
-        const uint8_t* p = static_cast<const uint8_t*>(rows[r]) + 16 * b;
-        if (b % 4 == 0) __builtin_prefetch(p + kPrefetchBytes);
-        u32x4 words;
-        memcpy(&words, p, sizeof(words));
-        const float scale = e8m0[scales[r][b]];
-        const f32x8 table_lo = codes_lo * scale, table_hi = codes_hi * scale;
-        u32x8 spread[2];
-        spread_words<0>(words, spread[0]);
-        spread_words<2>(words, spread[1]);
-        for (int g = 0; g < 2; ++g) {
-          f32x8 w_even, w_odd;
-          lookup16(table_lo, table_hi, (i32x8)((spread[g] >> shift_lo) & 15u), w_even);
-          lookup16(table_lo, table_hi, (i32x8)((spread[g] >> shift_hi) & 15u), w_odd);
-          for (int t = 0; t < NT; ++t) {
-            acc[r][t] += w_even * x[t][2 * g];
-            acc[r][t] += w_odd * x[t][2 * g + 1];
-          }
-        }
-      }
-    }
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) out[r * ld + t] = hsum(acc[r][t]);
-  }
-};
-
-GNOMON_DEFINE_DOTS(dots_f32, GNOMON_SIMD_CLONES, F32Tile)
-GNOMON_DEFINE_DOTS(dots_f16, GNOMON_SIMD_CLONES, F16Tile)
-GNOMON_DEFINE_DOTS(dots_bf16, GNOMON_SIMD_CLONES, BF16Tile)
-GNOMON_DEFINE_DOTS(dots_mxfp4, GNOMON_SIMD_CLONES, Mxfp4Tile)
-
-// ---- AVX-512F tiles (16 floats) ----
-
-// Building with -DGNOMON_MOE_AVX512=0 leaves only the portable tiles (to test them on x86).
-#if !defined(GNOMON_MOE_AVX512) && GNOMON_HAS_X86_INTRINSICS
-#define GNOMON_MOE_AVX512 1
-#endif
-#if GNOMON_MOE_AVX512
-#define GNOMON_AVX512 __attribute__((target("avx512f")))
-#define GNOMON_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
-
-template <int NR, int NT>
-struct F32Tile512 {
-  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
-    (void)scales, (void)e8m0;
-    __m512 acc[NR][NT];
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-      __m512 x[NT];
-      for (int t = 0; t < NT; ++t) x[t] = _mm512_loadu_ps(xs[t] + k);
-      for (int r = 0; r < NR; ++r) {
-        const float* p = static_cast<const float*>(rows[r]) + k;
-        _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
-        const __m512 w = _mm512_loadu_ps(p);
-        for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(w, x[t], acc[r][t]);
-      }
-    }
-    for (int r = 0; r < NR; ++r) {
-      for (int t = 0; t < NT; ++t) {
-        float sum = _mm512_reduce_add_ps(acc[r][t]);
-        for (int64_t j = k; j < K; ++j) sum += static_cast<const float*>(rows[r])[j] * xs[t][j];
-        out[r * ld + t] = sum;
-      }
-    }
-  }
-};
-
-template <int NR, int NT>
-struct F16Tile512 {
-  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
-    (void)scales, (void)e8m0;
-    __m512 acc[NR][NT];
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-      __m512 x[NT];
-      for (int t = 0; t < NT; ++t) x[t] = _mm512_loadu_ps(xs[t] + k);
-      for (int r = 0; r < NR; ++r) {
-        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
-        if (k % 32 == 0) _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
-        const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-        for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(w, x[t], acc[r][t]);
-      }
-    }
-    for (int r = 0; r < NR; ++r) {
-      for (int t = 0; t < NT; ++t) {
-        float sum = _mm512_reduce_add_ps(acc[r][t]);
-        for (int64_t j = k; j < K; ++j) {
-          sum += math::fp16_to_float(static_cast<const uint16_t*>(rows[r])[j]) * xs[t][j];
-        }
-        out[r * ld + t] = sum;
-      }
-    }
-  }
-};
-
-// bf16 rows against split activations (G = 32).
-template <int NR, int NT>
-struct BF16Tile512 {
-  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
-    (void)scales, (void)e8m0;
-    const __m512i high_halves = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
-    __m512 acc[NR][NT];
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
-      __m512 even[NT], odd[NT];
-      for (int t = 0; t < NT; ++t) {
-        even[t] = _mm512_loadu_ps(xs[t] + k);
-        odd[t] = _mm512_loadu_ps(xs[t] + k + 16);
-      }
-      for (int r = 0; r < NR; ++r) {
-        const uint16_t* p = static_cast<const uint16_t*>(rows[r]) + k;
-        _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
-        const __m512i pairs = _mm512_loadu_si512(p);
-        const __m512 w_even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-        const __m512 w_odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_halves));
-        for (int t = 0; t < NT; ++t) {
-          acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
-          acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
-        }
-      }
-    }
-    for (int r = 0; r < NR; ++r) {
-      for (int t = 0; t < NT; ++t) {
-        float sum = _mm512_reduce_add_ps(acc[r][t]);
-        for (int64_t j = k; j < K; ++j) {  // the tail is stored unsplit
-          sum += math::bf16_to_float(static_cast<const uint16_t*>(rows[r])[j]) * xs[t][j];
-        }
-        out[r * ld + t] = sum;
-      }
-    }
-  }
-};
-
-// MXFP4 rows against split activations (G = 32): 16 bytes hold a block's 32 codes; their low
-// nibbles are the even elements, the high nibbles the odd ones. vpermps looks each code up in
-// the 16-entry table scaled by the block's E8M0 scale (it reads only the index's low 4 bits).
-template <int NR, int NT>
-struct Mxfp4Tile512 {
-  static GNOMON_AVX512_INLINE void run(GNOMON_TILE_ARGS) {
-    const __m512 codes = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f,
-                                        -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-    __m512 acc[NR][NT];
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-    const int64_t blocks = K / 32;
-    for (int64_t b = 0; b < blocks; ++b) {
-      __m512 even[NT], odd[NT];
-      for (int t = 0; t < NT; ++t) {
-        even[t] = _mm512_loadu_ps(xs[t] + 32 * b);
-        odd[t] = _mm512_loadu_ps(xs[t] + 32 * b + 16);
-      }
-      for (int r = 0; r < NR; ++r) {
-        const uint8_t* p = static_cast<const uint8_t*>(rows[r]) + 16 * b;
-        if (b % 4 == 0) _mm_prefetch(bytes_of(p) + kPrefetchBytes, _MM_HINT_T0);
-        const __m512i packed =
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        const __m512 table = _mm512_mul_ps(codes, _mm512_set1_ps(e8m0[scales[r][b]]));
-        const __m512 w_even = _mm512_permutexvar_ps(packed, table);
-        const __m512 w_odd = _mm512_permutexvar_ps(_mm512_srli_epi32(packed, 4), table);
-        for (int t = 0; t < NT; ++t) {
-          acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
-          acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
-        }
-      }
-    }
-    for (int r = 0; r < NR; ++r)
-      for (int t = 0; t < NT; ++t) out[r * ld + t] = _mm512_reduce_add_ps(acc[r][t]);
-  }
-};
-
-GNOMON_DEFINE_DOTS(dots_f32_avx512, GNOMON_AVX512, F32Tile512)
-GNOMON_DEFINE_DOTS(dots_f16_avx512, GNOMON_AVX512, F16Tile512)
-GNOMON_DEFINE_DOTS(dots_bf16_avx512, GNOMON_AVX512, BF16Tile512)
-GNOMON_DEFINE_DOTS(dots_mxfp4_avx512, GNOMON_AVX512, Mxfp4Tile512)
-
-bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
-#endif
-
-using DotsFn = void (*)(const void* const*, const uint8_t* const*, int, const float* const*, int,
-                        int64_t, float*);
+using DotsFn = void (*)(GNOMON_DOTS_ARGS);
 
 // The dots for one weight dtype, and the split group size G its activations need (0: unsplit).
 struct Dots {
@@ -477,22 +246,20 @@ struct Dots {
 };
 
 Dots dots_for(DType weight_dtype) {
-#if GNOMON_MOE_AVX512
-  if (cpu_has_avx512()) {
-    switch (weight_dtype) {
-      case DType::UInt8: return {dots_mxfp4_avx512, 32};
-      case DType::BFloat16: return {dots_bf16_avx512, 32};
-      case DType::Float16: return {dots_f16_avx512, 0};
-      default: return {dots_f32_avx512, 0};
-    }
-  }
+  const bool wide = GNOMON_HAS_WIDE_KERNELS && kernel_isa() != Isa::Narrow;
+#if GNOMON_HAS_WIDE_KERNELS
+#define GNOMON_PICK(Rows) \
+  wide ? Dots{Rows##_wide, Rows<Wide>::kSplit} : Dots{Rows##_narrow, Rows<Narrow>::kSplit}
+#else
+#define GNOMON_PICK(Rows) Dots{Rows##_narrow, Rows<Narrow>::kSplit}
 #endif
   switch (weight_dtype) {
-    case DType::UInt8: return {dots_mxfp4, 16};
-    case DType::BFloat16: return {dots_bf16, 16};
-    case DType::Float16: return {dots_f16, 0};
-    default: return {dots_f32, 0};
+    case DType::UInt8: return GNOMON_PICK(Mxfp4Rows);
+    case DType::BFloat16: return GNOMON_PICK(BF16Rows);
+    case DType::Float16: return GNOMON_PICK(F16Rows);
+    default: return GNOMON_PICK(F32Rows);
   }
+#undef GNOMON_PICK
 }
 
 // Where element j of a K-element activation row lives: split in whole groups of G (each group's

@@ -45,32 +45,6 @@ using math::kMxfp4BlockSize;
 
 constexpr int64_t kBlockBytes = kMxfp4BlockSize / 2;
 
-// The first L values of the E2M1 code table, lane-repeated: 16 codes for wide vectors, the 8
-// magnitudes (the sign is bit 3) for narrow ones.
-template <typename V>
-GNOMON_INLINE typename V::F e2m1_table() {
-  typename V::F table;
-  for (int i = 0; i < V::L; ++i) table[i] = math::e2m1_to_float(static_cast<uint8_t>(i % 16));
-  return table;
-}
-
-// E2M1 codes in the low nibble of (word >> shift) to floats; the lookup takes indices mod L, so
-// the upper bits need no mask. Wide vectors look up all 16 codes; narrow ones look up the
-// magnitude (bits 0-2) and move bit 3 of the code to the float's sign.
-template <typename V>
-GNOMON_INLINE typename V::F decode_nibbles(const typename V::F& table, const typename V::U& words,
-                                           int shift) {
-  using U = typename V::U;
-  using F = typename V::F;
-  const U codes = words >> shift;
-  if constexpr (V::L >= 16) {
-    return lookup<V>(table, codes);
-  } else {
-    const U magnitude = bit_cast<U>(lookup<V>(table, codes));
-    return bit_cast<F>(magnitude | ((codes & 8u) << 28));
-  }
-}
-
 // Lane j of a group gets the scale of its block j/4 (`scale_word` holds the group's scale bytes,
 // block 0 in the low byte). Mirrors math::e8m0_to_float: 2^(byte - 127), 0x00 -> 2^-127 (a
 // subnormal), 0xFF -> NaN.

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/scalar_math.h"
 #include "core/simd.h"
 #include "core/tensor.h"
 
@@ -63,6 +64,7 @@ struct Vec {
   typedef uint32_t U __attribute__((vector_size(4 * Lanes)));
   typedef int32_t I __attribute__((vector_size(4 * Lanes)));
   typedef uint16_t H __attribute__((vector_size(2 * Lanes)));
+  typedef uint8_t B __attribute__((vector_size(Lanes)));
 };
 using Narrow = Vec<8>;
 using Wide = Vec<16>;
@@ -87,22 +89,6 @@ GNOMON_INLINE To bit_cast(const From& from) {
   return to;
 }
 
-// The sum of the lanes: halves added until two lanes are left (extracts and adds, no chain of
-// scalar adds).
-template <typename F>
-GNOMON_INLINE float reduce_add(const F& v) {
-  constexpr int L = sizeof(F) / 4;
-  if constexpr (L == 2) {
-    return v[0] + v[1];
-  } else {
-    using Half = typename Vec<L / 2>::F;
-    Half lo, hi;
-    std::memcpy(&lo, &v, sizeof(lo));
-    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
-    return reduce_add(lo + hi);
-  }
-}
-
 // GCC's vector conditional becomes a mask blend (AVX-512) or a blendv (AVX2).
 template <typename F, typename I>
 GNOMON_INLINE F select(const I& mask, const F& a, const F& b) {
@@ -111,6 +97,36 @@ GNOMON_INLINE F select(const I& mask, const F& a, const F& b) {
 #else
   return bit_cast<F>((bit_cast<I>(a) & mask) | (bit_cast<I>(b) & ~mask));
 #endif
+}
+
+// The sum (or the largest) of the lanes: halves combined until two lanes are left, extracts and
+// adds (or maxes), not a chain of scalar steps.
+template <bool kMax, typename F>
+GNOMON_INLINE float fold_lanes(const F& v) {
+  constexpr int L = sizeof(F) / 4;
+  if constexpr (L == 2) {
+    return kMax ? (v[1] > v[0] ? v[1] : v[0]) : v[0] + v[1];
+  } else {
+    using Half = typename Vec<L / 2>::F;
+    Half lo, hi;
+    std::memcpy(&lo, &v, sizeof(lo));
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+    if constexpr (kMax) {
+      return fold_lanes<true>(select(hi > lo, hi, lo));
+    } else {
+      return fold_lanes<false>(lo + hi);
+    }
+  }
+}
+
+template <typename F>
+GNOMON_INLINE float reduce_add(const F& v) {
+  return fold_lanes<false>(v);
+}
+
+template <typename F>
+GNOMON_INLINE float reduce_max(const F& v) {
+  return fold_lanes<true>(v);
 }
 
 template <typename F>
@@ -158,6 +174,47 @@ template <typename V>
 GNOMON_INLINE typename V::U bf16_bits(const typename V::F& x) {
   const typename V::U bits = bit_cast<typename V::U>(x);
   return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+}
+
+// float16 bits (in the low 16 bits of each lane) to float, exactly: subnormals, infinities and
+// NaNs included. The exponent and mantissa move into float position and a multiply by 2^112
+// rebiases them (exact, also for subnormal halves); exponent 31 becomes a float infinity or NaN.
+template <typename V>
+GNOMON_INLINE typename V::F half_to_float(const typename V::U& half) {
+  using U = typename V::U;
+  using F = typename V::F;
+  const U magnitude = half & 0x7fffu;
+  U bits = bit_cast<U>(bit_cast<F>(magnitude << 13) * 0x1p112f);
+  bits = select(bit_cast<typename V::I>(magnitude >= 0x7c00u), (magnitude << 13) | 0x7f800000u, bits);
+  return bit_cast<F>(bits | ((half & 0x8000u) << 16));
+}
+
+// ---- MXFP4 element codes (OCP MX E2M1) ----
+
+// The first L values of the E2M1 code table, lane-repeated: 16 codes for wide vectors, the 8
+// magnitudes (the sign is bit 3) for narrow ones.
+template <typename V>
+GNOMON_INLINE typename V::F e2m1_table() {
+  typename V::F table;
+  for (int i = 0; i < V::L; ++i) table[i] = math::e2m1_to_float(static_cast<uint8_t>(i % 16));
+  return table;
+}
+
+// E2M1 codes in the low nibble of (word >> shift) to floats; the lookup takes indices mod L, so
+// the upper bits need no mask. Wide vectors look up all 16 codes; narrow ones look up the
+// magnitude (bits 0-2) and move bit 3 of the code to the float's sign.
+template <typename V>
+GNOMON_INLINE typename V::F decode_nibbles(const typename V::F& table, const typename V::U& words,
+                                           int shift) {
+  using U = typename V::U;
+  using F = typename V::F;
+  const U codes = words >> shift;
+  if constexpr (V::L >= 16) {
+    return lookup<V>(table, codes);
+  } else {
+    const U magnitude = bit_cast<U>(lookup<V>(table, codes));
+    return bit_cast<F>(magnitude | ((codes & 8u) << 28));
+  }
 }
 
 }  // namespace gnomon::cpu
