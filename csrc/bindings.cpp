@@ -21,27 +21,53 @@ using namespace pybind11::literals;
 
 namespace gnomon {
 namespace {
+TensorView view_from_tuple(py::handle obj);
+}
+}  // namespace gnomon
+
+// A TensorView crosses from Python as the tuple gnomon.ops.view builds: (data pointer, dtype
+// code, shape, strides, device code, device index, stream). A tuple rather than a bound class
+// because an op call builds one per tensor, and a bound class instance costs about 0.7 us to make.
+namespace pybind11::detail {
+template <>
+struct type_caster<gnomon::TensorView> {
+  PYBIND11_TYPE_CASTER(gnomon::TensorView,
+                       const_name("tuple[data, dtype, shape, strides, device, device_index, "
+                                  "stream]"));
+  bool load(handle src, bool) {
+    value = gnomon::view_from_tuple(src);
+    return true;
+  }
+};
+}  // namespace pybind11::detail
+
+namespace gnomon {
+namespace {
 
 std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")); }
 
-// The Python ints of a list, tuple or other sequence, as int64; a bool is not an int here.
+// Entry i of a sequence argument as an int64; a bool is not an int here.
+int64_t int_entry(PyObject* item, const char* arg, size_t i, const char* range) {
+  if (!PyLong_Check(item) || PyBool_Check(item)) {
+    raise<TypeError>(arg, ": entry ", i, " is a ", type_name(item), "; expected int");
+  }
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(item, &overflow);
+  if (overflow != 0) {
+    raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(item)), " is outside the ",
+                      range, " range");
+  }
+  return value;
+}
+
+// The Python ints of a list, tuple or other sequence, as int64.
 std::vector<int64_t> python_ints(py::handle obj, const char* arg, const char* range) {
   const py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), arg));
   if (!fast) throw py::error_already_set();
   const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
   PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
   std::vector<int64_t> values(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (!PyLong_Check(items[i]) || PyBool_Check(items[i])) {
-      raise<TypeError>(arg, ": entry ", i, " is a ", type_name(items[i]), "; expected int");
-    }
-    int overflow = 0;
-    values[i] = PyLong_AsLongLongAndOverflow(items[i], &overflow);
-    if (overflow != 0) {
-      raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(items[i])),
-                        " is outside the ", range, " range");
-    }
-  }
+  for (size_t i = 0; i < n; ++i) values[i] = int_entry(items[i], arg, i, range);
   return values;
 }
 
@@ -463,50 +489,79 @@ void bind_allocator(py::module_& m) {
       });
 }
 
+// A view's shape or strides: a tuple (torch.Size is one) of ints.
+Dims dims_entry(PyObject* obj, const char* arg) {
+  if (!PyTuple_Check(obj)) raise<TypeError>(arg, ": expected a tuple of ints, got ", type_name(obj));
+  const Py_ssize_t n = PyTuple_GET_SIZE(obj);
+  if (n > kMaxDims) raise<ValueError>(arg, ": a view takes at most ", kMaxDims, " dims, got ", n);
+  Dims dims(n);
+  for (Py_ssize_t i = 0; i < n; ++i) dims[i] = int_entry(PyTuple_GET_ITEM(obj, i), arg, i, "int64");
+  return dims;
+}
+
+// An int field of a view tuple, within [lo, hi].
+int64_t view_field(PyObject* obj, const char* field, int64_t lo, int64_t hi) {
+  if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+    raise<TypeError>("TensorView ", field, ": expected int, got ", type_name(obj));
+  }
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (overflow != 0 || value < lo || value > hi) {
+    raise<ValueError>("TensorView ", field, ": ", std::string(py::str(obj)), " is outside [",
+                      lo, ", ", hi, "]");
+  }
+  return value;
+}
+
+// A pointer or stream field: any value of uintptr_t.
+uintptr_t address_field(PyObject* obj, const char* field) {
+  if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+    raise<TypeError>("TensorView ", field, ": expected int, got ", type_name(obj));
+  }
+  const unsigned long long value = PyLong_AsUnsignedLongLong(obj);
+  if (value == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    raise<ValueError>("TensorView ", field, ": ", std::string(py::str(obj)),
+                      " is not an address (an int in [0, 2**64))");
+  }
+  return static_cast<uintptr_t>(value);
+}
+
+TensorView view_from_tuple(py::handle obj) {
+  if (!PyTuple_Check(obj.ptr()) || PyTuple_GET_SIZE(obj.ptr()) != 7) {
+    raise<TypeError>("TensorView: expected a tuple (data, dtype, shape, strides, device, "
+                     "device_index, stream) as gnomon.ops._tensor.view builds, got ",
+                     type_name(obj));
+  }
+  PyObject* const* f = &PyTuple_GET_ITEM(obj.ptr(), 0);
+  TensorView view;
+  view.data = reinterpret_cast<void*>(address_field(f[0], "data"));
+  view.dtype = static_cast<DType>(view_field(f[1], "dtype", 0, static_cast<int>(DType::Int64)));
+  view.shape = dims_entry(f[2], "TensorView shape");
+  view.strides = dims_entry(f[3], "TensorView strides");
+  view.device =
+      static_cast<DeviceType>(view_field(f[4], "device", 0, static_cast<int>(DeviceType::HIP)));
+  view.device_index = static_cast<int32_t>(view_field(f[5], "device_index", 0, INT32_MAX));
+  view.stream = address_field(f[6], "stream");
+  if (view.shape.size() != view.strides.size()) {
+    raise<ValueError>("TensorView strides: expected one stride per dim (", view.shape.size(),
+                      "), got ", view.strides.size());
+  }
+  for (const int64_t s : view.shape) {
+    if (s < 0) raise<ValueError>("TensorView shape: sizes must be >= 0, got ", view.describe());
+  }
+  if (view.data == nullptr && view.numel() > 0) raise<ValueError>("TensorView data: null pointer");
+  return view;
+}
+
 const TensorView* maybe(const std::optional<TensorView>& view) {
   return view.has_value() ? &*view : nullptr;
 }
 
-TensorView make_view(uintptr_t data, int32_t dtype, std::vector<int64_t> shape,
-                     std::vector<int64_t> strides, int32_t device, int32_t device_index,
-                     uintptr_t stream) {
-  if (dtype < 0 || dtype > static_cast<int32_t>(DType::Int64)) {
-    raise<ValueError>("dtype: unknown dtype code ", dtype);
-  }
-  if (device < 0 || device > static_cast<int32_t>(DeviceType::HIP)) {
-    raise<ValueError>("device: unknown device code ", device);
-  }
-  if (shape.size() != strides.size()) {
-    raise<ValueError>("strides: expected one stride per dim (", shape.size(), "), got ",
-                      strides.size());
-  }
-  for (const int64_t s : shape) {
-    if (s < 0) raise<ValueError>("shape: sizes must be >= 0");
-  }
-  TensorView view;
-  view.data = reinterpret_cast<void*>(data);
-  view.dtype = static_cast<DType>(dtype);
-  view.shape = std::move(shape);
-  view.strides = std::move(strides);
-  view.device = static_cast<DeviceType>(device);
-  view.device_index = device_index;
-  view.stream = stream;
-  if (view.data == nullptr && view.numel() > 0) raise<ValueError>("data: null pointer");
-  return view;
-}
-
 // The op entries. Arguments are converted with the GIL held; the kernels run without it.
 void bind_ops(py::module_& m) {
-  py::class_<TensorView>(m, "TensorView",
-                         "A borrowed tensor: data pointer, dtype code, shape, strides (elements), "
-                         "device code and index, and the GPU stream to run on (0 on the CPU). "
-                         "Built by gnomon.ops; never owns memory.")
-      .def(py::init(&make_view), "data"_a, "dtype"_a, "shape"_a, "strides"_a, "device"_a,
-           "device_index"_a, "stream"_a = 0)
-      .def_readonly("shape", &TensorView::shape)
-      .def_readonly("strides", &TensorView::strides)
-      .def_readonly("stream", &TensorView::stream)
-      .def("__repr__", &TensorView::describe);
+  m.def("describe_view", &TensorView::describe, "view"_a,
+        "The C++ reading of a view tuple, as its errors print it: 'bfloat16[4, 8] on cpu'.");
 
   using View = const TensorView&;
   using Optional = const std::optional<TensorView>&;

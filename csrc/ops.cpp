@@ -109,8 +109,8 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
                        const TensorView& value_cache, const TensorView& slot_mapping) {
   const bool on_gpu = check_devices("key", key, {{"value", &value}, {"key_cache", &key_cache},
                              {"value_cache", &value_cache}, {"slot_mapping", &slot_mapping}});
-  check_dense(key, "key", kFloating, 3);
-  check_dense(value, "value", kFloating, 3);
+  check_rows(key, "key", kFloating, 3);
+  check_rows(value, "value", kFloating, 3);
   check_shape(value, "value", {key.size(0), key.size(1), key.size(2)});
   check_same_dtype(value, "value", key, "key");
   check_kv_caches(key_cache, value_cache, key, "key");
@@ -178,7 +178,7 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
       {{"out", &out}, {"key_cache", &key_cache}, {"value_cache", &value_cache},
        {"block_tables", &block_tables}, {"seq_lens", &seq_lens},
        {"query_start_loc", &query_start_loc}, {"sinks", sinks}});
-  check_dense(query, "query", kFloating, 3);
+  check_rows(query, "query", kFloating, 3);
   const int64_t num_tokens = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
   if (head_dim < 1 || head_dim > kMaxHeadDim) {
     raise<ValueError>("query: head dim must be in [1, ", kMaxHeadDim, "], got ", query.describe());
@@ -246,8 +246,8 @@ void rotary_embedding(const TensorView& positions, const TensorView& query, cons
                       const TensorView& cos_sin_cache, bool is_neox) {
   const bool on_gpu = check_devices("query", query, {{"positions", &positions}, {"key", &key},
                                                      {"cos_sin_cache", &cos_sin_cache}});
-  check_dense(query, "query", kFloating, 3);
-  check_dense(key, "key", kFloating, 3);
+  check_rows(query, "query", kFloating, 3);
+  check_rows(key, "key", kFloating, 3);
   check_same_dtype(key, "key", query, "query");
   check_shape(key, "key", {query.size(0), -1, query.size(2)});
   check_dense(positions, "positions", {DType::Int64}, 1);

@@ -71,6 +71,7 @@ __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a
 template <typename T>
 struct AttentionParams {
   const T* query;
+  int64_t query_token_stride;  // elements from one token's query heads to the next's
   T* out;
   const T* key_cache;
   const T* value_cache;
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(AttentionPara
     const int r = e / D, d = e - r * D;
     const int64_t token = tile.token0 + r / tile.heads;
     const int head = tile.head0 + r % tile.heads;
-    q_s[e] = to_float(p.query[(token * p.num_heads + head) * D + d]) * p.scale;
+    q_s[e] = to_float(p.query[token * p.query_token_stride + head * D + d]) * p.scale;
   }
   if (tid < rows) {
     const int64_t pos = tile.pos0 + tid / tile.heads;
@@ -380,12 +381,13 @@ template <typename T>
 __global__ void reshape_and_cache_kernel(const T* __restrict__ key, const T* __restrict__ value,
                                          T* __restrict__ key_cache, T* __restrict__ value_cache,
                                          const int64_t* __restrict__ slot_mapping,
-                                         int64_t row_elems, int64_t num_slots) {
+                                         int64_t row_elems, int64_t key_stride,
+                                         int64_t value_stride, int64_t num_slots) {
   const int64_t t = blockIdx.x;
   const int64_t slot = slot_mapping[t];
   if (slot < 0 || slot >= num_slots) return;  // -1 padding, or an index out of the cache
-  const T* k = key + t * row_elems;
-  const T* v = value + t * row_elems;
+  const T* k = key + t * key_stride;  // tokens lie their row strides apart (TensorView::row_stride)
+  const T* v = value + t * value_stride;
   T* kc = key_cache + slot * row_elems;
   T* vc = value_cache + slot * row_elems;
   for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) {
@@ -422,7 +424,7 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
     reshape_and_cache_kernel<T><<<static_cast<unsigned>(tokens), kCopyThreads, 0,
                                   stream_of(key.stream)>>>(
         data<T>(key), data<T>(value), data<T>(key_cache), data<T>(value_cache),
-        data<int64_t>(slot_mapping), row_elems, num_slots);
+        data<int64_t>(slot_mapping), row_elems, key.row_stride(), value.row_stride(), num_slots);
   });
   check_launch("reshape_and_cache");
 }
@@ -478,6 +480,7 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
     using T = decltype(tag);
     AttentionParams<T> p;
     p.query = data<T>(query);
+    p.query_token_stride = query.row_stride();
     p.out = data<T>(out);
     p.key_cache = data<T>(key_cache);
     p.value_cache = data<T>(value_cache);

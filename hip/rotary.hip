@@ -1,4 +1,5 @@
-// rotary_embedding, in place on query [T, Hq, D] and key [T, Hkv, D].
+// rotary_embedding, in place on query [T, Hq, D] and key [T, Hkv, D] (each token's heads contiguous,
+// tokens their row strides apart: TensorView::row_stride).
 //
 // Decomposition: one block per token. The block's threads stride over the token's (Hq + Hkv) *
 // rotary_dim/2 rotation pairs; each thread reads the pair's two elements, rotates them in float32
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(kRotaryThreads)
     rotary_kernel(const int64_t* __restrict__ positions, T* __restrict__ query,
                   T* __restrict__ key, const float* __restrict__ cos_sin_cache, int64_t max_pos,
                   int64_t rotary_dim, int64_t q_heads, int64_t k_heads, int64_t head_dim,
-                  bool is_neox) {
+                  int64_t q_stride, int64_t k_stride, bool is_neox) {
   const int64_t t = blockIdx.x;
   const int64_t pos = positions[t];
   if (pos < 0 || pos >= max_pos) return;  // out of the cache: leave the token unchanged
@@ -51,8 +52,9 @@ __global__ void __launch_bounds__(kRotaryThreads)
   const int64_t pairs = (q_heads + k_heads) * half;
   for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
     const int64_t h = p / half, i = p % half;
-    T* head = h < q_heads ? query + (t * q_heads + h) * head_dim
-                          : key + (t * k_heads + (h - q_heads)) * head_dim;
+    // a token's heads are contiguous; tokens lie their row strides apart
+    T* head = h < q_heads ? query + t * q_stride + h * head_dim
+                          : key + t * k_stride + (h - q_heads) * head_dim;
     const int64_t ia = is_neox ? i : 2 * i, ib = is_neox ? i + half : 2 * i + 1;
     const float x1 = to_float(head[ia]), x2 = to_float(head[ib]);
     const float c = cos[i], s = sin[i];
@@ -76,7 +78,7 @@ void rotary_embedding(const TensorView& positions, const TensorView& query, cons
                        stream_of(query.stream)>>>(
         data<const int64_t>(positions), data<T>(query), data<T>(key),
         data<const float>(cos_sin_cache), max_pos, rotary_dim, q_heads, k_heads, head_dim,
-        is_neox);
+        query.row_stride(), key.row_stride(), is_neox);
   });
   check_launch("rotary_embedding");
 }

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <cstdint>
 #include <sstream>
 
 #include "core/errors.h"
@@ -53,6 +54,26 @@ bool TensorView::is_contiguous() const {
   return true;
 }
 
+int64_t TensorView::row_stride() const {
+  if (dim() == 0) return 1;
+  if (shape[0] > 1) return strides[0];
+  int64_t row = 1;
+  for (int64_t d = 1; d < dim(); ++d) row *= shape[d];
+  return row;
+}
+
+bool TensorView::has_contiguous_rows() const {
+  if (numel() == 0 || dim() == 0) return true;
+  int64_t expected = 1;
+  for (int64_t d = dim() - 1; d >= 1; --d) {
+    if (shape[d] != 1 && strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  // `expected` is a row's elements; the last row must end within int64 elements of the first.
+  return shape[0] == 1 ||
+         (strides[0] >= expected && strides[0] <= (INT64_MAX - expected) / (shape[0] - 1));
+}
+
 std::string TensorView::describe() const {
   std::ostringstream out;
   out << dtype_name(dtype) << "[";
@@ -100,6 +121,20 @@ void check_contiguous(const TensorView& t, const char* arg) {
   if (!t.is_contiguous()) {
     raise<ValueError>(arg, ": expected a contiguous tensor (call .contiguous()), got ",
                       t.describe(), " with non-contiguous strides");
+  }
+}
+
+void check_rows(const TensorView& t, const char* arg, std::initializer_list<DType> allowed,
+                int64_t dim) {
+  check_dtype(t, arg, allowed);
+  check_dim(t, arg, dim);
+  if (!t.has_contiguous_rows()) {
+    std::ostringstream strides;
+    for (int64_t d = 0; d < t.dim(); ++d) strides << (d ? ", " : "") << t.strides[d];
+    raise<ValueError>(arg, ": expected each row (index of dim 0) contiguous and rows a stride of "
+                      "at least a row's elements apart, as a contiguous tensor or a column "
+                      "slice of one is (call .contiguous()), got ", t.describe(),
+                      " with strides [", strides.str(), "]");
   }
 }
 

@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
-#include <vector>
 
 namespace gnomon {
 
@@ -15,19 +14,43 @@ const char* dtype_name(DType dtype);
 int64_t dtype_size(DType dtype);
 const char* device_name(DeviceType device);
 
+// A view's sizes or strides, held inline: a view is built per tensor per op call, so building one
+// allocates nothing. The ops take at most 4-D tensors; a view holds up to kMaxDims.
+constexpr int64_t kMaxDims = 8;
+class Dims {
+ public:
+  Dims() = default;
+  explicit Dims(int64_t n) : n_(n) {}  // n <= kMaxDims (the caller checks), zero-filled
+  int64_t size() const { return n_; }
+  int64_t operator[](int64_t d) const { return values_[d]; }
+  int64_t& operator[](int64_t d) { return values_[d]; }
+  const int64_t* begin() const { return values_; }
+  const int64_t* end() const { return values_ + n_; }
+
+ private:
+  int64_t values_[kMaxDims] = {};
+  int64_t n_ = 0;
+};
+
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::Float32;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> strides;
+  Dims shape;
+  Dims strides;
   DeviceType device = DeviceType::CPU;
   int32_t device_index = 0;
   uintptr_t stream = 0;  // the GPU stream to run on (torch's current stream); 0 on the CPU
 
-  int64_t dim() const { return static_cast<int64_t>(shape.size()); }
+  int64_t dim() const { return shape.size(); }
   int64_t size(int64_t d) const { return shape[d < 0 ? d + dim() : d]; }
   int64_t numel() const;
   bool is_contiguous() const;
+  // Whether each index of dim 0 (a row: one token) is contiguous, rows apart by strides[0] >= a
+  // row's elements: a contiguous tensor, or a column slice of one as a fused QKV projection's
+  // split gives. Sizes of 1 take any stride, as in is_contiguous.
+  bool has_contiguous_rows() const;
+  // Elements from one row to the next: strides[0], or a row's elements when there are <= 1 rows.
+  int64_t row_stride() const;
   std::string describe() const;  // "bfloat16[4, 8] on cpu"
 
   template <typename T>
@@ -47,5 +70,9 @@ void check_same_device(const TensorView& t, const char* arg, const TensorView& r
 // The dims, dtype and contiguity every dense operand needs: one call per argument.
 void check_dense(const TensorView& t, const char* arg, std::initializer_list<DType> allowed,
                  int64_t dim);
+// As check_dense, but rows (dim 0) may lie any stride >= a row's elements apart:
+// has_contiguous_rows. The kernel indexes rows by row_stride().
+void check_rows(const TensorView& t, const char* arg, std::initializer_list<DType> allowed,
+                int64_t dim);
 
 }  // namespace gnomon

@@ -25,6 +25,7 @@
 #include "core/simd.h"
 #include "core/threads.h"
 #include "cpu/kernels.h"
+#include "cpu/lanes_gemm.h"
 #include "cpu/vec.h"
 
 
@@ -32,8 +33,10 @@ namespace gnomon::cpu {
 
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping) {
-  // A slot's row of Hkv * D elements is contiguous in the cache, as a token's is in key/value.
-  const int64_t row_bytes = key.size(1) * key.size(2) * dtype_size(key.dtype);
+  // A slot's row of Hkv * D elements is contiguous in the cache, as a token's is in key/value;
+  // tokens lie their row strides apart there.
+  const int64_t elem = dtype_size(key.dtype), row_bytes = key.size(1) * key.size(2) * elem;
+  const int64_t k_stride = key.row_stride() * elem, v_stride = value.row_stride() * elem;
   const int64_t* slots = slot_mapping.ptr<const int64_t>();
   const char* k = key.ptr<const char>();
   const char* v = value.ptr<const char>();
@@ -44,8 +47,8 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = slots[t];
       if (slot < 0) continue;  // padding
-      std::memcpy(kc + slot * row_bytes, k + t * row_bytes, row_bytes);
-      std::memcpy(vc + slot * row_bytes, v + t * row_bytes, row_bytes);
+      std::memcpy(kc + slot * row_bytes, k + t * k_stride, row_bytes);
+      std::memcpy(vc + slot * row_bytes, v + t * v_stride, row_bytes);
     }
   });
 }
@@ -274,66 +277,6 @@ GNOMON_TARGET_BF16 void score_tile_bf16(int64_t pairs, int64_t rows, const uint1
 constexpr int64_t kLanesMinRows = 16;
 constexpr int64_t kLanesKeys = 32;  // keys per tile: each tile reads and writes O^T once
 
-// C[i][v] for i < NI and RV lane vectors: (c_scale ? C * c_scale[v] : 0) + sum over k < depth of
-// a[i * ai + k * ak] * B[k][v]; B and C rows are ldb and ldc floats apart.
-template <typename V, int NI, int RV>
-GNOMON_INLINE void gemm_lanes(const float* a, int64_t ai, int64_t ak, int64_t depth,
-                              const float* b, int64_t ldb, float* c, int64_t ldc,
-                              const float* c_scale) {
-  using F = typename V::F;
-  F acc[NI][RV];
-  for (int i = 0; i < NI; ++i) {
-    for (int v = 0; v < RV; ++v) {
-      acc[i][v] = c_scale != nullptr
-                      ? load<F>(c + i * ldc + v * V::L) * load<F>(c_scale + v * V::L)
-                      : F{};
-    }
-  }
-  for (int64_t k = 0; k < depth; ++k) {
-    F bv[RV];
-    for (int v = 0; v < RV; ++v) bv[v] = load<F>(b + k * ldb + v * V::L);
-    for (int i = 0; i < NI; ++i) {
-      const float av = a[i * ai + k * ak];  // scalar * vector: a broadcast operand
-      for (int v = 0; v < RV; ++v) acc[i][v] += av * bv[v];
-    }
-  }
-  for (int i = 0; i < NI; ++i) {
-    for (int v = 0; v < RV; ++v) store(c + i * ldc + v * V::L, acc[i][v]);
-  }
-}
-
-#if GNOMON_HAS_WIDE_KERNELS
-// The same over bf16 pairs: a and B hold 32-bit words of two bfloat16 values each, and depth
-// counts pairs; vdpbf16ps adds both products of a pair into the float32 lane. A call, not
-// inlined: its callers are built for every target, and a block is a thousand instructions.
-template <int NI, int RV>
-GNOMON_TARGET_BF16 void gemm_lanes_bf16(const uint32_t* a, int64_t ai, int64_t ak,
-                                                      int64_t depth, const uint32_t* b,
-                                                      int64_t ldb, float* c, int64_t ldc,
-                                                      const float* c_scale) {
-  __m512 acc[NI][RV];
-  for (int i = 0; i < NI; ++i) {
-    for (int v = 0; v < RV; ++v) {
-      acc[i][v] = c_scale != nullptr
-                      ? bit_cast<__m512>(load<Wide::F>(c + i * ldc + v * 16) *
-                                         load<Wide::F>(c_scale + v * 16))
-                      : _mm512_setzero_ps();
-    }
-  }
-  for (int64_t k = 0; k < depth; ++k) {
-    __m512bh bv[RV];
-    for (int v = 0; v < RV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + k * ldb + v * 16);
-    for (int i = 0; i < NI; ++i) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[i * ai + k * ak]));
-      for (int v = 0; v < RV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
-    }
-  }
-  for (int i = 0; i < NI; ++i) {
-    for (int v = 0; v < RV; ++v) _mm512_storeu_ps(c + i * ldc + v * 16, acc[i][v]);
-  }
-}
-#endif
-
 // One KV head's share of a lanes item: `lanes` rows padded to whole vectors (padding rows see no
 // key), their transposed query, output and softmax state, and the current key tile, dense.
 struct LanesHead {
@@ -356,52 +299,6 @@ struct LanesTile {
   float scale;
   bool masked;  // some row sees only part of the tile's keys
 };
-
-// C (rows `count`, lanes of ldc) in register blocks of NI rows by RV lane vectors, the rest
-// of the rows one by one, the rest of the vectors one by one.
-template <typename V, bool kDot, int RV, int NI>
-GNOMON_INLINE void lanes_gemm(int64_t count, const void* a, int64_t ai, int64_t ak, int64_t depth,
-                             const void* b, float* c, int64_t lanes, const float* c_scale) {
-  const int64_t vectors = lanes / V::L;
-  auto block = [&](auto ni, auto rv, int64_t i, int64_t v) {
-    const int64_t lane = v * V::L;
-    const float* scale = c_scale != nullptr ? c_scale + lane : nullptr;
-#if GNOMON_HAS_WIDE_KERNELS
-    if constexpr (kDot) {
-      gemm_lanes_bf16<decltype(ni)::value, decltype(rv)::value>(static_cast<const uint32_t*>(a) + i * ai, ai, ak, depth,
-                                  static_cast<const uint32_t*>(b) + lane, lanes,
-                                  c + i * lanes + lane, lanes, scale);
-      return;
-    }
-#endif
-    if constexpr (!kDot) {
-      gemm_lanes<V, decltype(ni)::value, decltype(rv)::value>(static_cast<const float*>(a) + i * ai, ai, ak, depth,
-                                static_cast<const float*>(b) + lane, lanes, c + i * lanes + lane,
-                                lanes, scale);
-    }
-  };
-  using One = std::integral_constant<int, 1>;
-  using Rows = std::integral_constant<int, NI>;
-  using Vectors = std::integral_constant<int, RV>;
-  for (int64_t v = 0; v < vectors; v += RV) {
-    const bool whole = v + RV <= vectors;
-    int64_t i = 0;
-    for (; i + NI <= count; i += NI) {
-      if (whole) {
-        block(Rows{}, Vectors{}, i, v);
-      } else {
-        for (int64_t u = v; u < vectors; ++u) block(Rows{}, One{}, i, u);
-      }
-    }
-    for (; i < count; ++i) {
-      if (whole) {
-        block(One{}, Vectors{}, i, v);
-      } else {
-        for (int64_t u = v; u < vectors; ++u) block(One{}, One{}, i, u);
-      }
-    }
-  }
-}
 
 // One key tile of one KV head: scores, the online softmax in lanes, and the value update, in
 // register blocks of NI x RV vectors.
@@ -502,6 +399,7 @@ GNOMON_TARGET_BF16 void pair_rows_bf16(const uint16_t* const* rows, int64_t n, i
 // The call's geometry, shared by every work item.
 struct Geometry {
   const char* query;
+  int64_t query_token_stride;  // elements from one token's query heads to the next's
   const char* key_cache;
   const char* value_cache;
   DType dtype;
@@ -651,9 +549,9 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
     std::vector<float> row(d);
     for (int64_t r = 0; r < head_rows; ++r) {
       const int64_t i = r / geo.group, g = item.g0 + h;
-      const char* q =
-          geo.query + ((item.token + i) * geo.num_heads + g * geo.group + r % geo.group) * d *
-                          geo.elem;
+      const char* q = geo.query + ((item.token + i) * geo.query_token_stride +
+                                   (g * geo.group + r % geo.group) * d) *
+                                      geo.elem;
       if (dot) {
         uint32_t* qt = reinterpret_cast<uint32_t*>(head[h].qt);
         for (int64_t e = 0; e < d / 2; ++e) std::memcpy(qt + e * lanes + r, q + 4 * e, 4);
@@ -750,7 +648,8 @@ void run_item(const Geometry& geo, const Item& item, const TensorView& out, floa
   // Row r is head r % group of query r / group % count, of KV head g0 + r / head_rows.
   auto query_row = [&](int64_t r) {
     const int64_t g = item.g0 + r / head_rows, i = r / group % item.count;
-    return geo.query + ((item.token + i) * geo.num_heads + g * group + r % group) * d * geo.elem;
+    return geo.query +
+           ((item.token + i) * geo.query_token_stride + (g * group + r % group) * d) * geo.elem;
   };
   if (bf16_dot) {
     sc.q_bf16.resize(rows * d);
@@ -849,6 +748,7 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
   if (out.numel() == 0) return;  // no query tokens, or no heads (then group would be 0)
   Geometry geo;
   geo.query = query.ptr<const char>();
+  geo.query_token_stride = query.row_stride();
   geo.key_cache = key_cache.ptr<const char>();
   geo.value_cache = value_cache.ptr<const char>();
   geo.dtype = query.dtype;

@@ -54,8 +54,10 @@ void rotary_embedding(const TensorView& positions, const TensorView& query, cons
                          positions.ptr<const int64_t>()[t] * cos_sin_cache.size(1);
       const float* sin = cos + half;
       for (const auto& [tensor, heads] : {std::pair{&query, q_heads}, std::pair{&key, k_heads}}) {
+        // a token's heads are contiguous; tokens lie the row stride apart
+        char* row = static_cast<char*>(tensor->data) + t * tensor->row_stride() * elem;
         for (int64_t h = 0; h < heads; ++h) {
-          char* data = static_cast<char*>(tensor->data) + ((t * heads + h) * head_dim) * elem;
+          char* data = row + h * head_dim * elem;
           load_floats(data, tensor->dtype, head.data(), head_dim);
           for (int64_t i = 0; i < half; ++i) {
             // NeoX rotates the two halves of the rotary dims; GPT-J rotates adjacent pairs.

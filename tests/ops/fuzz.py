@@ -1,9 +1,9 @@
 """Malformed-call fuzzing for the ops: every call must raise ValueError/TypeError or succeed.
 
 `malformed_calls(op, make_kwargs, ...)` builds a hypothesis test. Each example starts from a fresh
-set of valid arguments, corrupts one to three of them (dtype, rank, sizes, strides, device-less
-objects, out-of-range index values, unknown mode names, bad numbers, wrong Python types) and
-calls the op. A crash, a hang or any other exception fails the test.
+set of valid arguments, corrupts one to three of them (dtype, rank, sizes, strides, token strides
+valid or overlapping, device-less objects, out-of-range index values, unknown mode names, bad
+numbers, wrong Python types) and calls the op. A crash, a hang or any other exception fails the test.
 """
 
 from __future__ import annotations
@@ -13,12 +13,16 @@ from typing import Callable, Sequence
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from ops.fused_qkv import column_slices, overlapping_rows
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8, torch.int8,
           torch.int32, torch.int64, torch.bool]
 
 
 def _corrupt_tensor(t: torch.Tensor, data, is_index: bool):
     kinds = ["dtype", "drop_dim", "add_dim", "resize", "strided", "empty", "python", "none"]
+    if t.is_floating_point() and t.dim() >= 2 and t.shape[0] > 1 and t[0].numel() > 1:
+        kinds += ["row_slice", "overlapping_rows"]
     if is_index and t.numel() > 0:
         kinds += ["index_value"] * 4
     kind = data.draw(st.sampled_from(kinds))
@@ -35,6 +39,10 @@ def _corrupt_tensor(t: torch.Tensor, data, is_index: bool):
         return torch.zeros(size, dtype=t.dtype)
     if kind == "strided" and t.dim() > 0 and t.shape[-1] > 1:
         return torch.cat([t, t], dim=-1)[..., ::2]  # same values, non-contiguous
+    if kind == "row_slice":  # rows apart by more than a row: accepted where an op takes rows
+        return column_slices([t], pad=data.draw(st.sampled_from([1, 7])))[1][0]
+    if kind == "overlapping_rows":
+        return overlapping_rows(t)
     if kind == "empty":
         return torch.empty((0,) * max(t.dim(), 1), dtype=t.dtype)
     if kind == "python":

@@ -12,8 +12,9 @@ import torch
 
 import gnomon.ops as ops
 from gnomon import _C
-from gnomon.ops._tensor import view
+from gnomon.ops._tensor import has_contiguous_rows, view
 from ops.fuzz import malformed_calls
+from ops.fused_qkv import column_slices, head_strided, overlapping_rows
 
 # Tolerances against the float64 reference. float32: the kernel accumulates dot products of at
 # most 128 terms and softmax sums in float32 (errors ~1e-6 at these magnitudes). bf16/fp16: the
@@ -377,6 +378,64 @@ def test_traces_under_torch_compile():
     expected = layer(*[a.clone() for a in args])
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(*args), expected)
+
+
+# ---- strided q/k/v -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["narrow", "best"])
+@pytest.mark.parametrize("pad", [0, 3])
+def test_fused_qkv_views_give_what_their_contiguous_copies_give(dtype, family, pad, monkeypatch):
+    """Attention and the cache write over column slices of one QKV buffer (NaN in its spare
+    columns) are bit-identical to the same calls on contiguous copies: decode rows and the
+    rows-in-lanes prefill kernel both index tokens by their stride."""
+    if family != "best":
+        monkeypatch.setenv("GNOMON_CPU_KERNELS", family)
+    batch = make_batch(*MIXED, dtype=dtype, seed=21)
+    g = torch.Generator().manual_seed(22)
+    num_tokens, (_, block_size, num_kv_heads, head_dim) = (batch["query"].shape[0],
+                                                          batch["key_cache"].shape)
+    key, value = (torch.randn(num_tokens, num_kv_heads, head_dim, generator=g).to(dtype)
+                  for _ in range(2))
+    _, (query, key_view, value_view) = column_slices([batch["query"], key, value], pad)
+    assert not query.is_contiguous() and has_contiguous_rows(query)
+    slots = torch.randperm(batch["key_cache"].shape[0] * block_size, generator=g)[:num_tokens]
+    caches = {name: (batch["key_cache"].clone(), batch["value_cache"].clone())
+              for name in ("views", "copies")}
+    ops.reshape_and_cache(key_view, value_view, *caches["views"], slots)
+    ops.reshape_and_cache(key, value, *caches["copies"], slots)
+    assert all(torch.equal(a, b) for a, b in zip(caches["views"], caches["copies"]))
+    rest = {k: batch[k] for k in ("block_tables", "seq_lens", "query_start_loc")}
+    got = ops.paged_attention(query, *caches["views"], **rest, sliding_window=40)
+    want = ops.paged_attention(batch["query"], *caches["copies"], **rest, sliding_window=40)
+    assert got.is_contiguous() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("layout, match", [(overlapping_rows, "each row"),
+                                           (head_strided, "each row")])
+@pytest.mark.parametrize("argument", ["query", "key", "value"])
+def test_strides_no_kernel_can_honour_are_refused_by_name(layout, match, argument):
+    """Rows that overlap, or heads with gaps between them, raise naming the argument, in the
+    wrapper and again in the C++ entry, and leave the caches untouched."""
+    if argument == "query":
+        kwargs = valid_attention_kwargs()
+        kwargs["query"] = layout(kwargs["query"])
+        with pytest.raises(ValueError, match=f"query: expected {match}"):
+            ops.paged_attention(**kwargs)
+        out = torch.empty(kwargs["query"].shape)
+        views = [view(kwargs[name]) for name in ("query", "key_cache", "value_cache",
+                                                 "block_tables", "seq_lens", "query_start_loc")]
+        with pytest.raises(ValueError, match=f"query: expected {match}"):
+            _C.paged_attention(view(out), *views, 0.5, 0, None)
+        return
+    kwargs = valid_cache_kwargs()
+    kwargs[argument] = layout(kwargs[argument])
+    with pytest.raises(ValueError, match=f"{argument}: expected {match}"):
+        ops.reshape_and_cache(**kwargs)
+    with pytest.raises(ValueError, match=f"{argument}: expected {match}"):
+        _C.reshape_and_cache(*(view(kwargs[name]) for name in
+                               ("key", "value", "key_cache", "value_cache", "slot_mapping")))
+    assert not kwargs["key_cache"].any() and not kwargs["value_cache"].any()
 
 
 # ---- bad input ---------------------------------------------------------------------------------

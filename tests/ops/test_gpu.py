@@ -132,6 +132,38 @@ def test_reshape_and_cache_skips_padding(dtype):
     assert torch.equal(kcg.cpu(), kc) and torch.equal(vcg.cpu(), vc)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["decode", "chunked"])
+def test_fused_qkv_views_on_the_gpu(dtype, case):
+    """rotary, the cache write and attention on column slices of one QKV buffer on the GPU give
+    what the CPU gives on contiguous copies: the GPU kernels index tokens by their stride."""
+    from ops.fused_qkv import column_slices
+
+    q_lens, ctx = {"decode": ([1] * 6, [17, 300, 1, 64, 900, 31]),
+                   "chunked": ([64, 33, 1], [500, 1000, 70])}[case]
+    q, kc, vc, tables, seq_lens, qsl = _paged(dtype, q_lens, ctx)
+    g = torch.Generator().manual_seed(9)
+    k, v = (torch.randn(q.shape[0], kc.shape[2], q.shape[2], generator=g).to(dtype)
+            for _ in range(2))
+    pos = (seq_lens.long().repeat_interleave(torch.tensor(q_lens)) - 1).clamp(max=4095)
+    inv = 1.0 / (10000 ** (torch.arange(0, 128, 2).float() / 128))
+    cache = torch.cat([torch.outer(torch.arange(4096).float(), inv).cos(),
+                       torch.outer(torch.arange(4096).float(), inv).sin()], dim=1)
+    slots = torch.randperm(kc.shape[0] * kc.shape[1], generator=g)[:q.shape[0]]
+    _, (qg, kg, vg) = column_slices(gpu(q, k, v), pad=3)
+    kcg, vcg, tg, sg, qslg, pg, cg, slg = gpu(kc, vc, tables, seq_lens, qsl, pos, cache, slots)
+    ops.rotary_embedding(pos, q, k, cache)
+    ops.rotary_embedding(pg, qg, kg, cg)
+    close(qg, q, dtype)
+    close(kg, k, dtype)
+    ops.reshape_and_cache(k, v, kc, vc, slots)
+    ops.reshape_and_cache(kg, vg, kcg, vcg, slg)
+    close(kcg, kc, dtype)
+    assert torch.equal(vcg.cpu(), vc)
+    want = ops.paged_attention(q, kc, vc, tables, seq_lens, qsl)
+    close(ops.paged_attention(qg, kcg, vcg, tg, sg, qslg), want, dtype)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("mode", ["softmax_topk", "topk_softmax"])
 @pytest.mark.parametrize("experts, k", [(8, 2), (128, 4)])

@@ -7,6 +7,7 @@ import gnomon.ops as ops
 from gnomon import _C
 from gnomon.ops._tensor import view
 from ops.fuzz import malformed_calls
+from ops.fused_qkv import column_slices, head_strided, overlapping_rows
 
 # Tolerances against a float64 reference: float32 accumulates in float32; bf16/fp16 round the output.
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -92,6 +93,37 @@ def test_rotary_leaves_dims_past_rotary_dim_untouched():
     tail_q, tail_k = query[..., 32:].clone(), key[..., 32:].clone()
     ops.rotary_embedding(torch.tensor([1, 2, 3]), query, key, cos_sin(8, 32))
     assert torch.equal(query[..., 32:], tail_q) and torch.equal(key[..., 32:], tail_k)
+
+
+@pytest.mark.parametrize("dtype", FLOATING)
+@pytest.mark.parametrize("pad", [0, 5])
+def test_rotary_on_fused_qkv_views_rotates_only_q_and_k(dtype, pad):
+    """Rotating column slices of one QKV buffer in place gives what rotating contiguous copies
+    gives, bit for bit, and leaves the V columns and the spare (NaN) columns as they were."""
+    g = torch.Generator().manual_seed(4)
+    query, key, value = (torch.randn(9, h, 64, generator=g).to(dtype) for h in (8, 2, 2))
+    positions = torch.randint(0, 4096, (9,), generator=g)
+    buffer, (q_view, k_view, _) = column_slices([query, key, value], pad)
+    untouched = buffer[:, (8 + 2) * 64:].clone()
+    ops.rotary_embedding(positions, q_view, k_view, cos_sin(4096, 64))
+    ops.rotary_embedding(positions, query, key, cos_sin(4096, 64))
+    assert torch.equal(q_view, query) and torch.equal(k_view, key)
+    torch.testing.assert_close(buffer[:, (8 + 2) * 64:], untouched, rtol=0, atol=0,
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("layout", [overlapping_rows, head_strided])
+@pytest.mark.parametrize("argument", ["query", "key"])
+def test_rotary_refuses_strides_it_cannot_honour(layout, argument):
+    kwargs = _rotary_kwargs()
+    kwargs[argument] = layout(kwargs[argument])
+    before = {name: kwargs[name].clone() for name in ("query", "key")}
+    with pytest.raises(ValueError, match=f"{argument}: expected each row"):
+        ops.rotary_embedding(**kwargs)
+    with pytest.raises(ValueError, match=f"{argument}: expected each row"):
+        _C.rotary_embedding(*(view(kwargs[name]) for name in
+                              ("positions", "query", "key", "cos_sin_cache")), True)
+    assert all(torch.equal(kwargs[name], before[name]) for name in before)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -17,18 +17,39 @@ FLOATING = (torch.float32, torch.bfloat16, torch.float16)
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.uint8: 3,
                 torch.int32: 4, torch.int64: 5}
-_CPU, _CUDA, _HIP = 0, 1, 2
+_CPU = 0
+_GPU = 2 if torch.version.hip else 1  # a ROCm torch reports its devices as cuda
+
+LAYOUTS = ("contiguous", "rows")
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
     return " or ".join(str(d).removeprefix("torch.") for d in dtypes)
 
 
+def has_contiguous_rows(t: torch.Tensor) -> bool:
+    """Whether each index of dim 0 of `t` (a row: one token) is contiguous, the rows at least a
+    row's elements apart: a contiguous tensor, or a column slice of one such as
+    ``qkv[:, a:b].view(T, H, D)``. Dims of size 1 take any stride, as in torch's contiguity;
+    so does dim 0 with one row or none. The rule of TensorView::has_contiguous_rows in C++."""
+    if t.is_contiguous():
+        return True
+    shape, strides = t.shape, t.stride()
+    expected = 1
+    for d in range(t.dim() - 1, 0, -1):
+        if shape[d] != 1 and strides[d] != expected:
+            return False
+        expected *= shape[d]
+    return shape[0] <= 1 or strides[0] >= expected
+
+
 def check_tensor(t, name: str, *, dtypes: Sequence[torch.dtype], dim: Optional[int] = None,
-                 shape: Optional[Sequence[Optional[int]]] = None, contiguous: bool = True) -> None:
+                 shape: Optional[Sequence[Optional[int]]] = None,
+                 layout: str = "contiguous") -> None:
     """Raises TypeError/ValueError naming `name` unless `t` is a tensor of the given kind.
 
-    `shape` entries of None match any size; `shape` implies `dim`.
+    `shape` entries of None match any size; `shape` implies `dim`. `layout` is "contiguous", or
+    "rows" for an operand whose rows may lie any stride apart (`has_contiguous_rows`).
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -39,20 +60,34 @@ def check_tensor(t, name: str, *, dtypes: Sequence[torch.dtype], dim: Optional[i
         dim = len(shape)
     if dim is not None and t.dim() != dim:
         raise ValueError(f"{name}: expected a {dim}-D tensor, got shape {tuple(t.shape)}")
-    if shape is not None and any(s is not None and t.shape[i] != s for i, s in enumerate(shape)):
-        want = ", ".join("*" if s is None else str(s) for s in shape)
-        raise ValueError(f"{name}: expected shape ({want}), got {tuple(t.shape)}")
-    if contiguous and not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous()), got strides "
-                         f"{t.stride()}")
+    if shape is not None and t.shape != shape:  # torch.Size compares with a tuple in C
+        for have, want in zip(t.shape, shape):
+            if want is not None and have != want:
+                want = ", ".join("*" if s is None else str(s) for s in shape)
+                raise ValueError(f"{name}: expected shape ({want}), got {tuple(t.shape)}")
+    if layout == "contiguous":
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous()), got "
+                             f"strides {t.stride()}")
+    elif layout == "rows":
+        if not has_contiguous_rows(t):
+            raise ValueError(f"{name}: expected each row (index of dim 0) contiguous and rows a "
+                             f"stride of at least a row's elements apart, as a contiguous tensor "
+                             f"or a column slice of one is (call .contiguous()), got shape "
+                             f"{tuple(t.shape)} with strides {t.stride()}")
+    else:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
 
 
 def check_same_device(**tensors: Optional[torch.Tensor]) -> None:
     """All given tensors (None skipped) must share the first one's device."""
-    named = [(name, t) for name, t in tensors.items() if t is not None]
-    lead_name, lead = named[0]
-    for name, t in named[1:]:
-        if t.device != lead.device:
+    lead_name = lead = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if lead is None:
+            lead_name, lead = name, t
+        elif t.device != lead.device:
             raise ValueError(f"{name}: expected a tensor on {lead.device} like {lead_name}, "
                              f"got {t.device}")
 
@@ -62,23 +97,25 @@ def check_choice(value, name: str, choices: Sequence[str]) -> None:
         raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
-def view(t: Optional[torch.Tensor]) -> Optional[_C.TensorView]:
-    """The borrowed view the C++ entries take; the tensor must outlive the call."""
+def view(t: Optional[torch.Tensor]) -> Optional[tuple]:
+    """The borrowed view the C++ entries take, as the tuple (data pointer, dtype code, shape,
+    strides, device code, device index, stream) that C++ reads into a TensorView and checks.
+    The tensor must outlive the call."""
     if t is None:
         return None
-    code = _DTYPE_CODES.get(t.dtype)
-    if code is None:
+    try:
+        code = _DTYPE_CODES[t.dtype]
+    except KeyError:
         raise TypeError(f"tensor of dtype {t.dtype}: gnomon's kernels take "
-                        f"{_dtype_names(_DTYPE_CODES)}")
-    device = t.device
-    if device.type == "cpu":
-        return _C.TensorView(t.data_ptr(), code, tuple(t.shape), t.stride(), _CPU, 0)
-    if device.type != "cuda":
-        raise ValueError(f"tensor on {device}: gnomon has kernels for cpu, cuda and hip tensors")
+                        f"{_dtype_names(_DTYPE_CODES)}") from None
+    if t.is_cpu:  # t.shape is a torch.Size, a tuple: C++ reads it as it is
+        return (t.data_ptr(), code, t.shape, t.stride(), _CPU, 0, 0)
+    if not t.is_cuda:
+        raise ValueError(f"tensor on {t.device}: gnomon has kernels for cpu, cuda and hip tensors")
     # GPU ops run on torch's current stream of the tensor's device
-    return _C.TensorView(t.data_ptr(), code, tuple(t.shape), t.stride(),
-                         _HIP if torch.version.hip else _CUDA, device.index or 0,
-                         torch.cuda.current_stream(device).cuda_stream)
+    device = t.device
+    return (t.data_ptr(), code, t.shape, t.stride(), _GPU, device.index or 0,
+            torch.cuda.current_stream(device).cuda_stream)
 
 
 _explicit_threads: Optional[int] = None

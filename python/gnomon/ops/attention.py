@@ -41,12 +41,16 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
                       value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Writes token t's `key`/`value` rows [T, Hkv, D] into the caches at ``slot_mapping[t]``.
 
+    `key` and `value` may be column slices of a fused QKV projection's output
+    (``qkv[:, a:b].view(T, Hkv, D)``): each token's Hkv * D elements contiguous, tokens any stride
+    of at least Hkv * D elements apart.
+
     In place. `slot_mapping` is int64 [T]; a slot of -1 skips the token (padding). Slots must be
     below ``num_blocks * block_size`` (checked in C++). If two tokens name the same slot, which
     one the slot ends up holding is unspecified.
     """
-    check_tensor(key, "key", dtypes=FLOATING, dim=3)
-    check_tensor(value, "value", dtypes=(key.dtype,), shape=tuple(key.shape))
+    check_tensor(key, "key", dtypes=FLOATING, dim=3, layout="rows")
+    check_tensor(value, "value", dtypes=(key.dtype,), shape=tuple(key.shape), layout="rows")
     _check_caches(key_cache, value_cache, key.dtype)
     if tuple(key_cache.shape[2:]) != tuple(key.shape[1:]):
         raise ValueError(f"key_cache: expected shape (*, *, {key.shape[1]}, {key.shape[2]}) to "
@@ -63,7 +67,8 @@ def _paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
                      query_start_loc: torch.Tensor, scale: float, sliding_window: int,
                      sinks: Optional[torch.Tensor]) -> torch.Tensor:
     follow_torch_threads()
-    out = torch.empty_like(query)
+    # contiguous whatever query's row stride
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
     _C.paged_attention(view(out), view(query), view(key_cache), view(value_cache),
                        view(block_tables), view(seq_lens), view(query_start_loc), scale,
                        sliding_window, view(sinks))
@@ -73,7 +78,7 @@ def _paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
 @_paged_attention.register_fake
 def _(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
       sliding_window, sinks):
-    return torch.empty_like(query)
+    return torch.empty_like(query, memory_format=torch.contiguous_format)
 
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -84,7 +89,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     """Causal attention of packed new tokens over the paged KV cache; returns [T, Hq, D].
 
     One call serves prefill, chunked prefill over cached context, decode and mixes of them.
-    `query` [T, Hq, D] packs the new tokens of B sequences; sequence b's are rows
+    `query` [T, Hq, D] packs the new tokens of B sequences (each token's Hq * D elements
+    contiguous, tokens any stride of at least Hq * D apart, as a column slice of a fused QKV
+    projection's output is); sequence b's are rows
     ``query_start_loc[b]:query_start_loc[b + 1]`` (int32 [B + 1], non-decreasing, from 0 to T).
     ``seq_lens[b]`` (int32 [B]) is its total KV length, the new tokens included, all already in
     the cache; ``block_tables[b]`` (int32 [B, max_blocks]) lists its blocks. Query j of q_len new
@@ -96,7 +103,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     wholly before the window of a sequence's first new query are never read and may be -1, the
     null block a sliding KV-cache group leaves where it released a block.
     """
-    check_tensor(query, "query", dtypes=FLOATING, dim=3)
+    check_tensor(query, "query", dtypes=FLOATING, dim=3, layout="rows")
     _check_caches(key_cache, value_cache, query.dtype)
     num_heads, head_dim = query.shape[1], query.shape[2]
     if key_cache.shape[3] != head_dim:

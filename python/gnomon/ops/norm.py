@@ -16,6 +16,9 @@ def _normalise(x: torch.Tensor, weight: torch.Tensor, eps: float,
                residual: Optional[torch.Tensor]) -> torch.Tensor:
     follow_torch_threads()
     out = torch.empty_like(x)
+    if x.dim() == 2:  # the common case, without a torch view per operand
+        _C.rms_norm(view(out), view(x), view(weight), eps, view(residual))
+        return out
     shape = (math.prod(x.shape[:-1]), x.shape[-1])
     rows = lambda t: None if t is None else t.view(shape)  # noqa: E731
     _C.rms_norm(view(rows(out)), view(rows(x)), view(weight), eps, view(rows(residual)))
@@ -81,12 +84,17 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
                      cos_sin_cache: torch.Tensor, *, is_neox: bool = True) -> None:
     """Rotates `query` [T, Hq, D] and `key` [T, Hkv, D] in place by the angles at `positions`.
 
+    `query` and `key` may be column slices of a fused QKV projection's output
+    (``qkv[:, a:b].view(T, H, D)``): each token's H * D elements contiguous, tokens any stride of
+    at least H * D elements apart.
+
     `cos_sin_cache` is float32 [max_position, rotary_dim]: cosines in the first half of each row,
     sines in the second. Only the first rotary_dim dims of each head rotate. ``is_neox=True``
     rotates the two halves of the rotary dims against each other, False rotates adjacent pairs.
     """
-    check_tensor(query, "query", dtypes=FLOATING, dim=3)
-    check_tensor(key, "key", dtypes=(query.dtype,), shape=(query.shape[0], None, query.shape[2]))
+    check_tensor(query, "query", dtypes=FLOATING, dim=3, layout="rows")
+    check_tensor(key, "key", dtypes=(query.dtype,), shape=(query.shape[0], None, query.shape[2]),
+                 layout="rows")
     check_tensor(positions, "positions", dtypes=(torch.int64,), shape=(query.shape[0],))
     check_tensor(cos_sin_cache, "cos_sin_cache", dtypes=(torch.float32,), dim=2)
     rotary_dim = cos_sin_cache.shape[1]

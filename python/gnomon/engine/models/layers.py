@@ -40,9 +40,10 @@ def attention(runner, i: int, x: torch.Tensor, inputs, tick) -> torch.Tensor:
     hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
     qkv = F.linear(x, w[p + "qkv"], w.get(p + "qkv_bias"))
     tick("gemm")
-    q = qkv[:, :c.q_size].reshape(num_tokens, hq, d).contiguous()
-    k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(num_tokens, hkv, d).contiguous()
-    v = qkv[:, c.q_size + c.kv_size:].reshape(num_tokens, hkv, d).contiguous()
+    # views into qkv, no copies: the ops take rows (tokens) any stride apart
+    q = qkv[:, :c.q_size].view(num_tokens, hq, d)
+    k = qkv[:, c.q_size:c.q_size + c.kv_size].view(num_tokens, hkv, d)
+    v = qkv[:, c.q_size + c.kv_size:].view(num_tokens, hkv, d)
     ops.rotary_embedding(inputs["positions"], q, k, runner.cos_sin_cache)
     tick("elementwise")
     group, position = runner.layer_slots[i]
