@@ -25,6 +25,7 @@
 #include "core/simd.h"
 #include "core/threads.h"
 #include "cpu/kernels.h"
+#include "cpu/lanes_gemm.h"
 #include "cpu/vec.h"
 
 
@@ -214,50 +215,135 @@ GNOMON_INLINE void dots(const void* const* rows, const uint8_t* const* scales, i
   }
 }
 
+// ---- tokens in the lanes: the grouped GEMM of an expert with many tokens ---------------------
+//
+// An expert with at least kLanesMinTokens tokens runs as GEMMs with its tokens in the vector
+// lanes (lanes_gemm.h): its activations are transposed once per phase into B ([K][lanes] floats,
+// or [K/2][lanes] bf16 pairs on the dot path), and each block of up to kLanesRows weight rows is
+// decoded once into a panel (float32 in the activations' split order, or bf16 pairs) that every
+// token then reads as broadcast scalars. The dot path (AVX512-BF16, bf16 activations, bf16 or
+// MXFP4 weights) takes both products as vdpbf16ps; every MXFP4 value times its power-of-two
+// scale is a bf16, so only the intermediate activations of the down projection are rounded.
+
+constexpr int kLanesRows = 8;
+constexpr int64_t kLanesMinTokens = 8;
+
+// Row `row`'s K elements into `panel`: floats in the split order of Rows (its decode), or, with
+// kDot, bf16 pairs in natural order with a zero after an odd K.
+template <typename V, typename Rows, bool kDot>
+GNOMON_INLINE void decode_row(const void* row, const uint8_t* scales, int64_t K, void* panel) {
+  constexpr int W = Rows::kVectors;
+  constexpr int64_t step = W * V::L;
+  if constexpr (!kDot) {
+    float* out = static_cast<float*>(panel);
+    int64_t k = 0;
+    for (; k + step <= K; k += step) {
+      typename V::F w[W];
+      Rows::decode(row, scales, k, w);
+      for (int i = 0; i < W; ++i) store(out + k + i * V::L, w[i]);
+    }
+    for (; k < K; ++k) out[k] = Rows::at(row, k);
+  } else if constexpr (std::is_same_v<Rows, Mxfp4Rows<V>>) {  // K % 32 == 0
+    uint32_t* out = static_cast<uint32_t*>(panel);
+    for (int64_t k = 0; k < K; k += step) {
+      typename V::F w[W];
+      Rows::decode(row, scales, k, w);  // even elements, odd elements: exact in bf16
+      store(out + k / 2, (bit_cast<typename V::U>(w[0]) >> 16) |
+                             (bit_cast<typename V::U>(w[1]) & 0xFFFF0000u));
+    }
+  } else {  // bf16 rows are bf16 pairs already
+    std::memcpy(panel, row, K * sizeof(uint16_t));
+    if (K % 2 == 1) static_cast<uint16_t*>(panel)[K] = 0;
+  }
+}
+
+// c[r][lane] = dot(row r, B[.][lane]) for nr <= kLanesRows rows and `lanes` lanes.
+template <typename V, typename Rows, bool kDot>
+GNOMON_INLINE void lanes_rows(const void* const* rows, const uint8_t* const* scales, int nr,
+                              const void* b, int64_t lanes, int64_t K, void* panel, float* c) {
+  const int64_t depth = kDot ? (K + 1) / 2 : K;  // words of a panel row on the dot path
+  for (int r = 0; r < nr; ++r) {
+    decode_row<V, Rows, kDot>(rows[r], scales[r], K,
+                              static_cast<char*>(panel) + r * depth * sizeof(float));
+  }
+  // Wide: 8 rows x 2 vectors, 16 of 32 registers; Narrow: 4 x 2, 8 of 16.
+  constexpr int NI = V::L == 16 ? kLanesRows : kLanesRows / 2;
+  lanes_gemm<V, kDot, 2, NI>(nr, panel, depth, 1, depth, b, c, lanes, nullptr);
+}
+
 #define GNOMON_DOTS_ARGS                                                                  \
   const void *const *rows, const uint8_t *const *scales, int nr, const float *const *xs, \
       int nt, int64_t K, float *out
-#if GNOMON_HAS_WIDE_KERNELS
-#define GNOMON_DEFINE_DOTS(Rows)                                                          \
+#define GNOMON_LANES_ARGS                                                                \
+  const void *const *rows, const uint8_t *const *scales, int nr, const void *b,         \
+      int64_t lanes, int64_t K, void *panel, float *c
+#define GNOMON_NARROW_KERNELS(Rows)                                                       \
   GNOMON_SIMD_CLONES void Rows##_narrow(GNOMON_DOTS_ARGS) {                               \
     dots<Narrow, Rows<Narrow>>(rows, scales, nr, xs, nt, K, out);                         \
   }                                                                                       \
+  GNOMON_SIMD_CLONES void Rows##_lanes_narrow(GNOMON_LANES_ARGS) {                        \
+    lanes_rows<Narrow, Rows<Narrow>, false>(rows, scales, nr, b, lanes, K, panel, c);     \
+  }
+#define GNOMON_WIDE_KERNELS(Rows)                                                         \
   GNOMON_TARGET_WIDE void Rows##_wide(GNOMON_DOTS_ARGS) {                                 \
     dots<Wide, Rows<Wide>>(rows, scales, nr, xs, nt, K, out);                             \
+  }                                                                                       \
+  GNOMON_TARGET_WIDE void Rows##_lanes_wide(GNOMON_LANES_ARGS) {                          \
+    lanes_rows<Wide, Rows<Wide>, false>(rows, scales, nr, b, lanes, K, panel, c);         \
   }
-#else
-#define GNOMON_DEFINE_DOTS(Rows)                                                          \
-  GNOMON_SIMD_CLONES void Rows##_narrow(GNOMON_DOTS_ARGS) {                               \
-    dots<Narrow, Rows<Narrow>>(rows, scales, nr, xs, nt, K, out);                         \
+#define GNOMON_BF16_KERNELS(Rows)                                                         \
+  GNOMON_TARGET_BF16 void Rows##_lanes_bf16(GNOMON_LANES_ARGS) {                          \
+    lanes_rows<Wide, Rows<Wide>, true>(rows, scales, nr, b, lanes, K, panel, c);          \
   }
+GNOMON_NARROW_KERNELS(F32Rows)
+GNOMON_NARROW_KERNELS(F16Rows)
+GNOMON_NARROW_KERNELS(BF16Rows)
+GNOMON_NARROW_KERNELS(Mxfp4Rows)
+#if GNOMON_HAS_WIDE_KERNELS
+GNOMON_WIDE_KERNELS(F32Rows)
+GNOMON_WIDE_KERNELS(F16Rows)
+GNOMON_WIDE_KERNELS(BF16Rows)
+GNOMON_WIDE_KERNELS(Mxfp4Rows)
+GNOMON_BF16_KERNELS(BF16Rows)
+GNOMON_BF16_KERNELS(Mxfp4Rows)
 #endif
-GNOMON_DEFINE_DOTS(F32Rows)
-GNOMON_DEFINE_DOTS(F16Rows)
-GNOMON_DEFINE_DOTS(BF16Rows)
-GNOMON_DEFINE_DOTS(Mxfp4Rows)
-#undef GNOMON_DEFINE_DOTS
+#undef GNOMON_NARROW_KERNELS
+#undef GNOMON_WIDE_KERNELS
+#undef GNOMON_BF16_KERNELS
 
 using DotsFn = void (*)(GNOMON_DOTS_ARGS);
+using LanesFn = void (*)(GNOMON_LANES_ARGS);
 
-// The dots for one weight dtype, and the split group size G its activations need (0: unsplit).
-struct Dots {
-  DotsFn fn;
+// The kernels for one weight dtype: dot-product tiles and their activations' split group size G
+// (0: unsplit), and the tokens-in-lanes GEMM with its vector width and whether it takes bf16
+// pairs (dot).
+struct Kernels {
+  DotsFn dots;
   int64_t group;
+  LanesFn lanes;
+  int64_t width;
+  bool dot;
 };
 
-Dots dots_for(DType weight_dtype) {
-  const bool wide = GNOMON_HAS_WIDE_KERNELS && kernel_isa() != Isa::Narrow;
+// `bf16_data`: the activations are bfloat16, so the bf16 dot path keeps them exact.
+Kernels kernels_for(DType weight_dtype, bool bf16_data) {
+  const Isa isa = kernel_isa();
+  const bool wide = GNOMON_HAS_WIDE_KERNELS && isa != Isa::Narrow;
+  const bool dot = isa == Isa::WideBf16 && bf16_data &&
+                   (weight_dtype == DType::BFloat16 || weight_dtype == DType::UInt8);
 #if GNOMON_HAS_WIDE_KERNELS
-#define GNOMON_PICK(Rows) \
-  wide ? Dots{Rows##_wide, Rows<Wide>::kSplit} : Dots{Rows##_narrow, Rows<Narrow>::kSplit}
+#define GNOMON_PICK(Rows, DotLanes)                                                          \
+  wide ? Kernels{Rows##_wide, Rows<Wide>::kSplit, dot ? DotLanes : Rows##_lanes_wide, 16, dot} \
+       : Kernels{Rows##_narrow, Rows<Narrow>::kSplit, Rows##_lanes_narrow, 8, false}
 #else
-#define GNOMON_PICK(Rows) Dots{Rows##_narrow, Rows<Narrow>::kSplit}
+#define GNOMON_PICK(Rows, DotLanes) \
+  Kernels{Rows##_narrow, Rows<Narrow>::kSplit, Rows##_lanes_narrow, 8, false}
 #endif
   switch (weight_dtype) {
-    case DType::UInt8: return GNOMON_PICK(Mxfp4Rows);
-    case DType::BFloat16: return GNOMON_PICK(BF16Rows);
-    case DType::Float16: return GNOMON_PICK(F16Rows);
-    default: return GNOMON_PICK(F32Rows);
+    case DType::UInt8: return GNOMON_PICK(Mxfp4Rows, Mxfp4Rows_lanes_bf16);
+    case DType::BFloat16: return GNOMON_PICK(BF16Rows, BF16Rows_lanes_bf16);
+    case DType::Float16: return GNOMON_PICK(F16Rows, nullptr);  // dot is false
+    default: return GNOMON_PICK(F32Rows, nullptr);
   }
 #undef GNOMON_PICK
 }
@@ -373,27 +459,32 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
   const int64_t tokens = hidden.size(0), H = hidden.size(1), top_k = topk_ids.size(1);
   const int64_t E = w13.size(0), I = w13.size(1) / 2;
   if (tokens == 0 || H == 0) return;
-  const Dots kernel = dots_for(w13.dtype);
-  const DotsFn dots = kernel.fn;
+  const DType dtype = hidden.dtype;
+  const Kernels kernel = kernels_for(w13.dtype, dtype == DType::BFloat16);
+  const DotsFn dots = kernel.dots;
   const Layout x_layout(kernel.group, H), a_layout(kernel.group, I);
   const Projection up = make_projection(w13, w13_scales, w13_bias);
   const Projection down = make_projection(w2, w2_scales, w2_bias);
-  const DType dtype = hidden.dtype;
   const int64_t elem = dtype_size(dtype);
   const bool interleaved = gate_up_layout == GateUpLayout::Interleaved;
   const float* routing = topk_weights.ptr<const float>();
   const int32_t* ids = topk_ids.ptr<const int32_t>();
+  // A lanes expert's B rows: floats, or bf16 pairs (half as many rows of 32-bit words).
+  const int64_t x_rows = kernel.dot ? (H + 1) / 2 : H, a_rows = kernel.dot ? (I + 1) / 2 : I;
 
-  // Tokens go through in chunks that bound the float32 buffers (a chunk re-reads the weights).
+  // Tokens go through in chunks that bound the float32 buffers (a chunk re-reads the weights):
+  // x, a, and the lanes experts' transposes of both (padded to whole vectors).
   const int64_t chunk = std::max<int64_t>(
-      1, std::min(tokens, kChunkBytes / static_cast<int64_t>(sizeof(float) * (H + top_k * I))));
+      1, std::min(tokens, kChunkBytes / static_cast<int64_t>(sizeof(float) *
+                                                             (H + top_k * (2 * I + H)))));
   std::unique_ptr<float[]> x(new float[chunk * H]);
   std::unique_ptr<float[]> a(new float[chunk * top_k * I]);
-  std::vector<int64_t> offsets(E + 1);
+  std::vector<int64_t> offsets(E + 1), lanes(E), b_offset(E);
   std::vector<int32_t> slot_token(chunk * top_k);
   std::vector<float> slot_weight(chunk * top_k);
   std::vector<const float*> slot_x(chunk * top_k), slot_a(chunk * top_k);
-  std::vector<int64_t> active;
+  std::vector<int64_t> active, lanes_experts;
+  std::vector<float> xt, at;  // B of the two phases for lanes experts (words on the dot path)
 
   for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {
     const int64_t n = std::min(chunk, tokens - c0);
@@ -402,10 +493,17 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     std::fill(offsets.begin(), offsets.end(), 0);
     for (int64_t i = c0 * top_k; i < (c0 + n) * top_k; ++i) ++offsets[ids[i] + 1];
     active.clear();
-    int64_t most = 0;  // the most slots one expert has
+    lanes_experts.clear();
+    int64_t most = 0, lane_count = 0;  // the most slots one expert has; lanes over all experts
     for (int64_t e = 0; e < E; ++e) {
-      if (offsets[e + 1] > 0) active.push_back(e);
-      most = std::max(most, offsets[e + 1]);
+      const int64_t count = offsets[e + 1];
+      if (count > 0) active.push_back(e);
+      lanes[e] = count >= kLanesMinTokens ? (count + kernel.width - 1) / kernel.width * kernel.width
+                                          : 0;
+      if (lanes[e] > 0) lanes_experts.push_back(e);
+      b_offset[e] = lane_count;
+      lane_count += lanes[e];
+      most = std::max(most, count);
       offsets[e + 1] += offsets[e];
     }
     {
@@ -420,6 +518,12 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
         }
       }
     }
+    // Expert e's B of a phase: rows of lanes[e] floats at rows * b_offset[e]. Padding lanes and
+    // the high half of an odd K's last pair must be zeros (0 * NaN would be NaN).
+    xt.assign(x_rows * lane_count, 0.0f);
+    at.assign(a_rows * lane_count, 0.0f);
+    auto x_panel = [&](int64_t e) { return xt.data() + x_rows * b_offset[e]; };
+    auto a_panel = [&](int64_t e) { return at.data() + a_rows * b_offset[e]; };
 
     // Hidden rows in float32, laid out for the weights' tiles.
     parallel_for(n, std::max<int64_t>(1, 16384 / H), [&](int64_t begin, int64_t end) {
@@ -434,42 +538,85 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
         for (int64_t j = 0; j < H; ++j) x[t * H + x_layout(j)] = row[j];
       }
     });
+    // ... and transposed for the lanes experts: element (k, lane t) of a float B; on the dot
+    // path the 32-bit words of the bf16 hidden row, which are its natural pairs.
+    parallel_for(static_cast<int64_t>(lanes_experts.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t e = lanes_experts[i], width = lanes[e];
+        for (int64_t t = 0; t < offsets[e + 1] - offsets[e]; ++t) {
+          const int64_t s = offsets[e] + t;
+          if (!kernel.dot) {
+            const float* row = slot_x[s];
+            for (int64_t k = 0; k < H; ++k) x_panel(e)[k * width + t] = row[k];
+            continue;
+          }
+          const char* row = static_cast<const char*>(hidden.data) + (c0 + slot_token[s]) * H * 2;
+          uint32_t* b = reinterpret_cast<uint32_t*>(x_panel(e)) + t;
+          for (int64_t m = 0; m < H / 2; ++m) std::memcpy(b + m * width, row + 4 * m, 4);
+          if (H % 2 == 1) std::memcpy(b + H / 2 * width, row + H * 2 - 2, 2);  // little-endian
+        }
+      }
+    });
+
+    // Stores the activations of intermediate column `col` for expert e's nt slots: in `a` for
+    // the tiles, in the expert's B of the down phase for the lanes GEMM.
+    auto store_activations = [&](int64_t e, int64_t col, const float* gate, const float* upv,
+                                 float gate_bias, float up_bias, int nt) {
+      auto value = [&](int t) {
+        const float g = gate[t] + gate_bias, u = upv[t] + up_bias;
+        return activation == Activation::Silu ? math::silu_and_mul(g, u) : math::swiglu_oai(g, u);
+      };
+      if (lanes[e] == 0) {
+        float* dst = a.get() + offsets[e] * I + a_layout(col);
+        for (int t = 0; t < nt; ++t) dst[t * I] = value(t);
+      } else if (!kernel.dot) {
+        float* dst = a_panel(e) + a_layout(col) * lanes[e];
+        for (int t = 0; t < nt; ++t) dst[t] = value(t);
+      } else {
+        uint16_t* dst = reinterpret_cast<uint16_t*>(a_panel(e) + col / 2 * lanes[e]) + col % 2;
+        for (int t = 0; t < nt; ++t) dst[2 * t] = math::float_to_bf16(value(t));
+      }
+    };
 
     // Gate/up and activation: items are (active expert, block of kUpBlock intermediate columns).
     const int64_t up_blocks = (I + kUpBlock - 1) / kUpBlock;
+    const int64_t panel_floats = kLanesRows * (std::max(x_rows, a_rows) + 1);
     ItemQueue up_items(static_cast<int64_t>(active.size()) * up_blocks);
     parallel_for(up_items.tickets(), 1, [&](int64_t ticket, int64_t) {
-      std::vector<float> dot(4 * most);
+      std::vector<float> dot(std::max(4 * most, kLanesRows * (most + kernel.width)));
+      std::vector<float> panel(panel_floats);
       for (int64_t item; up_items.take(ticket, item);) {
         const int64_t e = active[item / up_blocks];
         const int64_t j0 = (item % up_blocks) * kUpBlock, j1 = std::min(I, j0 + kUpBlock);
         const int64_t first = offsets[e];
         const int nt = static_cast<int>(offsets[e + 1] - first);
-        for (int64_t j = j0; j < j1; j += 2) {
-          const int pairs = j + 1 < j1 ? 2 : 1;
-          const void* rows[4];
-          const uint8_t* scales[4];
-          int64_t row_ids[4];
-          for (int p = 0; p < pairs; ++p) {
-            row_ids[2 * p] = interleaved ? 2 * (j + p) : j + p;          // gate
+        // columns per step: 2 for the tiles (4 rows), kLanesRows / 2 for the lanes GEMM
+        const int64_t per_step = lanes[e] > 0 ? kLanesRows / 2 : 2;
+        const int64_t ld = lanes[e] > 0 ? lanes[e] : nt;  // dot's row stride
+        for (int64_t j = j0; j < j1; j += per_step) {
+          const int cols = static_cast<int>(std::min(per_step, j1 - j));
+          const void* rows[kLanesRows];
+          const uint8_t* scales[kLanesRows];
+          int64_t row_ids[kLanesRows];
+          for (int p = 0; p < cols; ++p) {
+            row_ids[2 * p] = interleaved ? 2 * (j + p) : j + p;              // gate
             row_ids[2 * p + 1] = interleaved ? 2 * (j + p) + 1 : I + j + p;  // up
           }
-          for (int r = 0; r < 2 * pairs; ++r) {
+          for (int r = 0; r < 2 * cols; ++r) {
             rows[r] = up.row(e, row_ids[r]);
             scales[r] = up.scale(e, row_ids[r]);
           }
-          dots(rows, scales, 2 * pairs, slot_x.data() + first, nt, H, dot.data());
-          for (int p = 0; p < pairs; ++p) {
+          if (lanes[e] > 0) {
+            kernel.lanes(rows, scales, 2 * cols, x_panel(e), lanes[e], H, panel.data(),
+                         dot.data());
+          } else {
+            dots(rows, scales, 2 * cols, slot_x.data() + first, nt, H, dot.data());
+          }
+          for (int p = 0; p < cols; ++p) {
             const float gate_bias = up.bias_at(e, row_ids[2 * p]);
             const float up_bias = up.bias_at(e, row_ids[2 * p + 1]);
-            const float* gate = dot.data() + 2 * p * nt;
-            const float* upv = gate + nt;
-            const int64_t col = a_layout(j + p);
-            for (int t = 0; t < nt; ++t) {
-              const float g = gate[t] + gate_bias, u = upv[t] + up_bias;
-              a[(first + t) * I + col] = activation == Activation::Silu ? math::silu_and_mul(g, u)
-                                                                         : math::swiglu_oai(g, u);
-            }
+            const float* gate = dot.data() + 2 * p * ld;
+            store_activations(e, j + p, gate, gate + ld, gate_bias, up_bias, nt);
           }
         }
       }
@@ -478,28 +625,35 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     // Down projection: items are blocks of output columns; each owns out[chunk, block].
     ItemQueue down_items((H + kDownBlock - 1) / kDownBlock);
     parallel_for(down_items.tickets(), 1, [&](int64_t ticket, int64_t) {
-      std::vector<float> dot(4 * most), acc(n * kDownBlock);
+      std::vector<float> dot(std::max(4 * most, kLanesRows * (most + kernel.width)));
+      std::vector<float> panel(panel_floats), acc(n * kDownBlock);
       for (int64_t block; down_items.take(ticket, block);) {
         const int64_t h0 = block * kDownBlock, width = std::min(kDownBlock, H - h0);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (const int64_t e : active) {
           const int64_t first = offsets[e];
           const int nt = static_cast<int>(offsets[e + 1] - first);
-          for (int64_t h = h0; h < h0 + width; h += 4) {
-            const int nr = static_cast<int>(std::min<int64_t>(4, h0 + width - h));
-            const void* rows[4];
-            const uint8_t* scales[4];
+          const int64_t per_step = lanes[e] > 0 ? kLanesRows : 4;
+          const int64_t ld = lanes[e] > 0 ? lanes[e] : nt;
+          for (int64_t h = h0; h < h0 + width; h += per_step) {
+            const int nr = static_cast<int>(std::min<int64_t>(per_step, h0 + width - h));
+            const void* rows[kLanesRows];
+            const uint8_t* scales[kLanesRows];
             for (int r = 0; r < nr; ++r) {
               rows[r] = down.row(e, h + r);
               scales[r] = down.scale(e, h + r);
             }
-            dots(rows, scales, nr, slot_a.data() + first, nt, I, dot.data());
+            if (lanes[e] > 0) {
+              kernel.lanes(rows, scales, nr, a_panel(e), lanes[e], I, panel.data(), dot.data());
+            } else {
+              dots(rows, scales, nr, slot_a.data() + first, nt, I, dot.data());
+            }
             for (int r = 0; r < nr; ++r) {
               const float bias = down.bias_at(e, h + r);
               for (int t = 0; t < nt; ++t) {
                 const int64_t s = first + t;
                 acc[slot_token[s] * kDownBlock + (h - h0) + r] +=
-                    slot_weight[s] * (dot[r * nt + t] + bias);
+                    slot_weight[s] * (dot[r * ld + t] + bias);
               }
             }
           }

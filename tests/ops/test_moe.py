@@ -50,12 +50,15 @@ def dequantize_reference(packed, scales):
 
 def moe_reference(hidden, w13, w2, topk_weights, topk_ids, activation="silu",
                   gate_up_layout="concat", w13_bias=None, w2_bias=None, w13_scales=None,
-                  w2_scales=None):
+                  w2_scales=None, magnitudes=False):
+    """The MoE block's output in float64; with `magnitudes`, also the sum over each token's
+    experts of |routing weight| * (|w2| @ |activation|), the scale of rounding the activations."""
     if w13.dtype == torch.uint8:
         w13, w2 = dequantize_reference(w13, w13_scales), dequantize_reference(w2, w2_scales)
     w13, w2 = w13.double(), w2.double()
     intermediate = w2.shape[2]
     out = torch.zeros(hidden.shape, dtype=torch.float64)
+    magnitude = torch.zeros(hidden.shape, dtype=torch.float64)
     for t in range(hidden.shape[0]):
         x = hidden[t].double()
         for j in range(topk_ids.shape[1]):
@@ -76,12 +79,22 @@ def moe_reference(hidden, w13, w2, topk_weights, topk_ids, activation="silu",
             if w2_bias is not None:
                 y = y + w2_bias[e].double()
             out[t] += float(topk_weights[t, j]) * y
-    return out
+            magnitude[t] += abs(float(topk_weights[t, j])) * (w2[e].abs() @ act.abs())
+    return (out, magnitude) if magnitudes else out
 
 
-def assert_close_to_reference(out, expected, dtype):
+def assert_close_to_reference(out, expected, dtype, magnitude=None):
+    """bf16 with `magnitude` (moe_reference's): the kernels' bf16 dot path rounds the
+    intermediate activations to bf16 before the down projection (as a bf16 torch MoE does), so
+    each output may be off by the unit roundoff u = 2^-8 times |reference| + magnitude (the
+    activations' rounding, then the output's), plus float32 accumulation."""
     assert out.dtype == dtype
     scale = max(expected.abs().max().item(), 1.0) if expected.numel() else 1.0
+    if dtype == torch.bfloat16 and magnitude is not None:
+        bound = 2.0 ** -8 * (expected.abs() + magnitude) + ATOL[dtype] * scale
+        excess = (out.double() - expected).abs() - bound
+        assert (excess <= 0).all(), f"off by up to {excess.max().item():.3g} beyond the bound"
+        return
     torch.testing.assert_close(out.double(), expected, rtol=RTOL[dtype],
                                atol=ATOL[dtype] * scale)
 
@@ -127,14 +140,14 @@ STYLES = {"mixtral": MIXTRAL, "gpt-oss": GPT_OSS}
 
 
 def run_block(style, experts, T, E, k, H, I, dtype, seed=0):
+    """fused_moe's output, and moe_reference's output and magnitudes, on one random block."""
     torch.manual_seed(seed)
     hidden = torch.randn(T, H).to(dtype)
     w13, w2, extra = experts(E, H, I, dtype, bias=style["bias"], seed=seed)
     weights, ids = routed(T, E, k, style["mode"], seed)
     kwargs = dict(activation=style["activation"], gate_up_layout=style["gate_up_layout"], **extra)
     out = ops.fused_moe(hidden, w13, w2, weights, ids, **kwargs)
-    expected = moe_reference(hidden, w13, w2, weights, ids, **kwargs)
-    return out, expected
+    return out, moe_reference(hidden, w13, w2, weights, ids, **kwargs, magnitudes=True)
 
 
 # ---- topk_routing ----------------------------------------------------------------------------------
@@ -179,8 +192,8 @@ def test_topk_routing_of_no_tokens():
     (23, 6, 3, 100, 33),
 ])
 def test_fused_moe_dense_matches_reference(dtype, style, T, E, k, H, I):
-    out, expected = run_block(STYLES[style], dense_experts, T, E, k, H, I, dtype)
-    assert_close_to_reference(out, expected, dtype)
+    out, (expected, magnitude) = run_block(STYLES[style], dense_experts, T, E, k, H, I, dtype)
+    assert_close_to_reference(out, expected, dtype, magnitude)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -191,13 +204,30 @@ def test_fused_moe_dense_matches_reference(dtype, style, T, E, k, H, I):
     (19, 4, 2, 64, 160),
 ])
 def test_fused_moe_mxfp4_matches_reference(dtype, style, T, E, k, H, I):
-    out, expected = run_block(STYLES[style], mxfp4_experts, T, E, k, H, I, dtype)
-    assert_close_to_reference(out, expected, dtype)
+    out, (expected, magnitude) = run_block(STYLES[style], mxfp4_experts, T, E, k, H, I, dtype)
+    assert_close_to_reference(out, expected, dtype, magnitude)
+
+
+@pytest.mark.parametrize("family", ["narrow", "wide", "best"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("experts, H, I", [(dense_experts, 101, 33), (mxfp4_experts, 96, 64)])
+@pytest.mark.parametrize("style", STYLES)
+def test_fused_moe_kernel_families(family, dtype, experts, H, I, style, monkeypatch):
+    """Experts with many tokens run the tokens-in-lanes GEMM (8 or more tokens), the rest the
+    dot-product tiles, in one call, on each kernel family; odd H and I leave tails and, on the
+    bf16 dot path, a half-empty last pair (see assert_close_to_reference for its tolerance)."""
+    if family != "best":
+        monkeypatch.setenv("GNOMON_CPU_KERNELS", family)
+    T, E, k = 24, 6, 2  # about 8 tokens per expert, some above and some below
+    out, (expected, magnitude) = run_block(STYLES[style], experts, T, E, k, H, I, dtype, seed=11)
+    counts = routed(T, E, k, STYLES[style]["mode"], seed=11)[1].flatten().bincount(minlength=E)
+    assert (counts >= 8).any() and ((counts > 0) & (counts < 8)).any()
+    assert_close_to_reference(out, expected, dtype, magnitude)
 
 
 @pytest.mark.parametrize("experts, H, I", [(dense_experts, 72, 40), (mxfp4_experts, 64, 96)])
 def test_fused_moe_float16(experts, H, I):
-    out, expected = run_block(GPT_OSS, experts, 6, 4, 2, H, I, torch.float16)
+    out, (expected, _) = run_block(GPT_OSS, experts, 6, 4, 2, H, I, torch.float16)
     assert_close_to_reference(out, expected, torch.float16)
 
 
