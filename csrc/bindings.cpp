@@ -665,6 +665,16 @@ PYBIND11_MODULE(_C, m) {
       "has none). The best of at least five register-only runs over `seconds`.");
   m.def("cpu_kernel_isa", [] { return gnomon::cpu::isa_name(gnomon::cpu::kernel_isa()); },
         "The CPU kernel family the ops run now: avx512-bf16, avx512, avx2 or portable.");
+  m.def(
+      "cpu_kernel_paths",
+      [] {
+        const char* family = gnomon::cpu::isa_name(gnomon::cpu::kernel_isa());
+        const char* rows = gnomon::cpu::row_helpers_isa();
+        return py::dict("paged_attention"_a = family, "fused_moe"_a = family,
+                        "mxfp4_gemm"_a = family, "rms_norm"_a = rows, "rotary_embedding"_a = rows);
+      },
+      "The SIMD path each CPU op family runs on this CPU now: the kernel family (cpu_kernel_isa) "
+      "for attention, MoE and MXFP4; the load-time clone of the row helpers for the norms.");
   m.def("num_threads", &gnomon::num_threads);
   m.def("set_num_threads", &gnomon::set_num_threads, "n"_a);
 

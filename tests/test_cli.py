@@ -30,11 +30,37 @@ def test_info_json_has_every_field(capsys):
     info = json.loads(capsys.readouterr().out)
     assert set(info) == {"version", "compiler", "build_type", "cxx_flags", "sanitizers",
                          "simd_compiled", "simd_cpu", "gpu_backends", "gpu_architectures",
-                         "num_threads", "compiled_modules", "pure_python"}
+                         "num_threads", "kernel_paths", "compiled_modules", "pure_python"}
     # a CPU-only build names no architectures; a GPU build names the ones compiled in
     assert bool(info["gpu_backends"]) == bool(info["gpu_architectures"])
     assert info["version"] == metadata.version("gnomon")
     assert info["num_threads"] >= 1
+
+
+@pytest.mark.parametrize("cap", [None, "narrow", "wide"])
+def test_info_names_the_path_each_op_family_runs(cap, capsys, monkeypatch):
+    """The kernel families follow the GNOMON_CPU_KERNELS cap (never above what the CPU has);
+    the norms' row helpers are the clone picked at load time, which no cap moves."""
+    if cap is not None:
+        monkeypatch.setenv("GNOMON_CPU_KERNELS", cap)
+    cli.main(["info", "--json"])
+    paths = json.loads(capsys.readouterr().out)["kernel_paths"]
+    assert set(paths) == {"paged_attention", "fused_moe", "mxfp4_gemm", "rms_norm",
+                          "rotary_embedding"}
+    family = {paths[op] for op in ("paged_attention", "fused_moe", "mxfp4_gemm")}
+    assert family == {_C.cpu_kernel_isa()}
+    has_avx512 = {"avx512f", "avx512bw", "avx512vl"} <= set(_C.build_info()["simd_cpu"])
+    if cap == "narrow" or not has_avx512:
+        assert family <= {"avx2", "portable"}
+    elif cap == "wide":
+        assert family == {"avx512"}
+    assert paths["rms_norm"] == paths["rotary_embedding"]
+    assert paths["rms_norm"] in ("avx512", "avx2", "portable")
+    cli.main(["info"])
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("cpu kernels:"))
+    printed = {op: path for group in line.removeprefix("cpu kernels:").strip().split("; ")
+               for ops, path in [group.split(": ")] for op in ops.split(", ")}
+    assert printed == paths
 
 
 def test_release_build_is_optimised():

@@ -113,6 +113,14 @@ const char* isa_name(Isa isa) {
   }
 }
 
+const char* row_helpers_isa() {
+#if GNOMON_HAS_SIMD_CLONES
+  if (__builtin_cpu_supports("x86-64-v4")) return "avx512";
+  if (__builtin_cpu_supports("x86-64-v3")) return "avx2";
+#endif
+  return "portable";
+}
+
 }  // namespace gnomon::cpu
 
 namespace gnomon::cpu {

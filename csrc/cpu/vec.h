@@ -49,6 +49,8 @@ void scale(float alpha, float* x, int64_t n);                 // x *= alpha
 enum class Isa { Narrow, Wide, WideBf16 };
 Isa kernel_isa();
 const char* isa_name(Isa isa);
+// The clone of the row helpers (load_floats, dot, ...: rms_norm, rotary) picked at load time.
+const char* row_helpers_isa();
 bool cpu_has_wide();
 bool cpu_has_bf16_dot();
 

@@ -22,6 +22,7 @@ def build_summary() -> dict:
     except ImportError:
         num_threads = _C.num_threads
     info["num_threads"] = num_threads()
+    info["kernel_paths"] = _C.cpu_kernel_paths()
     from gnomon import _compiled
 
     info["compiled_modules"] = _compiled.compiled_modules()
@@ -40,6 +41,11 @@ def _print_info(as_json: bool) -> None:
     print(f"build:        {info['build_type']} ({info['cxx_flags']}); sanitizers: {sanitizers}")
     print(f"simd:         compiled for {info['simd_compiled']}; "
           f"this cpu has {', '.join(info['simd_cpu']) or 'none detected'}")
+    by_path = {}
+    for op, path in info["kernel_paths"].items():
+        by_path.setdefault(path, []).append(op)
+    print("cpu kernels:  " + "; ".join(f"{', '.join(ops)}: {path}"
+                                       for path, ops in by_path.items()))
     backends = ", ".join(info["gpu_backends"])
     gpus = f"{backends} for {info['gpu_architectures']}" if backends else "none (CPU-only build)"
     print(f"gpu backends: {gpus}")

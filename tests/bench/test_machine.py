@@ -63,6 +63,12 @@ def test_cpu_peaks_are_measured():
     for dtype, rate in peaks["tflops"].items():
         assert rate == peaks["measured_tflops"][peaks["stand_ins"].get(dtype, dtype)]
     assert "float32" not in peaks["implausible"]  # torch's fp32 GEMM is sound everywhere
+    units = peaks["vector_units"]
+    from gnomon import _C
+
+    assert units["kernel_isa"] == _C.cpu_kernel_isa()
+    assert units["tflops"]["float32"] > 0
+    assert ("bfloat16" in units["tflops"]) == (units["kernel_isa"] == "avx512-bf16")
 
 
 AVX2 = {"sse2", "avx", "avx2", "fma"}
@@ -193,6 +199,11 @@ def test_the_better_of_before_and_after_is_judged_again():
     best = runner.best_peaks(before, after)
     assert best["tflops"] == {"float32": 0.1, "bfloat16": 0.3} and best["implausible"] == {}
     assert best["memory_gbps"] == 25.0 and best["measurements"] == [before, after]
+    units = {"kernel_isa": "avx512-bf16", "source": "s"}
+    before["vector_units"] = dict(units, tflops={"float32": 0.2, "bfloat16": 0.1})
+    after["vector_units"] = dict(units, tflops={"float32": 0.1, "bfloat16": 0.4})
+    assert runner.best_peaks(before, after)["vector_units"] == dict(
+        units, tflops={"float32": 0.2, "bfloat16": 0.4})
     worse = runner.best_peaks(before, before)
     assert "bfloat16" in worse["implausible"] and "bfloat16" not in worse["tflops"]
     assert worse["source"].count("the better of before and after") == 1

@@ -351,6 +351,7 @@ def measure_cpu_peaks(llc_bytes: int, quick: bool = False,
                                                      warmup=False, cap=4 * budget))
             measured[dtype] = 2 * n ** 3 / seconds / 1e12
             del call
+        units = vector_unit_peaks(0.1 if quick else 0.25)
     finally:
         torch.set_num_threads(previous)
     source = (f"measured in this run on {threads} thread(s): copy_ of {size >> 20} MiB float32 "
@@ -359,7 +360,23 @@ def measure_cpu_peaks(llc_bytes: int, quick: bool = False,
     if retried:
         source += (f" ({', '.join(retried)} below 1/{round(1 / FLOOR_FRACTION)} of nominal: "
                    f"measured again for {4 * budget:g} s)")
-    return cpu_peaks(2 * size / copy_s / 1e9, measured, nominal, source)
+    peaks = cpu_peaks(2 * size / copy_s / 1e9, measured, nominal, source)
+    peaks["vector_units"] = units
+    return peaks
+
+
+def vector_unit_peaks(seconds: float) -> Dict[str, Any]:
+    """The rates gnomon's own kernels can reach on this CPU, at gnomon's thread count: FMAs on
+    registers on the kernel family the ops run, and bf16 dot products where that family has
+    them (`_C.cpu_peak_gflops`; the best of at least five runs over `seconds`)."""
+    from gnomon import _C
+
+    tflops = {"float32": _C.cpu_peak_gflops("fma", seconds) / 1e3}
+    dot = _C.cpu_peak_gflops("bf16_dot", seconds) / 1e3
+    if dot > 0:
+        tflops["bfloat16"] = dot
+    return {"kernel_isa": _C.cpu_kernel_isa(), "tflops": tflops,
+            "source": "register-only FMA / vdpbf16ps loops (_C.cpu_peak_gflops)"}
 
 
 def gpu_peaks(gpu_name: str) -> Dict[str, Any]:

@@ -62,6 +62,10 @@ def table(doc: Dict[str, Any]) -> Table:
     caption = (f"peaks: memory {memory:.3g} GB/s; TFLOP/s {tflops_peaks or 'none'} "
                f"({peaks.get('source', '')})" if memory else
                f"peaks: {peaks.get('source', 'none')}")
+    units = peaks.get("vector_units")
+    if units:
+        rates = ", ".join(f"{k} {v:.3g}" for k, v in units["tflops"].items())
+        caption += f"\nvector units ({units['kernel_isa']}, {units['source']}): TFLOP/s {rates}"
     implausible = peaks.get("implausible") or {}
     if implausible:
         caption += "\nnot used as peaks (no % peak compute against them): " + "; ".join(

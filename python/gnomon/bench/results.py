@@ -89,6 +89,11 @@ def _check_peaks(peaks: dict, where: str, source: str) -> None:
     if "floor_fraction" in peaks and (isinstance(peaks["floor_fraction"], bool) or
                                       not isinstance(peaks["floor_fraction"], (int, float))):
         raise DocumentError(f"{source}: {where}.floor_fraction: expected a number")
+    if "vector_units" in peaks:
+        units = peaks["vector_units"]
+        documents.check_fields(units, {"kernel_isa": str, "tflops": dict, "source": str},
+                               f"{where}.vector_units", source)
+        _check_rates(units["tflops"], f"{where}.vector_units.tflops", source)
     for m, measurement in enumerate(peaks.get("measurements") or []):
         _check_peaks(measurement, f"{where}.measurements[{m}]", source)
 

@@ -183,6 +183,11 @@ def best_peaks(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
                for dtype in {**before["measured_tflops"], **after["measured_tflops"]}}
         peaks = cpu_peaks(max(before["memory_gbps"], after["memory_gbps"]), raw,
                           before["nominal"], source)
+        if "vector_units" in before and "vector_units" in after:
+            units = before["vector_units"]
+            peaks["vector_units"] = dict(units, tflops={
+                dtype: max(rate, after["vector_units"]["tflops"].get(dtype, 0.0))
+                for dtype, rate in units["tflops"].items()})
         peaks["measurements"] = [before, after]
         return peaks
     tflops = {dtype: max(before["tflops"].get(dtype, 0.0), after["tflops"].get(dtype, 0.0))
