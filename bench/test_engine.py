@@ -9,8 +9,9 @@ the same weights):
     gnomon runs its experts as MXFP4 (the hub's ``*_blocks`` / ``*_scales``); transformers runs
     the same experts dequantised (exact in bf16).
 
-Workload: 64 requests with prompts of 32-512 tokens and outputs of 16-256 tokens drawn with
-seed 0, greedy, ``ignore_eos``. gnomon gets them all at once through `gnomon.LLM.generate`
+Workloads (drawn with seed 0, greedy, ``ignore_eos``): "mixed", 64 requests with prompts of
+32-512 tokens and outputs of 16-256; "prefill-heavy", 32 requests with prompts of 512-1024
+tokens and outputs of 4-16, where chunked-prefill attention and the GEMMs dominate. gnomon gets them all at once through `gnomon.LLM.generate`
 (continuous batching, chunked prefill, paged KV with room for every request). The baseline is
 transformers' usual static batching: batches of 16 in request order, left-padded to the
 batch's longest prompt, each generating until the batch's longest output. Both are timed once
@@ -66,9 +67,10 @@ FULL = {
 SMOKE = {"llama-0.3b": dict(preset_json("tiny-llama"), torch_dtype="bfloat16"),
          "gpt-oss-0.3b": dict(preset_json("tiny-gpt-oss"), torch_dtype="bfloat16")}
 
-# (requests, prompt length range, output length range), ranges inclusive
-FULL_WORKLOAD = (64, (32, 512), (16, 256))
-SMOKE_WORKLOAD = (8, (4, 48), (2, 12))
+# name -> (requests, prompt length range, output length range), ranges inclusive
+FULL_WORKLOADS = {"mixed": (64, (32, 512), (16, 256)),
+                  "prefill-heavy": (32, (512, 1024), (4, 16))}
+SMOKE_WORKLOADS = {"mixed": (8, (4, 48), (2, 12)), "prefill-heavy": (4, (32, 64), (1, 3))}
 
 
 def _smoke(config) -> bool:
@@ -102,8 +104,8 @@ def model(request, tmp_path_factory):
     return name, hf, folder / "dense"
 
 
-def _workload(config, vocab_size):
-    n, (p_lo, p_hi), (o_lo, o_hi) = SMOKE_WORKLOAD if _smoke(config) else FULL_WORKLOAD
+def _workload(config, vocab_size, kind="mixed"):
+    n, (p_lo, p_hi), (o_lo, o_hi) = (SMOKE_WORKLOADS if _smoke(config) else FULL_WORKLOADS)[kind]
     rng = np.random.default_rng(0)
     prompt_lens = rng.integers(p_lo, p_hi + 1, n)
     output_lens = rng.integers(o_lo, o_hi + 1, n).tolist()
@@ -158,9 +160,11 @@ def _record_throughput(benchmark, name, implementation, useful_tokens, computed_
     record(f"engine throughput {name}", implementation, benchmark)
 
 
-def test_throughput_gnomon(benchmark, model, request):
+@pytest.mark.parametrize("workload", list(FULL_WORKLOADS))
+def test_throughput_gnomon(benchmark, model, workload, request):
     name, hf, folder = model
-    prompts, output_lens = _workload(request.config, hf.config.vocab_size)
+    prompts, output_lens = _workload(request.config, hf.config.vocab_size, workload)
+    name = f"{name} {workload}"
     llm = _llm(folder, prompts, output_lens)
     params = [_greedy(n) for n in output_lens]
     outs = benchmark.pedantic(llm.generate, args=(prompts, params), rounds=1, iterations=1)
@@ -169,9 +173,11 @@ def test_throughput_gnomon(benchmark, model, request):
     _record_throughput(benchmark, name, "gnomon", sum(output_lens))
 
 
-def test_throughput_hf_generate(benchmark, model, request):
+@pytest.mark.parametrize("workload", list(FULL_WORKLOADS))
+def test_throughput_hf_generate(benchmark, model, workload, request):
     name, hf, _ = model
-    prompts, output_lens = _workload(request.config, hf.config.vocab_size)
+    prompts, output_lens = _workload(request.config, hf.config.vocab_size, workload)
+    name = f"{name} {workload}"
     computed = benchmark.pedantic(_hf_generate, args=(hf, prompts, output_lens), rounds=1,
                                   iterations=1)
     _record_throughput(benchmark, name, "hf-generate", sum(output_lens), computed)

@@ -27,6 +27,7 @@
 #include "core/simd.h"
 #include "cpu/kernels.h"
 #include "cpu/vec.h"
+#include "cpu/weight_rows.h"
 
 
 #if defined(__has_builtin)
@@ -423,6 +424,68 @@ struct Bf16Tiles {
 
 #endif
 
+// ---- many bf16 activation rows on AVX512-BF16: the rows in the lanes ---------------------------
+//
+// The tiles above decode each weight group once per kMaxMT activation rows. With M of 32 or more
+// rows the weights are instead decoded once into bf16 panels of kLanesRows rows (weight_rows.h)
+// and meet every activation row at once, transposed into bf16 pairs [K/2][lanes]. The scale is
+// folded into the bf16 weights, which is exact while E2M1 x 2^(s - 127) is a normal bf16, i.e.
+// for scale bytes 2..252: a call with any other scale byte runs the tiles, which apply the
+// scales in float32 after the exact sums.
+#if GNOMON_HAS_WIDE_KERNELS
+constexpr int64_t kLanesMinRows = 32;  // two whole vectors; at 16 the tiles are faster
+constexpr int64_t kLanesSlice = 64;  // output columns gathered per store
+
+GNOMON_TARGET_BF16 void mxfp4_lanes_bf16(const void* const* rows, const uint8_t* const* scales,
+                                         int nr, const void* b, int64_t lanes, int64_t k,
+                                         void* panel, float* c) {
+  lanes_rows<Wide, Mxfp4Rows<Wide>, true>(rows, scales, nr, b, lanes, k, panel, c);
+}
+
+bool scales_fold_exactly(const TensorView& w_scales) {
+  const uint8_t* s = w_scales.ptr<const uint8_t>();
+  return std::all_of(s, s + w_scales.numel(), [](uint8_t v) { return v >= 2 && v <= 252; });
+}
+
+void gemm_lanes(const TensorView& out, const TensorView& a, const TensorView& w,
+                const TensorView& w_scales, const float* bias) {
+  const int64_t m = a.size(0), k = a.size(1), n = w.size(0), words = k / 2;
+  const int64_t lanes = (m + 15) / 16 * 16, elem = dtype_size(out.dtype);
+  std::vector<uint32_t> b(static_cast<size_t>(words * lanes));  // zeros in the padding lanes
+  parallel_for(m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const char* row = static_cast<const char*>(a.data) + t * k * 2;
+      for (int64_t p = 0; p < words; ++p) std::memcpy(&b[p * lanes + t], row + 4 * p, 4);
+    }
+  });
+  parallel_for(n, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> panel(static_cast<size_t>(kLanesRows * words)), c(kLanesRows * lanes);
+    std::vector<float> res(static_cast<size_t>(m * kLanesSlice));
+    for (int64_t s0 = begin; s0 < end; s0 += kLanesSlice) {
+      const int64_t width = std::min(kLanesSlice, end - s0);
+      for (int64_t n0 = s0; n0 < s0 + width; n0 += kLanesRows) {
+        const int nr = static_cast<int>(std::min<int64_t>(kLanesRows, s0 + width - n0));
+        const void* rows[kLanesRows];
+        const uint8_t* scales[kLanesRows];
+        for (int r = 0; r < nr; ++r) {
+          rows[r] = w.ptr<const uint8_t>() + (n0 + r) * words;
+          scales[r] = w_scales.ptr<const uint8_t>() + (n0 + r) * (k / kMxfp4BlockSize);
+        }
+        mxfp4_lanes_bf16(rows, scales, nr, b.data(), lanes, k, panel.data(), c.data());
+        for (int r = 0; r < nr; ++r) {
+          const float add = bias != nullptr ? bias[n0 + r] : 0.0f;
+          for (int64_t t = 0; t < m; ++t) res[t * kLanesSlice + n0 - s0 + r] = c[r * lanes + t] + add;
+        }
+      }
+      for (int64_t t = 0; t < m; ++t) {
+        store_floats(res.data() + t * kLanesSlice, out.dtype,
+                     static_cast<char*>(out.data) + (t * n + s0) * elem, width);
+      }
+    }
+  });
+}
+#endif
+
 // Rows of a quantize/dequantize call are handled in pieces of this many blocks.
 constexpr int64_t kPieceBlocks = 256;
 
@@ -506,16 +569,21 @@ void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
   const int64_t row_block = tiles == GemmTiles::Narrow ? NarrowTiles::kMaxMT : 4;  // = kMaxMT
   const int64_t rows = (m + row_block - 1) / row_block * row_block;
   const bool bf16 = tiles == GemmTiles::Bf16;
-  // The activations, once, in the order and layout the inner loop reads them (zero-filled, so
-  // the padding rows of the last block read as zeros)
-  std::vector<float> a_float(bf16 ? 0 : static_cast<size_t>(rows * k_padded));
-  std::vector<uint16_t> a_bf16(bf16 ? static_cast<size_t>(rows * k_padded) : 0);
-  void* a_data = bf16 ? static_cast<void*>(a_bf16.data()) : a_float.data();
   std::vector<float> bias_values;
   if (bias != nullptr) {
     bias_values.resize(static_cast<size_t>(n));
     load_floats(bias->data, bias->dtype, bias_values.data(), n);
   }
+#if GNOMON_HAS_WIDE_KERNELS
+  if (bf16 && m >= kLanesMinRows && scales_fold_exactly(w_scales)) {
+    return gemm_lanes(out, a, w, w_scales, bias != nullptr ? bias_values.data() : nullptr);
+  }
+#endif
+  // The activations, once, in the order and layout the inner loop reads them (zero-filled, so
+  // the padding rows of the last block read as zeros)
+  std::vector<float> a_float(bf16 ? 0 : static_cast<size_t>(rows * k_padded));
+  std::vector<uint16_t> a_bf16(bf16 ? static_cast<size_t>(rows * k_padded) : 0);
+  void* a_data = bf16 ? static_cast<void*>(a_bf16.data()) : a_float.data();
   const Gemm g{w.ptr<const uint8_t>(), w_scales.ptr<const uint8_t>(), a_data,
                bias != nullptr ? bias_values.data() : nullptr, out.data, out.dtype, m, n, k,
                k_padded, row_block};

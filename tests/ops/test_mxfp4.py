@@ -307,7 +307,8 @@ def test_gemm_matches_reference_float32(gemm_kernel, m, k):
     check_gemm(a, w, w_scales)
 
 
-@pytest.mark.parametrize("m", [1, 2, 5, 8, 21])
+# M >= 32 bf16 rows on AVX512-BF16 run with the rows in the lanes (16 per vector).
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 16, 21, 32, 33, 48])
 def test_gemm_bfloat16_and_float16(gemm_kernel, m):
     k, n = 320, 70
     w, w_scales = random_weight(n, k, seed=m)
@@ -357,12 +358,15 @@ def test_gemm_extreme_and_nan_scales(gemm_kernel):
     check_gemm(a.bfloat16(), w[keep], w_scales[keep], out_dtype=torch.float32)
 
 
+@pytest.mark.parametrize("m", [3, 32])
 @pytest.mark.parametrize("a_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("scale", [0x00, 0x01, 0xFD, 0xFE, 0xFF])
-def test_gemm_scale_edges_on_zero_and_extreme_blocks(gemm_kernel, scale, a_dtype):
-    """Scale bytes at both ends of E8M0 (2^-127, 2^-126, 2^126, 2^127, NaN) on an all-zero
-    block, a block of +6, a block of -6 and mixed codes, each in a row of its own beside
-    ordinary rows, with activations of 2^-10..2^-9.
+@pytest.mark.parametrize("scale", [0x00, 0x01, 0x02, 0xFC, 0xFD, 0xFE, 0xFF])
+def test_gemm_scale_edges_on_zero_and_extreme_blocks(gemm_kernel, scale, a_dtype, m):
+    """Scale bytes at both ends of E8M0 (2^-127, 2^-126, 2^-125, 2^125, 2^126, 2^127, NaN) on
+    an all-zero block, a block of +6, a block of -6 and mixed codes, each in a row of its own
+    beside ordinary rows, with activations of 2^-10..2^-9. With 32 bf16 rows the rows-in-lanes
+    kernel folds scale bytes 2..252 into bf16 weights (2^-125 and 2^125 are its edges) and
+    leaves the others to the tiles.
 
     At 2^126 and 2^127 a weight of 4 or more exceeds float32. The float32 kernels scale the
     decoded weights, so such a weight is +-inf, as the float32 dequantised weight is (and a row
@@ -373,7 +377,7 @@ def test_gemm_scale_edges_on_zero_and_extreme_blocks(gemm_kernel, scale, a_dtype
     w[0], w[1], w[2] = 0x00, 0x77, 0xFF  # codes 0 (+0), 7 (+6), 15 (-6) in every nibble
     w_scales[:4, 1] = scale  # rows 0..3: one block (of four) at the edge scale
     g = torch.Generator().manual_seed(5)
-    a = ((torch.rand(3, k, generator=g) + 1.0) * 2.0 ** -10).to(a_dtype)
+    a = ((torch.rand(m, k, generator=g) + 1.0) * 2.0 ** -10).to(a_dtype)
     out = ops.mxfp4_gemm(a, w, w_scales, out_dtype=torch.float32)
     bf16_dot = a_dtype == torch.bfloat16 and _C.cpu_kernel_isa() == "avx512-bf16"
     if bf16_dot and scale != 0xFF:  # the exact weights, not rounded to float32 first
