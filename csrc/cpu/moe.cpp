@@ -84,29 +84,45 @@ GNOMON_INLINE void tile(const void* const* rows, const uint8_t* const* scales,
   using F = typename V::F;
   constexpr int W = Rows::kVectors;
   constexpr int64_t step = W * V::L;
+  // Every loop over NR, NT and W fully unrolled, so that acc and x stay in registers.
   F acc[NR][NT];
+#pragma GCC unroll 16
   for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) acc[r][t] = F{};
   }
   int64_t k = 0;
   for (; k + step <= K; k += step) {
     F x[NT][W];
+#pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 4
       for (int i = 0; i < W; ++i) x[t][i] = load<F>(xs[t] + k + i * V::L);
     }
+#pragma GCC unroll 16
     for (int r = 0; r < NR; ++r) {
       const char* bytes = static_cast<const char*>(rows[r]) + Rows::offset(k);
       if (Rows::offset(k) % 64 == 0) __builtin_prefetch(bytes + kPrefetchBytes);
       F w[W];
       Rows::decode(rows[r], scales[r], k, w);
+#pragma GCC unroll 16
       for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 4
         for (int i = 0; i < W; ++i) acc[r][t] += w[i] * x[t][i];
       }
     }
   }
+  // Reduced in loops with nothing else in them: with the tail loop inside, GCC kept acc in
+  // memory, spilling accumulators on every step of the loop above.
+  float sums[NR][NT];
+#pragma GCC unroll 16
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) sums[r][t] = reduce_add(acc[r][t]);
+  }
   for (int r = 0; r < NR; ++r) {
     for (int t = 0; t < NT; ++t) {
-      float sum = reduce_add(acc[r][t]);
+      float sum = sums[r][t];
       for (int64_t j = k; j < K; ++j) sum += Rows::at(rows[r], j) * xs[t][j];  // stored unsplit
       out[r * ld + t] = sum;
     }

@@ -98,13 +98,11 @@ GNOMON_SIMD_CLONES void quantize_blocks(const float* x, uint8_t* packed, uint8_t
 GNOMON_SIMD_CLONES void dequantize_blocks(const uint8_t* packed, const uint8_t* scales,
                                           float* out, int64_t blocks) {
   using V = Narrow;
-  typedef uint8_t Bytes __attribute__((vector_size(V::L)));
   const V::F table = e2m1_table<V>();
   for (int64_t b = 0; b < blocks; ++b) {
     const float scale = math::e8m0_to_float(scales[b]);
     for (int half = 0; half < kBlockBytes / V::L; ++half) {
-      const V::U words =
-          __builtin_convertvector(load<Bytes>(packed + b * kBlockBytes + half * V::L), V::U);
+      const V::U words = widen<V>(packed + b * kBlockBytes + half * V::L);
       const V::F low = decode_nibbles<V>(table, words, 0) * scale;
       const V::F high = decode_nibbles<V>(table, words, 4) * scale;
       // Interleave: element 2i is the low nibble of byte i, 2i+1 the high one.

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "core/scalar_math.h"
 #include "core/simd.h"
@@ -89,6 +90,30 @@ GNOMON_INLINE To bit_cast(const From& from) {
   To to;
   std::memcpy(&to, &from, sizeof(to));
   return to;
+}
+
+// L consecutive 8- or 16-bit values at p, zero-extended to 32-bit lanes. GCC 12 lowers
+// __builtin_convertvector of a loaded byte vector to one scalar insert per lane inside the
+// kernels' loops, so Wide vectors spell out vpmovzxbd / vpmovzxwd. As inline assembly, since an
+// intrinsic could not be inlined into these target-neutral templates; Wide instances only ever
+// run inlined into functions built for AVX-512.
+template <typename V, typename T>
+GNOMON_INLINE typename V::U widen(const T* p) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2);
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (V::L == 16) {
+    typename V::U out;
+    const auto& in = *reinterpret_cast<const T(*)[16]>(p);
+    if constexpr (sizeof(T) == 1) {
+      asm("vpmovzxbd %1, %0" : "=v"(out) : "m"(in));
+    } else {
+      asm("vpmovzxwd %1, %0" : "=v"(out) : "m"(in));
+    }
+    return out;
+  }
+#endif
+  using Narrowed = std::conditional_t<sizeof(T) == 1, typename V::B, typename V::H>;
+  return __builtin_convertvector(load<Narrowed>(p), typename V::U);
 }
 
 // GCC's vector conditional becomes a mask blend (AVX-512) or a blendv (AVX2).
@@ -197,8 +222,11 @@ GNOMON_INLINE typename V::F half_to_float(const typename V::U& half) {
 // magnitudes (the sign is bit 3) for narrow ones.
 template <typename V>
 GNOMON_INLINE typename V::F e2m1_table() {
+  // Literal values, so that the table is a constant vector rather than built per use.
+  constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                 -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
   typename V::F table;
-  for (int i = 0; i < V::L; ++i) table[i] = math::e2m1_to_float(static_cast<uint8_t>(i % 16));
+  for (int i = 0; i < V::L; ++i) table[i] = kValues[i % 16];
   return table;
 }
 

@@ -42,8 +42,7 @@ struct F16Rows {
   static constexpr int64_t kSplit = 0;
   static int64_t offset(int64_t k) { return 2 * k; }
   static GNOMON_INLINE void decode(const void* row, const uint8_t*, int64_t k, typename V::F* w) {
-    const auto halves = load<typename V::H>(static_cast<const uint16_t*>(row) + k);
-    w[0] = half_to_float<V>(__builtin_convertvector(halves, typename V::U));
+    w[0] = half_to_float<V>(widen<V>(static_cast<const uint16_t*>(row) + k));
   }
   static float at(const void* row, int64_t j) {
     return math::fp16_to_float(static_cast<const uint16_t*>(row)[j]);
@@ -77,8 +76,7 @@ struct Mxfp4Rows {
   static int64_t offset(int64_t k) { return k / 2; }
   static GNOMON_INLINE void decode(const void* row, const uint8_t* scales, int64_t k,
                                    typename V::F* w) {
-    const auto bytes = load<typename V::B>(static_cast<const uint8_t*>(row) + k / 2);
-    const typename V::U codes = __builtin_convertvector(bytes, typename V::U);
+    const typename V::U codes = widen<V>(static_cast<const uint8_t*>(row) + k / 2);
     const typename V::F table = e2m1_table<V>() * kE8M0.value[scales[k / 32]];
     w[0] = decode_nibbles<V>(table, codes, 0);
     w[1] = decode_nibbles<V>(table, codes, 4);
