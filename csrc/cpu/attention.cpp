@@ -275,7 +275,7 @@ GNOMON_TARGET_BF16 void score_tile_bf16(int64_t pairs, int64_t rows, const uint1
 // S, pairs of keys for O, so P is rounded to bfloat16), accumulated in float32.
 
 constexpr int64_t kLanesMinRows = 16;
-constexpr int64_t kLanesKeys = 32;  // keys per tile: each tile reads and writes O^T once
+constexpr int64_t kLanesKeys = 64;  // keys per tile: each tile reads and writes O^T once
 
 // One KV head's share of a lanes item: `lanes` rows padded to whole vectors (padding rows see no
 // key), their transposed query, output and softmax state, and the current key tile, dense.
