@@ -112,8 +112,12 @@ GNOMON_INLINE typename V::U widen(const T* p) {
     return out;
   }
 #endif
-  using Narrowed = std::conditional_t<sizeof(T) == 1, typename V::B, typename V::H>;
-  return __builtin_convertvector(load<Narrowed>(p), typename V::U);
+  if constexpr (sizeof(T) == 1) {  // through 16 bits, which GCC lowers to two zero-extensions
+    return __builtin_convertvector(
+        __builtin_convertvector(load<typename V::B>(p), typename V::H), typename V::U);
+  } else {
+    return __builtin_convertvector(load<typename V::H>(p), typename V::U);
+  }
 }
 
 // GCC's vector conditional becomes a mask blend (AVX-512) or a blendv (AVX2).
