@@ -74,8 +74,9 @@ void route_row(const float* logits, int64_t num_experts, int k, RoutingMode mode
 // A tile sets out[r * ld + t] = dot(row r, x_t) for NR weight rows and NT float32 token rows,
 // keeping NR x NT accumulators in registers, and prefetches each row stream kPrefetchBytes ahead
 // (the rows a thread reads next lie behind it). One template over the vector width V (vec.h):
-// Narrow in a cloned function (AVX2, the baseline), Wide in one built for AVX-512.
-//
+// Narrow in a cloned function (AVX2, the baseline), Wide in one built for AVX-512. The weight
+// kinds (how a row of each dtype decodes) are in weight_rows.h.
+
 constexpr int64_t kPrefetchBytes = 16384;
 
 template <typename V, typename Rows, int NR, int NT>
@@ -164,8 +165,9 @@ GNOMON_INLINE void dots(const void* const* rows, const uint8_t* const* scales, i
 // or [K/2][lanes] bf16 pairs on the dot path), and each block of up to kLanesRows weight rows is
 // decoded once into a panel (float32 in the activations' split order, or bf16 pairs) that every
 // token then reads as broadcast scalars. The dot path (AVX512-BF16, bf16 activations, bf16 or
-// MXFP4 weights) takes both products as vdpbf16ps; every MXFP4 value times its power-of-two
-// scale is a bf16, so only the intermediate activations of the down projection are rounded.
+// MXFP4 weights) takes both products as vdpbf16ps. An MXFP4 value times its power-of-two scale
+// is a bf16 (for scale bytes 2..252; beyond, a block underflows to values vdpbf16ps reads as
+// zero, or overflows to inf as in float32), so only the down projection's activations round.
 
 constexpr int64_t kLanesMinTokens = 8;
 
