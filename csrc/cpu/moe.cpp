@@ -384,7 +384,10 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
   std::vector<float> slot_weight(chunk * top_k);
   std::vector<const float*> slot_x(chunk * top_k), slot_a(chunk * top_k);
   std::vector<int64_t> active, lanes_experts;
-  std::vector<float> xt, at;  // B of the two phases for lanes experts (words on the dot path)
+  // B of the two phases for the lanes experts (words on the dot path), uninitialised, grown to
+  // the lanes a chunk needs (none at decode sizes)
+  std::unique_ptr<float[]> xt, at;
+  int64_t b_lanes = 0;
 
   for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {
     const int64_t n = std::min(chunk, tokens - c0);
@@ -419,11 +422,15 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
       }
     }
     // Expert e's B of a phase: rows of lanes[e] floats at rows * b_offset[e]. Padding lanes and
-    // the high half of an odd K's last pair must be zeros (0 * NaN would be NaN).
-    xt.assign(x_rows * lane_count, 0.0f);
-    at.assign(a_rows * lane_count, 0.0f);
-    auto x_panel = [&](int64_t e) { return xt.data() + x_rows * b_offset[e]; };
-    auto a_panel = [&](int64_t e) { return at.data() + a_rows * b_offset[e]; };
+    // the high half of an odd K's last pair must be zeros (0 * NaN would be NaN), so each is
+    // zeroed before it is filled, in parallel below.
+    if (lane_count > b_lanes) {
+      b_lanes = lane_count;
+      xt.reset(new float[x_rows * b_lanes]);
+      at.reset(new float[a_rows * b_lanes]);
+    }
+    auto x_panel = [&](int64_t e) { return xt.get() + x_rows * b_offset[e]; };
+    auto a_panel = [&](int64_t e) { return at.get() + a_rows * b_offset[e]; };
 
     // Hidden rows in float32, laid out for the weights' tiles.
     parallel_for(n, std::max<int64_t>(1, 16384 / H), [&](int64_t begin, int64_t end) {
@@ -443,6 +450,8 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     parallel_for(static_cast<int64_t>(lanes_experts.size()), 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t e = lanes_experts[i], width = lanes[e];
+        std::fill(x_panel(e), x_panel(e) + x_rows * width, 0.0f);
+        std::fill(a_panel(e), a_panel(e) + a_rows * width, 0.0f);
         for (int64_t t = 0; t < offsets[e + 1] - offsets[e]; ++t) {
           const int64_t s = offsets[e] + t;
           if (!kernel.dot) {
