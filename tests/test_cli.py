@@ -37,7 +37,7 @@ def test_info_json_has_every_field(capsys):
     assert info["num_threads"] >= 1
 
 
-@pytest.mark.parametrize("cap", [None, "narrow", "wide"])
+@pytest.mark.parametrize("cap", [None, "narrow", "wide", "bf16"])
 def test_info_names_the_path_each_op_family_runs(cap, capsys, monkeypatch):
     """The kernel families follow the GNOMON_CPU_KERNELS cap (never above what the CPU has);
     the norms' row helpers are the clone picked at load time, which no cap moves."""
@@ -54,6 +54,8 @@ def test_info_names_the_path_each_op_family_runs(cap, capsys, monkeypatch):
         assert family <= {"avx2", "portable"}
     elif cap == "wide":
         assert family == {"avx512"}
+    elif cap == "bf16":
+        assert family <= {"avx512-bf16", "avx512"}
     assert paths["rms_norm"] == paths["rotary_embedding"]
     assert paths["rms_norm"] in ("avx512", "avx2", "portable")
     cli.main(["info"])

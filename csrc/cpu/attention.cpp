@@ -519,7 +519,7 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
                     float* partials) {
   const int64_t d = geo.head_dim, stride = geo.padded(), heads = item.heads;
   const int64_t head_rows = item.count * geo.group;
-  const bool dot = geo.isa == Isa::WideBf16 && geo.dtype == DType::BFloat16 && d % 2 == 0;
+  const bool dot = has_bf16_dot(geo.isa) && geo.dtype == DType::BFloat16 && d % 2 == 0;
   const int64_t vector = geo.isa == Isa::Narrow ? Narrow::L : Wide::L;
   const int64_t lanes = (head_rows + vector - 1) / vector * vector;
   Scratch& sc = thread_scratch();
@@ -586,6 +586,7 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
       }
       switch (geo.isa) {
 #if GNOMON_HAS_WIDE_KERNELS
+        case Isa::Amx:
         case Isa::WideBf16:
           if (dot) {
             pair_rows_bf16(value_rows.data(), n, d,
@@ -765,7 +766,7 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
   geo.scale = static_cast<float>(scale);
   geo.window = sliding_window;
   geo.isa = kernel_isa();
-  geo.bf16_dot = geo.isa == Isa::WideBf16 && geo.dtype == DType::BFloat16 &&
+  geo.bf16_dot = has_bf16_dot(geo.isa) && geo.dtype == DType::BFloat16 &&
                  geo.head_dim % 32 == 0;
 
   const int64_t batch = seq_lens.size(0);

@@ -223,15 +223,24 @@ struct Kernels {
   LanesFn lanes;
   int64_t width;
   bool dot;
+  int rows = kLanesRows;  // weight rows per lanes call; AMX: B's depth in whole tiles
+  bool amx = false;
 };
 
 // `bf16_data`: the activations are bfloat16, so the bf16 dot path keeps them exact.
 Kernels kernels_for(DType weight_dtype, bool bf16_data) {
   const Isa isa = kernel_isa();
   const bool wide = GNOMON_HAS_WIDE_KERNELS && isa != Isa::Narrow;
-  const bool dot = isa == Isa::WideBf16 && bf16_data &&
+  const bool dot = has_bf16_dot(isa) && bf16_data &&
                    (weight_dtype == DType::BFloat16 || weight_dtype == DType::UInt8);
 #if GNOMON_HAS_WIDE_KERNELS
+  if (dot && isa == Isa::Amx) {
+    return weight_dtype == DType::UInt8
+               ? Kernels{Mxfp4Rows_wide, Mxfp4Rows<Wide>::kSplit,
+                         lanes_rows_amx<Mxfp4Rows<Wide>>, 16, true, kAmxLanesRows, true}
+               : Kernels{BF16Rows_wide, BF16Rows<Wide>::kSplit, lanes_rows_amx<BF16Rows<Wide>>,
+                         16, true, kAmxLanesRows, true};
+  }
 #define GNOMON_PICK(Rows, DotLanes)                                                          \
   wide ? Kernels{Rows##_wide, Rows<Wide>::kSplit, dot ? DotLanes : Rows##_lanes_wide, 16, dot} \
        : Kernels{Rows##_narrow, Rows<Narrow>::kSplit, Rows##_lanes_narrow, 8, false}
@@ -370,7 +379,13 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
   const float* routing = topk_weights.ptr<const float>();
   const int32_t* ids = topk_ids.ptr<const int32_t>();
   // A lanes expert's B rows: floats, or bf16 pairs (half as many rows of 32-bit words).
-  const int64_t x_rows = kernel.dot ? (H + 1) / 2 : H, a_rows = kernel.dot ? (I + 1) / 2 : I;
+  auto b_rows = [&](int64_t K) {
+#if GNOMON_HAS_WIDE_KERNELS
+    if (kernel.amx) return amx_depth(K);
+#endif
+    return kernel.dot ? (K + 1) / 2 : K;
+  };
+  const int64_t x_rows = b_rows(H), a_rows = b_rows(I);
 
   // Tokens go through in chunks that bound the float32 buffers (a chunk re-reads the weights):
   // x, a, and the lanes experts' transposes of both (padded to whole vectors).
@@ -489,24 +504,24 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
 
     // Gate/up and activation: items are (active expert, block of kUpBlock intermediate columns).
     const int64_t up_blocks = (I + kUpBlock - 1) / kUpBlock;
-    const int64_t panel_floats = kLanesRows * (std::max(x_rows, a_rows) + 1);
+    const int64_t panel_floats = kernel.rows * (std::max(x_rows, a_rows) + 1);
     ItemQueue up_items(static_cast<int64_t>(active.size()) * up_blocks);
     parallel_for(up_items.tickets(), 1, [&](int64_t ticket, int64_t) {
-      std::vector<float> dot(std::max(4 * most, kLanesRows * (most + kernel.width)));
+      std::vector<float> dot(std::max(4 * most, kernel.rows * (most + kernel.width)));
       std::vector<float> panel(panel_floats);
       for (int64_t item; up_items.take(ticket, item);) {
         const int64_t e = active[item / up_blocks];
         const int64_t j0 = (item % up_blocks) * kUpBlock, j1 = std::min(I, j0 + kUpBlock);
         const int64_t first = offsets[e];
         const int nt = static_cast<int>(offsets[e + 1] - first);
-        // columns per step: 2 for the tiles (4 rows), kLanesRows / 2 for the lanes GEMM
-        const int64_t per_step = lanes[e] > 0 ? kLanesRows / 2 : 2;
+        // columns per step: 2 for the tiles (4 rows), half the rows of a lanes call
+        const int64_t per_step = lanes[e] > 0 ? kernel.rows / 2 : 2;
         const int64_t ld = lanes[e] > 0 ? lanes[e] : nt;  // dot's row stride
         for (int64_t j = j0; j < j1; j += per_step) {
           const int cols = static_cast<int>(std::min(per_step, j1 - j));
-          const void* rows[kLanesRows];
-          const uint8_t* scales[kLanesRows];
-          int64_t row_ids[kLanesRows];
+          const void* rows[kAmxLanesRows];
+          const uint8_t* scales[kAmxLanesRows];
+          int64_t row_ids[kAmxLanesRows];
           for (int p = 0; p < cols; ++p) {
             row_ids[2 * p] = interleaved ? 2 * (j + p) : j + p;              // gate
             row_ids[2 * p + 1] = interleaved ? 2 * (j + p) + 1 : I + j + p;  // up
@@ -531,23 +546,25 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
       }
     });
 
-    // Down projection: items are blocks of output columns; each owns out[chunk, block].
-    ItemQueue down_items((H + kDownBlock - 1) / kDownBlock);
+    // Down projection: items are blocks of output columns; each owns out[chunk, block]. With
+    // AMX lanes experts, a block is a lanes call's rows (four A tiles).
+    const int64_t down_block = kernel.amx && !lanes_experts.empty() ? kernel.rows : kDownBlock;
+    ItemQueue down_items((H + down_block - 1) / down_block);
     parallel_for(down_items.tickets(), 1, [&](int64_t ticket, int64_t) {
-      std::vector<float> dot(std::max(4 * most, kLanesRows * (most + kernel.width)));
-      std::vector<float> panel(panel_floats), acc(n * kDownBlock);
+      std::vector<float> dot(std::max(4 * most, kernel.rows * (most + kernel.width)));
+      std::vector<float> panel(panel_floats), acc(n * down_block);
       for (int64_t block; down_items.take(ticket, block);) {
-        const int64_t h0 = block * kDownBlock, width = std::min(kDownBlock, H - h0);
+        const int64_t h0 = block * down_block, width = std::min(down_block, H - h0);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (const int64_t e : active) {
           const int64_t first = offsets[e];
           const int nt = static_cast<int>(offsets[e + 1] - first);
-          const int64_t per_step = lanes[e] > 0 ? kLanesRows : 4;
+          const int64_t per_step = lanes[e] > 0 ? kernel.rows : 4;
           const int64_t ld = lanes[e] > 0 ? lanes[e] : nt;
           for (int64_t h = h0; h < h0 + width; h += per_step) {
             const int nr = static_cast<int>(std::min<int64_t>(per_step, h0 + width - h));
-            const void* rows[kLanesRows];
-            const uint8_t* scales[kLanesRows];
+            const void* rows[kAmxLanesRows];
+            const uint8_t* scales[kAmxLanesRows];
             for (int r = 0; r < nr; ++r) {
               rows[r] = down.row(e, h + r);
               scales[r] = down.scale(e, h + r);
@@ -561,14 +578,14 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
               const float bias = down.bias_at(e, h + r);
               for (int t = 0; t < nt; ++t) {
                 const int64_t s = first + t;
-                acc[slot_token[s] * kDownBlock + (h - h0) + r] +=
+                acc[slot_token[s] * down_block + (h - h0) + r] +=
                     slot_weight[s] * (dot[r * ld + t] + bias);
               }
             }
           }
         }
         for (int64_t t = 0; t < n; ++t) {
-          store_floats(acc.data() + t * kDownBlock, dtype,
+          store_floats(acc.data() + t * down_block, dtype,
                        static_cast<char*>(out.data) + ((c0 + t) * H + h0) * elem, width);
         }
       }

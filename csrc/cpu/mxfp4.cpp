@@ -422,16 +422,17 @@ struct Bf16Tiles {
 
 #endif
 
-// ---- many bf16 activation rows on AVX512-BF16: the rows in the lanes ---------------------------
+// ---- many bf16 activation rows on AVX512-BF16 or AMX: the rows in the lanes -----------------
 //
 // The tiles above decode each weight group once per kMaxMT activation rows. With M of 32 or more
-// rows the weights are instead decoded once into bf16 panels of kLanesRows rows (weight_rows.h)
-// and meet every activation row at once, transposed into bf16 pairs [K/2][lanes]. The scale is
-// folded into the bf16 weights, which is exact while E2M1 x 2^(s - 127) is a normal bf16, i.e.
-// for scale bytes 2..252: a call with any other scale byte runs the tiles, which apply the
-// scales in float32 after the exact sums.
+// rows (any M on AMX) the weights are instead decoded once into bf16 panels of kLanesRows rows
+// (kAmxLanesRows on AMX; weight_rows.h) and meet every activation row at once, transposed into
+// bf16 pairs [K/2][lanes]. The scale is folded into the bf16 weights, which is exact while
+// E2M1 x 2^(s - 127) is a normal bf16, i.e. for scale bytes 2..252: a call with any other scale
+// byte runs the tiles, which apply the scales in float32 after the exact sums.
 #if GNOMON_HAS_WIDE_KERNELS
 constexpr int64_t kLanesMinRows = 32;  // two whole vectors; at 16 the tiles are faster
+constexpr int64_t kAmxMinRows = 1;
 constexpr int64_t kLanesSlice = 64;  // output columns gathered per store
 
 GNOMON_TARGET_BF16 void mxfp4_lanes_bf16(const void* const* rows, const uint8_t* const* scales,
@@ -440,16 +441,24 @@ GNOMON_TARGET_BF16 void mxfp4_lanes_bf16(const void* const* rows, const uint8_t*
   lanes_rows<Wide, Mxfp4Rows<Wide>, true>(rows, scales, nr, b, lanes, k, panel, c);
 }
 
+// Whether every byte is in 2..252, in one vectorised pass (no early exit).
+GNOMON_SIMD_CLONES bool all_scales_fold(const uint8_t* s, int64_t n) {
+  uint8_t outside = 0;
+  for (int64_t i = 0; i < n; ++i) outside |= static_cast<uint8_t>(s[i] - 2) > 250;
+  return outside == 0;
+}
+
 bool scales_fold_exactly(const TensorView& w_scales) {
-  const uint8_t* s = w_scales.ptr<const uint8_t>();
-  return std::all_of(s, s + w_scales.numel(), [](uint8_t v) { return v >= 2 && v <= 252; });
+  return all_scales_fold(w_scales.ptr<const uint8_t>(), w_scales.numel());
 }
 
 void gemm_lanes(const TensorView& out, const TensorView& a, const TensorView& w,
-                const TensorView& w_scales, const float* bias) {
+                const TensorView& w_scales, const float* bias, bool amx) {
   const int64_t m = a.size(0), k = a.size(1), n = w.size(0), words = k / 2;
   const int64_t lanes = (m + 15) / 16 * 16, elem = dtype_size(out.dtype);
-  std::vector<uint32_t> b(static_cast<size_t>(words * lanes));  // zeros in the padding lanes
+  const int64_t depth = amx ? amx_depth(k) : words, panel_rows = amx ? kAmxLanesRows : kLanesRows;
+  auto* const kernel = amx ? lanes_rows_amx<Mxfp4Rows<Wide>> : mxfp4_lanes_bf16;
+  std::vector<uint32_t> b(static_cast<size_t>(depth * lanes));  // zeros in the padding
   parallel_for(m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const char* row = static_cast<const char*>(a.data) + t * k * 2;
@@ -457,19 +466,19 @@ void gemm_lanes(const TensorView& out, const TensorView& a, const TensorView& w,
     }
   });
   parallel_for(n, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> panel(static_cast<size_t>(kLanesRows * words)), c(kLanesRows * lanes);
-    std::vector<float> res(static_cast<size_t>(m * kLanesSlice));
+    std::vector<uint32_t> panel(static_cast<size_t>(panel_rows * depth));
+    std::vector<float> c(panel_rows * lanes), res(static_cast<size_t>(m * kLanesSlice));
     for (int64_t s0 = begin; s0 < end; s0 += kLanesSlice) {
       const int64_t width = std::min(kLanesSlice, end - s0);
-      for (int64_t n0 = s0; n0 < s0 + width; n0 += kLanesRows) {
-        const int nr = static_cast<int>(std::min<int64_t>(kLanesRows, s0 + width - n0));
-        const void* rows[kLanesRows];
-        const uint8_t* scales[kLanesRows];
+      for (int64_t n0 = s0; n0 < s0 + width; n0 += panel_rows) {
+        const int nr = static_cast<int>(std::min(panel_rows, s0 + width - n0));
+        const void* rows[kAmxLanesRows];
+        const uint8_t* scales[kAmxLanesRows];
         for (int r = 0; r < nr; ++r) {
           rows[r] = w.ptr<const uint8_t>() + (n0 + r) * words;
           scales[r] = w_scales.ptr<const uint8_t>() + (n0 + r) * (k / kMxfp4BlockSize);
         }
-        mxfp4_lanes_bf16(rows, scales, nr, b.data(), lanes, k, panel.data(), c.data());
+        kernel(rows, scales, nr, b.data(), lanes, k, panel.data(), c.data());
         for (int r = 0; r < nr; ++r) {
           const float add = bias != nullptr ? bias[n0 + r] : 0.0f;
           for (int64_t t = 0; t < m; ++t) res[t * kLanesSlice + n0 - s0 + r] = c[r * lanes + t] + add;
@@ -561,7 +570,7 @@ void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
   if (m == 0 || n == 0) return;
   const Isa isa = kernel_isa();
   GemmTiles tiles = isa == Isa::Narrow ? GemmTiles::Narrow : GemmTiles::Wide;
-  if (isa == Isa::WideBf16 && a.dtype == DType::BFloat16) tiles = GemmTiles::Bf16;
+  if (has_bf16_dot(isa) && a.dtype == DType::BFloat16) tiles = GemmTiles::Bf16;
   const int64_t group = tiles == GemmTiles::Narrow ? NarrowTiles::kGroup : 128;
   const int64_t k_padded = (k + group - 1) / group * group;
   const int64_t row_block = tiles == GemmTiles::Narrow ? NarrowTiles::kMaxMT : 4;  // = kMaxMT
@@ -573,8 +582,9 @@ void mxfp4_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
     load_floats(bias->data, bias->dtype, bias_values.data(), n);
   }
 #if GNOMON_HAS_WIDE_KERNELS
-  if (bf16 && m >= kLanesMinRows && scales_fold_exactly(w_scales)) {
-    return gemm_lanes(out, a, w, w_scales, bias != nullptr ? bias_values.data() : nullptr);
+  const bool amx = bf16 && isa == Isa::Amx;
+  if (bf16 && m >= (amx ? kAmxMinRows : kLanesMinRows) && scales_fold_exactly(w_scales)) {
+    return gemm_lanes(out, a, w, w_scales, bias != nullptr ? bias_values.data() : nullptr, amx);
   }
 #endif
   // The activations, once, in the order and layout the inner loop reads them (zero-filled, so

@@ -12,6 +12,12 @@
 #include "core/threads.h"
 #include "core/scalar_math.h"
 
+#if GNOMON_HAS_WIDE_KERNELS && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace gnomon::cpu {
 namespace {
 
@@ -90,23 +96,46 @@ bool cpu_has_bf16_dot() {
   static const bool has = cpu_has_wide() && __builtin_cpu_supports("avx512bf16");
   return has;
 }
+
+#if defined(__linux__)
+bool cpu_has_amx() {
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!cpu_has_bf16_dot() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tile = (edx >> 24) & 1u, bf16 = (edx >> 22) & 1u;
+    // Linux hands out the tile data state (XFEATURE 18) only to a process that asks for it.
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return tile && bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return has;
+}
+#else
+bool cpu_has_amx() { return false; }
+#endif
 #else
 bool cpu_has_wide() { return false; }
 bool cpu_has_bf16_dot() { return false; }
+bool cpu_has_amx() { return false; }
 #endif
 
 Isa kernel_isa() {
-  const Isa best = cpu_has_bf16_dot() ? Isa::WideBf16 : cpu_has_wide() ? Isa::Wide : Isa::Narrow;
+  const Isa best = cpu_has_amx()        ? Isa::Amx
+                   : cpu_has_bf16_dot() ? Isa::WideBf16
+                   : cpu_has_wide()     ? Isa::Wide
+                                        : Isa::Narrow;
   const char* cap = std::getenv("GNOMON_CPU_KERNELS");
   if (cap == nullptr || *cap == '\0') return best;
   const std::string name(cap);
   if (name == "narrow") return Isa::Narrow;
-  if (name == "wide") return best == Isa::Narrow ? best : Isa::Wide;
-  raise<ValueError>("GNOMON_CPU_KERNELS: expected 'narrow', 'wide' or unset, got '", name, "'");
+  if (name == "wide") return std::min(best, Isa::Wide);
+  if (name == "bf16") return std::min(best, Isa::WideBf16);
+  raise<ValueError>("GNOMON_CPU_KERNELS: expected 'narrow', 'wide', 'bf16' or unset, got '",
+                    name, "'");
 }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::Amx: return "amx-bf16";
     case Isa::WideBf16: return "avx512-bf16";
     case Isa::Wide: return "avx512";
     default: return GNOMON_HAS_SIMD_CLONES && __builtin_cpu_supports("avx2") ? "avx2" : "portable";
@@ -163,15 +192,37 @@ GNOMON_TARGET_BF16 double dot_rounds_bf16(int64_t rounds, float seed) {
   for (int i = 1; i < 24; ++i) total = _mm512_add_ps(total, acc[i]);
   return _mm512_reduce_add_ps(total);
 }
+// Four independent tile accumulators, each TDPBF16PS 16 x 16 x 32 products.
+GNOMON_TARGET_AMX double tile_rounds_amx(int64_t rounds, float seed) {
+  alignas(64) uint32_t ones[kAmxRows * kAmxPairs];
+  for (uint32_t& w : ones) w = 0x3f803f80u;  // two bf16 1.0s
+  alignas(64) float c[kAmxRows * kAmxRows];
+  amx_begin();
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  _tile_loadd(4, ones, 64); _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64); _tile_loadd(7, ones, 64);
+  for (int64_t r = 0; r < rounds; ++r) {
+    _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  amx_end();
+  return c[0] * seed;
+}
 #endif
 
 }  // namespace
 
 double peak_gflops(bool bf16_dot, double seconds) {
   const Isa isa = kernel_isa();
-  if (bf16_dot && isa != Isa::WideBf16) return 0.0;
-  // FLOPs per round: chains x lanes x 2 (a dot product counts its two multiplies and adds)
-  const double round_flops = bf16_dot ? 24 * 32 * 2 : isa == Isa::Narrow ? 12 * 8 * 2 : 24 * 16 * 2;
+  if (bf16_dot && !has_bf16_dot(isa)) return 0.0;
+  const bool tiles = bf16_dot && isa == Isa::Amx;
+  // FLOPs per round: chains x lanes x 2 (a dot product counts its two multiplies and adds);
+  // four tile products of 16 x 16 x 32
+  const double round_flops = tiles      ? 4 * 16 * 16 * 32 * 2
+                             : bf16_dot ? 24 * 32 * 2
+                             : isa == Isa::Narrow ? 12 * 8 * 2
+                                                  : 24 * 16 * 2;
   auto run = [&](int64_t rounds) {
     const int64_t threads = num_threads();
     std::vector<double> sink(threads);
@@ -179,11 +230,10 @@ double peak_gflops(bool bf16_dot, double seconds) {
     parallel_for(threads, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const float seed = 1e-3f * static_cast<float>(t + 1);
-        switch (bf16_dot ? Isa::WideBf16 : isa) {
+        switch (bf16_dot ? isa : std::min(isa, Isa::Wide)) {
 #if GNOMON_HAS_WIDE_KERNELS
-          case Isa::WideBf16:
-            sink[t] = bf16_dot ? dot_rounds_bf16(rounds, seed) : fma_rounds_wide(rounds, seed);
-            break;
+          case Isa::Amx: sink[t] = tile_rounds_amx(rounds, seed); break;
+          case Isa::WideBf16: sink[t] = dot_rounds_bf16(rounds, seed); break;
           case Isa::Wide: sink[t] = fma_rounds_wide(rounds, seed); break;
 #endif
           default: sink[t] = fma_rounds_narrow(rounds, seed); break;

@@ -26,6 +26,7 @@
 #if GNOMON_HAS_SIMD_CLONES
 #define GNOMON_TARGET_WIDE __attribute__((target("arch=x86-64-v4")))
 #define GNOMON_TARGET_BF16 __attribute__((target("arch=x86-64-v4,avx512bf16")))
+#define GNOMON_TARGET_AMX __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16")))
 #define GNOMON_HAS_WIDE_KERNELS 1
 #else
 #define GNOMON_HAS_WIDE_KERNELS 0
@@ -44,20 +45,25 @@ void axpy(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
 void scale(float alpha, float* x, int64_t n);                 // x *= alpha
 
 // The kernel family a call runs: Narrow (8 lanes: AVX2 or the baseline, by load-time clone),
-// Wide (16 lanes, AVX-512) or Wide with the AVX512-BF16 dot product for bfloat16 data. The
-// CPU's best, capped by GNOMON_CPU_KERNELS=narrow|wide (read on every call, for tests and
-// benchmarks of the other paths); any other value raises a ValueError naming the variable.
-enum class Isa { Narrow, Wide, WideBf16 };
+// Wide (16 lanes, AVX-512), Wide with the AVX512-BF16 dot product for bfloat16 data, or that
+// with AMX-BF16 tiles for the bf16 GEMMs (Intel, from Sapphire Rapids). The CPU's best, capped
+// by GNOMON_CPU_KERNELS=narrow|wide|bf16 (read on every call, for tests and benchmarks of the
+// other paths); any other value raises a ValueError naming the variable.
+enum class Isa { Narrow, Wide, WideBf16, Amx };
 Isa kernel_isa();
 const char* isa_name(Isa isa);
+inline bool has_bf16_dot(Isa isa) { return isa == Isa::WideBf16 || isa == Isa::Amx; }
 // The clone of the row helpers (load_floats, dot, ...: rms_norm, rotary) picked at load time.
 const char* row_helpers_isa();
 bool cpu_has_wide();
 bool cpu_has_bf16_dot();
+// AMX-BF16 tiles that this process may use: the CPU has them and Linux granted the permission
+// (arch_prctl ARCH_REQ_XCOMP_PERM, asked once).
+bool cpu_has_amx();
 
 // The vector units' peak GFLOP/s on the kernel family above, at num_threads() threads: FMAs on
-// registers, or bf16 dot products (0 where the family has none); the best of runs over
-// `seconds` (at least five).
+// registers, or bf16 dot products (AMX tile products on the Amx family; 0 where the family has
+// none); the best of runs over `seconds` (at least five).
 double peak_gflops(bool bf16_dot, double seconds);
 
 template <int Lanes>
@@ -219,6 +225,29 @@ GNOMON_INLINE typename V::F half_to_float(const typename V::U& half) {
   bits = select(bit_cast<typename V::I>(magnitude >= 0x7c00u), (magnitude << 13) | 0x7f800000u, bits);
   return bit_cast<F>(bits | ((half & 0x8000u) << 16));
 }
+
+// ---- AMX tiles ----
+//
+// Every kernel uses one tile configuration: eight tiles of 16 rows x 64 bytes, so a tile holds
+// 16 x 16 floats (C, tiles 0-3), 16 rows of 16 bf16 pairs (A, tiles 4-5) or 16 pairs x 16 lanes
+// of bf16 pairs (B, tiles 6-7; the VNNI layout, which a [pairs][lanes] matrix of words already
+// is). A kernel loads it on entry and releases the tiles on return, so no state is left behind
+// for other code on the thread (oneDNN uses tiles too).
+#if GNOMON_HAS_WIDE_KERNELS
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+inline constexpr int kAmxRows = 16;   // rows of a tile
+inline constexpr int kAmxPairs = 16;  // bf16 pairs along k per tile row
+
+GNOMON_TARGET_AMX inline void amx_begin() {
+  static const AmxConfig config;
+  _tile_loadconfig(&config);
+}
+GNOMON_TARGET_AMX inline void amx_end() { _tile_release(); }
+#endif
 
 // ---- MXFP4 element codes (OCP MX E2M1) ----
 

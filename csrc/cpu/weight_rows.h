@@ -2,6 +2,7 @@
 // Expert and GEMM weight rows, by dtype, for the CPU kernels that stream weights (fused_moe,
 // mxfp4_gemm), and the tokens-in-lanes product of a block of decoded rows (lanes_gemm.h).
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -24,6 +25,24 @@ struct E8M0Table {
   }
 };
 inline const E8M0Table kE8M0;
+
+// The bf16 bits of E2M1 code i times 2^(s - 127), for every scale byte s: exact for s in 2..252;
+// below, bf16 subnormals (which the dot products read as zero), above, infinities as in float32,
+// and NaN for 0xFF. Entries i and i + 16 are alike, so that a 32-entry word permute (vpermw)
+// may ignore the fifth bit of its indices.
+struct Bf16E2M1Tables {
+  alignas(64) uint16_t value[256][32];
+  Bf16E2M1Tables() {
+    for (int s = 0; s < 256; ++s) {
+      for (int i = 0; i < 32; ++i) {
+        const float v = math::e2m1_to_float(static_cast<uint8_t>(i % 16)) *
+                        math::e8m0_to_float(static_cast<uint8_t>(s));
+        value[s][i] = static_cast<uint16_t>(math::float_to_bits(v) >> 16);
+      }
+    }
+  }
+};
+inline const Bf16E2M1Tables kBf16E2M1;
 
 template <typename V>
 struct F32Rows {
@@ -86,7 +105,41 @@ struct Mxfp4Rows {
 
 // ---- tokens in the lanes ---------------------------------------------------------------------
 
-constexpr int kLanesRows = 8;  // weight rows decoded into one panel
+constexpr int kLanesRows = 8;     // weight rows decoded into one panel by the vector GEMMs
+constexpr int kAmxLanesRows = 64;  // ... and by the AMX one: four A tiles
+
+// Elements [k0, k1) of a bf16 or MXFP4 row of K elements as bf16 pairs (k0 even; for MXFP4 a
+// multiple of 32, and V Wide), zeros past K.
+template <typename V, typename Rows>
+GNOMON_INLINE void decode_pairs(const void* row, const uint8_t* scales, int64_t K, int64_t k0,
+                                int64_t k1, uint32_t* out) {
+  const int64_t end = std::max(k0, std::min(k1, K));
+  if constexpr (std::is_same_v<Rows, Mxfp4Rows<V>>) {
+    static_assert(V::L == 16);
+    // A block's 16 bytes widen to 16 words; (word | word << 12) holds the low nibble's code in
+    // its low half and the high nibble's in its high half, and one word permute through the
+    // block scale's table turns both halves into the bf16 pair.
+    typedef uint16_t Words __attribute__((vector_size(64)));
+    const uint8_t* bytes = static_cast<const uint8_t*>(row);
+    for (int64_t k = k0; k < end; k += 32) {
+      const typename V::U codes = widen<V>(bytes + k / 2);
+      const Words index = bit_cast<Words>(codes | (codes << 12));
+      Words pairs;
+#if defined(__x86_64__)
+      // vpermw with the table in memory (GCC's shuffle picks the three-uop vpermi2w)
+      asm("vpermw %1, %2, %0" : "=v"(pairs) : "m"(kBf16E2M1.value[scales[k / 32]]), "v"(index));
+#else
+      pairs = __builtin_shuffle(load<Words>(kBf16E2M1.value[scales[k / 32]]), index);
+#endif
+      store(out + (k - k0) / 2, pairs);
+    }
+  } else {  // bf16 rows are bf16 pairs already
+    std::memcpy(out, static_cast<const uint16_t*>(row) + k0, (end - k0) * sizeof(uint16_t));
+    if (end % 2 == 1) reinterpret_cast<uint16_t*>(out)[end - k0] = 0;
+  }
+  const int64_t used = (end - k0 + 1) / 2;
+  std::memset(out + used, 0, ((k1 - k0) / 2 - used) * sizeof(uint32_t));
+}
 
 // Row `row`'s K elements into `panel`: floats in the split order of Rows (its decode), or, with
 // kDot, bf16 pairs in natural order with a zero after an odd K.
@@ -103,17 +156,8 @@ GNOMON_INLINE void decode_row(const void* row, const uint8_t* scales, int64_t K,
       for (int i = 0; i < W; ++i) store(out + k + i * V::L, w[i]);
     }
     for (; k < K; ++k) out[k] = Rows::at(row, k);
-  } else if constexpr (std::is_same_v<Rows, Mxfp4Rows<V>>) {  // K % 32 == 0
-    uint32_t* out = static_cast<uint32_t*>(panel);
-    for (int64_t k = 0; k < K; k += step) {
-      typename V::F w[W];
-      Rows::decode(row, scales, k, w);  // even elements, odd elements: exact in bf16
-      store(out + k / 2, (bit_cast<typename V::U>(w[0]) >> 16) |
-                             (bit_cast<typename V::U>(w[1]) & 0xFFFF0000u));
-    }
-  } else {  // bf16 rows are bf16 pairs already
-    std::memcpy(panel, row, K * sizeof(uint16_t));
-    if (K % 2 == 1) static_cast<uint16_t*>(panel)[K] = 0;
+  } else {
+    decode_pairs<V, Rows>(row, scales, K, 0, K + K % 2, static_cast<uint32_t*>(panel));
   }
 }
 
@@ -132,3 +176,39 @@ GNOMON_INLINE void lanes_rows(const void* const* rows, const uint8_t* const* sca
 }
 
 }  // namespace gnomon::cpu
+
+#if GNOMON_HAS_WIDE_KERNELS
+namespace gnomon::cpu {
+
+// The same on AMX tiles for bf16 or MXFP4 rows (bf16 pairs), nr <= kAmxLanesRows: B's depth is
+// (K + 1) / 2 rounded up to whole tiles of kAmxPairs, its padding rows zero; the panel takes
+// amx_depth(K) words per row, and c holds whole tiles of rows.
+inline int64_t amx_depth(int64_t K) { return ((K + 1) / 2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs; }
+
+constexpr int64_t kAmxChunk = 64;  // pairs per step: the panel's chunk and B's stay in L1
+
+template <typename Rows>
+GNOMON_TARGET_AMX void lanes_rows_amx(const void* const* rows, const uint8_t* const* scales, int nr,
+                                      const void* b, int64_t lanes, int64_t K, void* panel,
+                                      float* c) {
+  const int64_t depth = amx_depth(K);
+  const int padded = (nr + kAmxRows - 1) / kAmxRows * kAmxRows;
+  uint32_t* words = static_cast<uint32_t*>(panel);
+  amx_begin();
+  for (int64_t p0 = 0; p0 < depth; p0 += kAmxChunk) {
+    const int64_t pairs = std::min(kAmxChunk, depth - p0);
+    for (int r = 0; r < padded; ++r) {
+      if (r < nr) {
+        decode_pairs<Wide, Rows>(rows[r], scales[r], K, 2 * p0, 2 * (p0 + pairs), words + r * pairs);
+      } else {
+        std::memset(words + r * pairs, 0, pairs * sizeof(uint32_t));
+      }
+    }
+    amx_gemm(padded, words, pairs, pairs, static_cast<const uint32_t*>(b) + p0 * lanes, lanes, c,
+             p0 > 0);
+  }
+  amx_end();
+}
+
+}  // namespace gnomon::cpu
+#endif

@@ -208,7 +208,7 @@ def test_fused_moe_mxfp4_matches_reference(dtype, style, T, E, k, H, I):
     assert_close_to_reference(out, expected, dtype, magnitude)
 
 
-@pytest.mark.parametrize("family", ["narrow", "wide", "best"])
+@pytest.mark.parametrize("family", ["narrow", "wide", "bf16", "best"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("experts, H, I", [(dense_experts, 101, 33), (mxfp4_experts, 96, 64)])
 @pytest.mark.parametrize("style", STYLES)

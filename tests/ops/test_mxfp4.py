@@ -280,10 +280,14 @@ def check_gemm(a, w, w_scales, bias=None, out_dtype=None):
     return out
 
 
-# The GEMM has three kernels: 16-lane float32 tiles (AVX-512), 8-lane float32 tiles (everything
-# else) and, for bf16 activations, bf16 dot products (AVX512-BF16). GNOMON_CPU_KERNELS
-# restricts the choice, so every kernel this CPU can run is tested here.
-@pytest.fixture(params=["auto", "narrow", "wide"])
+# The GEMM has four kernels: 16-lane float32 tiles (AVX-512), 8-lane float32 tiles (everything
+# else) and, for bf16 activations, bf16 dot products (AVX512-BF16) and AMX tiles (from 1 row on
+# AMX-BF16 CPUs; from 32 rows the dot products run with the rows in the lanes too).
+# GNOMON_CPU_KERNELS restricts the choice, so every kernel this CPU can run is tested here.
+BF16_DOT_FAMILIES = ("avx512-bf16", "amx-bf16")
+
+
+@pytest.fixture(params=["auto", "narrow", "wide", "bf16"])
 def gemm_kernel(request, monkeypatch):
     if request.param != "auto":
         monkeypatch.setenv("GNOMON_CPU_KERNELS", request.param)
@@ -379,7 +383,7 @@ def test_gemm_scale_edges_on_zero_and_extreme_blocks(gemm_kernel, scale, a_dtype
     g = torch.Generator().manual_seed(5)
     a = ((torch.rand(m, k, generator=g) + 1.0) * 2.0 ** -10).to(a_dtype)
     out = ops.mxfp4_gemm(a, w, w_scales, out_dtype=torch.float32)
-    bf16_dot = a_dtype == torch.bfloat16 and _C.cpu_kernel_isa() == "avx512-bf16"
+    bf16_dot = a_dtype == torch.bfloat16 and _C.cpu_kernel_isa() in BF16_DOT_FAMILIES
     if bf16_dot and scale != 0xFF:  # the exact weights, not rounded to float32 first
         codes = torch.stack([w.long() & 15, w.long() >> 4], -1).flatten(-2)
         exact = torch.tensor(E2M1_VALUES, dtype=torch.float64)[codes].reshape(8, k // 32, 32)
