@@ -6,6 +6,7 @@
 // nothing is summed across lanes and A may be any strided matrix: a key tile, decoded weight
 // rows. The bf16 variant takes A and B as 32-bit words of two bfloat16 values (pairs along k)
 // and accumulates both products of a pair in float32 with vdpbf16ps.
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -72,13 +73,12 @@ GNOMON_TARGET_BF16 void gemm_lanes_bf16(const uint32_t* a, int64_t ai, int64_t a
 
 // ---- AMX -------------------------------------------------------------------------------------
 //
-// The same product on AMX tiles (vec.h): C[r][lane] (+)= sum over pairs p < depth of A[r][p] .
-// B[p][lane] in float32, for rows, lanes and depth whole multiples of 16; A's rows are ai words
-// apart, B's and C's rows `lanes` apart. A tile product's latency is several times its issue
-// interval, so a block keeps four C tiles accumulating (64 rows x 16 lanes, 32 x 32 or 16 x 64)
-// and loads alternate between two A or two B tiles; each tile loaded serves every product of
-// its row or column. TDPBF16PS reads bf16 subnormals as zero, as vdpbf16ps does. The caller
-// brackets its calls with amx_begin() and amx_end().
+// The same product on AMX tiles (vec.h): C[r][lane] (+)= sum over pairs p of A[r][p] . B[p][lane]
+// in float32, in blocks of two C tiles (2 x 1 or 1 x 2, or one): two products in flight keep the
+// unit busy, and the next block's C goes to the other pair of C tiles (0-1, 2-3), so loading it
+// need not wait for this block's last product and store. A's rows are ai words apart, B's and
+// C's rows `lanes`. TDPBF16PS reads bf16 subnormals as zero, as vdpbf16ps does. The caller
+// brackets its blocks with amx_begin() and amx_end().
 
 // The tile intrinsics take their tile numbers as literal tokens; these take them as templates.
 // They are inline assembly in GCC's headers, so these need no target attribute (lambdas,
@@ -102,11 +102,12 @@ GNOMON_INLINE void tile_zero() {
   GNOMON_TILE_CASES(GNOMON_TILE)
 #undef GNOMON_TILE
 }
+#undef GNOMON_TILE_CASES
 template <int C, int A, int B>
 GNOMON_INLINE void tile_dot() {
   static_assert(C < 4 && (A == 4 || A == 5) && (B == 6 || B == 7));
-#define GNOMON_TILE(c)                                      \
-  if constexpr (C == c) {                                   \
+#define GNOMON_TILE(c)                                       \
+  if constexpr (C == c) {                                    \
     if constexpr (A == 4 && B == 6) _tile_dpbf16ps(c, 4, 6); \
     if constexpr (A == 4 && B == 7) _tile_dpbf16ps(c, 4, 7); \
     if constexpr (A == 5 && B == 6) _tile_dpbf16ps(c, 5, 6); \
@@ -115,7 +116,6 @@ GNOMON_INLINE void tile_dot() {
   GNOMON_TILE(0) GNOMON_TILE(1) GNOMON_TILE(2) GNOMON_TILE(3)
 #undef GNOMON_TILE
 }
-#undef GNOMON_TILE_CASES
 
 // Compile-time loops over the C tiles of a block: f(integral_constant<i>, integral_constant<j>).
 template <int RT, int CT, typename Fn, int... I>
@@ -127,74 +127,64 @@ GNOMON_INLINE void for_tiles(Fn&& f) {
   for_tiles<RT, CT>(f, std::make_integer_sequence<int, RT * CT>{});
 }
 
-template <int RT, int CT>
-GNOMON_TARGET_AMX inline void amx_block(const uint32_t* a, int64_t ai, int64_t depth,
-                                               const uint32_t* b, int64_t lanes, float* c,
-                                               bool accumulate) {
-  static_assert(RT * CT <= 4 && (RT <= 2 || CT <= 2));
+// One block over `pairs` pairs (a multiple of 16) in C tiles C0 and C0 + 1: A tile i is 4 + i,
+// B tile j is 6 + j.
+template <int RT, int CT, int C0>
+GNOMON_INLINE void amx_block(const uint32_t* a, int64_t ai, const uint32_t* b, int64_t lanes,
+                             int64_t pairs, float* c, bool accumulate) {
+  static_assert(RT * CT <= 2 && (C0 == 0 || C0 == 2));
   const int64_t a_stride = ai * 4, b_stride = lanes * 4;
   auto c_tile = [&](auto i, auto j) { return c + i * kAmxRows * lanes + j * 16; };
   for_tiles<RT, CT>([&](auto i, auto j) {
     if (accumulate) {
-      tile_load<i * CT + j>(c_tile(i, j), b_stride);
+      tile_load<C0 + i * CT + j>(c_tile(i, j), b_stride);
     } else {
-      tile_zero<i * CT + j>();
+      tile_zero<C0 + i * CT + j>();
     }
   });
-  // A tile i is 4 + i and B tile j is 6 + j, except along the longer side of a 4 x 1 or 1 x 4
-  // block, whose tiles take turns in 4 and 5 (or 6 and 7), each loaded just before its product.
-  for (int64_t p = 0; p < depth; p += kAmxPairs) {
-    if constexpr (RT <= 2) {
-      for_tiles<RT, 1>([&](auto i, auto) { tile_load<4 + i>(a + i * kAmxRows * ai + p, a_stride); });
-    }
-    if constexpr (CT <= 2) {
-      for_tiles<1, CT>([&](auto, auto j) { tile_load<6 + j>(b + p * lanes + j * 16, b_stride); });
-    }
-    for_tiles<RT, CT>([&](auto i, auto j) {
-      constexpr int A = RT <= 2 ? 4 + i : 4 + i % 2, B = CT <= 2 ? 6 + j : 6 + j % 2;
-      if constexpr (RT > 2) tile_load<A>(a + i * kAmxRows * ai + p, a_stride);
-      if constexpr (CT > 2) tile_load<B>(b + p * lanes + j * 16, b_stride);
-      tile_dot<i * CT + j, A, B>();
-    });
+  for (int64_t p = 0; p < pairs; p += kAmxPairs) {
+    for_tiles<RT, 1>([&](auto i, auto) { tile_load<4 + i>(a + i * kAmxRows * ai + p, a_stride); });
+    for_tiles<1, CT>([&](auto, auto j) { tile_load<6 + j>(b + p * lanes + j * 16, b_stride); });
+    for_tiles<RT, CT>([&](auto i, auto j) { tile_dot<C0 + i * CT + j, 4 + i, 6 + j>(); });
   }
-  for_tiles<RT, CT>([&](auto i, auto j) { tile_store<i * CT + j>(c_tile(i, j), b_stride); });
+  for_tiles<RT, CT>([&](auto i, auto j) { tile_store<C0 + i * CT + j>(c_tile(i, j), b_stride); });
 }
 
-// Blocks of four C tiles where the shape allows, the rest in smaller ones.
-GNOMON_TARGET_AMX inline void amx_gemm(int64_t rows, const uint32_t* a, int64_t ai, int64_t depth,
-                                       const uint32_t* b, int64_t lanes, float* c,
-                                       bool accumulate) {
-  auto run = [&](auto rt, auto ct, int64_t i, int64_t v) {
-    amx_block<decltype(rt)::value, decltype(ct)::value>(a + i * ai, ai, depth, b + v, lanes,
-                                                        c + i * lanes + v, accumulate);
-  };
-  using T1 = std::integral_constant<int, 1>;
-  using T2 = std::integral_constant<int, 2>;
-  using T4 = std::integral_constant<int, 4>;
-  const int64_t row_tiles = rows / kAmxRows, lane_tiles = lanes / 16;
-  if (lane_tiles == 1) {
-    int64_t t = 0;
-    for (; t + 4 <= row_tiles; t += 4) run(T4{}, T1{}, t * kAmxRows, 0);
-    for (; t + 2 <= row_tiles; t += 2) run(T2{}, T1{}, t * kAmxRows, 0);
-    for (; t < row_tiles; ++t) run(T1{}, T1{}, t * kAmxRows, 0);
-    return;
-  }
-  if (row_tiles == 1) {
-    int64_t u = 0;
-    for (; u + 4 <= lane_tiles; u += 4) run(T1{}, T4{}, 0, u * 16);
-    for (; u + 2 <= lane_tiles; u += 2) run(T1{}, T2{}, 0, u * 16);
-    for (; u < lane_tiles; ++u) run(T1{}, T1{}, 0, u * 16);
-    return;
-  }
-  for (int64_t u = 0; u < lane_tiles; u += 2) {
-    const bool two_lanes = u + 2 <= lane_tiles;
-    for (int64_t t = 0; t < row_tiles; t += 2) {
-      const bool two_rows = t + 2 <= row_tiles;
-      if (two_rows && two_lanes) run(T2{}, T2{}, t * kAmxRows, u * 16);
-      else if (two_rows) run(T2{}, T1{}, t * kAmxRows, u * 16);
-      else if (two_lanes) run(T1{}, T2{}, t * kAmxRows, u * 16);
-      else run(T1{}, T1{}, t * kAmxRows, u * 16);
+// C (+)= A . B over `pairs` pairs for `rows` rows and `lanes` lanes (multiples of 16): pairs of
+// row tiles down each lane tile, or, with one row tile, pairs of lane tiles. after_block(i, n)
+// runs after the i-th of the n blocks is issued, while its products are still in flight: work
+// for the vector units to overlap with them.
+template <typename After>
+GNOMON_INLINE void amx_gemm(int64_t rows, const uint32_t* a, int64_t ai, const uint32_t* b,
+                            int64_t lanes, int64_t pairs, float* c, bool accumulate,
+                            After&& after_block) {
+  constexpr int64_t R = kAmxRows;
+  const int64_t row_blocks = rows > R ? (rows / R + 1) / 2 : 1;
+  const int64_t count = rows > R ? row_blocks * (lanes / 16) : (lanes / 16 + 1) / 2;
+  int64_t done = 0;
+  auto block = [&](auto rt, auto ct, int64_t r, int64_t v) {
+    constexpr int RT = decltype(rt)::value, CT = decltype(ct)::value;
+    const uint32_t* ar = a + r * ai;
+    float* cr = c + r * lanes + v;
+    if (done % 2 == 1) {  // the other pair of C tiles
+      amx_block<RT, CT, 2>(ar, ai, b + v, lanes, pairs, cr, accumulate);
+    } else {
+      amx_block<RT, CT, 0>(ar, ai, b + v, lanes, pairs, cr, accumulate);
     }
+    after_block(done++, count);
+  };
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  if (rows > R) {
+    for (int64_t v = 0; v < lanes; v += 16) {
+      int64_t r = 0;
+      for (; r + 2 * R <= rows; r += 2 * R) block(Two{}, One{}, r, v);
+      if (r < rows) block(One{}, One{}, r, v);
+    }
+  } else {
+    int64_t v = 0;
+    for (; v + 32 <= lanes; v += 32) block(One{}, Two{}, 0, v);
+    if (v < lanes) block(One{}, One{}, 0, v);
   }
 }
 #endif

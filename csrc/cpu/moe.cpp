@@ -401,7 +401,7 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
   std::vector<int64_t> active, lanes_experts;
   // B of the two phases for the lanes experts (words on the dot path), uninitialised, grown to
   // the lanes a chunk needs (none at decode sizes)
-  std::unique_ptr<float[]> xt, at;
+  AlignedArray<float> xt, at;
   int64_t b_lanes = 0;
 
   for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {
@@ -441,8 +441,8 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     // zeroed before it is filled, in parallel below.
     if (lane_count > b_lanes) {
       b_lanes = lane_count;
-      xt.reset(new float[x_rows * b_lanes]);
-      at.reset(new float[a_rows * b_lanes]);
+      xt = make_aligned<float>(x_rows * b_lanes);
+      at = make_aligned<float>(a_rows * b_lanes);
     }
     auto x_panel = [&](int64_t e) { return xt.get() + x_rows * b_offset[e]; };
     auto a_panel = [&](int64_t e) { return at.get() + a_rows * b_offset[e]; };
@@ -504,11 +504,14 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
 
     // Gate/up and activation: items are (active expert, block of kUpBlock intermediate columns).
     const int64_t up_blocks = (I + kUpBlock - 1) / kUpBlock;
-    const int64_t panel_floats = kernel.rows * (std::max(x_rows, a_rows) + 1);
+    int64_t panel_floats = kernel.rows * (std::max(x_rows, a_rows) + 1);
+#if GNOMON_HAS_WIDE_KERNELS
+    if (kernel.amx) panel_floats = kAmxPanelWords;
+#endif
     ItemQueue up_items(static_cast<int64_t>(active.size()) * up_blocks);
     parallel_for(up_items.tickets(), 1, [&](int64_t ticket, int64_t) {
-      std::vector<float> dot(std::max(4 * most, kernel.rows * (most + kernel.width)));
-      std::vector<float> panel(panel_floats);
+      AlignedVector<float> dot(std::max(4 * most, kernel.rows * (most + kernel.width)));
+      AlignedVector<float> panel(panel_floats);
       for (int64_t item; up_items.take(ticket, item);) {
         const int64_t e = active[item / up_blocks];
         const int64_t j0 = (item % up_blocks) * kUpBlock, j1 = std::min(I, j0 + kUpBlock);
@@ -551,8 +554,9 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     const int64_t down_block = kernel.amx && !lanes_experts.empty() ? kernel.rows : kDownBlock;
     ItemQueue down_items((H + down_block - 1) / down_block);
     parallel_for(down_items.tickets(), 1, [&](int64_t ticket, int64_t) {
-      std::vector<float> dot(std::max(4 * most, kernel.rows * (most + kernel.width)));
-      std::vector<float> panel(panel_floats), acc(n * down_block);
+      AlignedVector<float> dot(std::max(4 * most, kernel.rows * (most + kernel.width)));
+      AlignedVector<float> panel(panel_floats);
+      std::vector<float> acc(n * down_block);
       for (int64_t block; down_items.take(ticket, block);) {
         const int64_t h0 = block * down_block, width = std::min(down_block, H - h0);
         std::fill(acc.begin(), acc.end(), 0.0f);

@@ -458,7 +458,7 @@ void gemm_lanes(const TensorView& out, const TensorView& a, const TensorView& w,
   const int64_t lanes = (m + 15) / 16 * 16, elem = dtype_size(out.dtype);
   const int64_t depth = amx ? amx_depth(k) : words, panel_rows = amx ? kAmxLanesRows : kLanesRows;
   auto* const kernel = amx ? lanes_rows_amx<Mxfp4Rows<Wide>> : mxfp4_lanes_bf16;
-  std::vector<uint32_t> b(static_cast<size_t>(depth * lanes));  // zeros in the padding
+  AlignedVector<uint32_t> b(static_cast<size_t>(depth * lanes));  // zeros in the padding
   parallel_for(m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const char* row = static_cast<const char*>(a.data) + t * k * 2;
@@ -466,8 +466,9 @@ void gemm_lanes(const TensorView& out, const TensorView& a, const TensorView& w,
     }
   });
   parallel_for(n, 16, [&](int64_t begin, int64_t end) {
-    std::vector<uint32_t> panel(static_cast<size_t>(panel_rows * depth));
-    std::vector<float> c(panel_rows * lanes), res(static_cast<size_t>(m * kLanesSlice));
+    AlignedVector<uint32_t> panel(static_cast<size_t>(amx ? kAmxPanelWords : panel_rows * depth));
+    AlignedVector<float> c(panel_rows * lanes);
+    std::vector<float> res(static_cast<size_t>(m * kLanesSlice));
     for (int64_t s0 = begin; s0 < end; s0 += kLanesSlice) {
       const int64_t width = std::min(kLanesSlice, end - s0);
       for (int64_t n0 = s0; n0 < s0 + width; n0 += panel_rows) {

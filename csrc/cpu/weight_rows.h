@@ -108,6 +108,31 @@ struct Mxfp4Rows {
 constexpr int kLanesRows = 8;     // weight rows decoded into one panel by the vector GEMMs
 constexpr int kAmxLanesRows = 64;  // ... and by the AMX one: four A tiles
 
+constexpr int64_t kPrefetchBytes = 256;  // how far ahead of its decode a row is fetched
+
+// `blocks` MXFP4 blocks (16 bytes, one scale each) as 16 bf16 pairs each. A block's bytes widen
+// to 16 words; (word | word << 12) holds the low nibble's code in its low half and the high
+// nibble's in its high half, and one word permute (vpermw, through the block scale's table)
+// turns both halves into the pair. Wide (AVX-512) callers only.
+GNOMON_INLINE void decode_mxfp4_pairs(const uint8_t* bytes, const uint8_t* scales, int64_t blocks,
+                                      uint32_t* out) {
+  typedef uint16_t Words __attribute__((vector_size(64)));
+  for (int64_t i = 0; i < blocks; ++i) {
+    // Callers decode rows a chunk at a time, more rows than the hardware prefetchers follow
+    __builtin_prefetch(bytes + 16 * i + kPrefetchBytes);
+    const Wide::U codes = widen<Wide>(bytes + 16 * i);
+    const Words index = bit_cast<Words>(codes | (codes << 12));
+    Words pairs;
+#if defined(__x86_64__)
+    // vpermw with the table in memory (GCC's shuffle picks the three-uop vpermi2w)
+    asm("vpermw %1, %2, %0" : "=v"(pairs) : "m"(kBf16E2M1.value[scales[i]]), "v"(index));
+#else
+    pairs = __builtin_shuffle(load<Words>(kBf16E2M1.value[scales[i]]), index);
+#endif
+    store(out + 16 * i, pairs);
+  }
+}
+
 // Elements [k0, k1) of a bf16 or MXFP4 row of K elements as bf16 pairs (k0 even; for MXFP4 a
 // multiple of 32, and V Wide), zeros past K.
 template <typename V, typename Rows>
@@ -116,24 +141,11 @@ GNOMON_INLINE void decode_pairs(const void* row, const uint8_t* scales, int64_t 
   const int64_t end = std::max(k0, std::min(k1, K));
   if constexpr (std::is_same_v<Rows, Mxfp4Rows<V>>) {
     static_assert(V::L == 16);
-    // A block's 16 bytes widen to 16 words; (word | word << 12) holds the low nibble's code in
-    // its low half and the high nibble's in its high half, and one word permute through the
-    // block scale's table turns both halves into the bf16 pair.
-    typedef uint16_t Words __attribute__((vector_size(64)));
-    const uint8_t* bytes = static_cast<const uint8_t*>(row);
-    for (int64_t k = k0; k < end; k += 32) {
-      const typename V::U codes = widen<V>(bytes + k / 2);
-      const Words index = bit_cast<Words>(codes | (codes << 12));
-      Words pairs;
-#if defined(__x86_64__)
-      // vpermw with the table in memory (GCC's shuffle picks the three-uop vpermi2w)
-      asm("vpermw %1, %2, %0" : "=v"(pairs) : "m"(kBf16E2M1.value[scales[k / 32]]), "v"(index));
-#else
-      pairs = __builtin_shuffle(load<Words>(kBf16E2M1.value[scales[k / 32]]), index);
-#endif
-      store(out + (k - k0) / 2, pairs);
-    }
+    decode_mxfp4_pairs(static_cast<const uint8_t*>(row) + k0 / 2, scales + k0 / 32,
+                       (end - k0) / 32, out);
   } else {  // bf16 rows are bf16 pairs already
+    const char* next = static_cast<const char*>(row) + 2 * end + kPrefetchBytes;
+    for (int64_t line = 0; line < 2 * (end - k0); line += 64) __builtin_prefetch(next - line);
     std::memcpy(out, static_cast<const uint16_t*>(row) + k0, (end - k0) * sizeof(uint16_t));
     if (end % 2 == 1) reinterpret_cast<uint16_t*>(out)[end - k0] = 0;
   }
@@ -187,25 +199,68 @@ inline int64_t amx_depth(int64_t K) { return ((K + 1) / 2 + kAmxPairs - 1) / kAm
 
 constexpr int64_t kAmxChunk = 64;  // pairs per step: the panel's chunk and B's stay in L1
 
+// Rows [r0, r1) of chunk `index` (kAmxChunk pairs, fewer in the last) as bf16 pairs, rows of
+// `padded` past nr zero, into `out` (rows `pairs` words apart).
+template <typename Rows>
+struct AmxChunkDecoder {
+  const void* const* rows;
+  const uint8_t* const* scales;
+  int nr;
+  int64_t K, depth;
+  uint32_t* buffers[2];
+
+  GNOMON_TARGET_AMX void operator()(int64_t index, int64_t r0, int64_t r1) const {
+    const int64_t p0 = index * kAmxChunk, pairs = std::min(kAmxChunk, depth - p0);
+    uint32_t* out = buffers[index % 2];
+    if constexpr (std::is_same_v<Rows, Mxfp4Rows<Wide>>) {
+      // K % 32 == 0, so depth is K / 2 and a chunk is whole blocks: one tight loop per row
+      for (int64_t r = r0; r < std::min<int64_t>(r1, nr); ++r) {
+        decode_mxfp4_pairs(static_cast<const uint8_t*>(rows[r]) + p0, scales[r] + p0 / 16,
+                           pairs / 16, out + r * pairs);
+      }
+      for (int64_t r = std::max<int64_t>(r0, nr); r < r1; ++r) {
+        std::memset(out + r * pairs, 0, pairs * sizeof(uint32_t));
+      }
+      return;
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      if (r < nr) {
+        decode_pairs<Wide, Rows>(rows[r], scales[r], K, 2 * p0, 2 * (p0 + pairs), out + r * pairs);
+      } else {
+        std::memset(out + r * pairs, 0, pairs * sizeof(uint32_t));
+      }
+    }
+  }
+};
+
+// The words of panel lanes_rows_amx needs: two chunks of kAmxLanesRows rows.
+constexpr int64_t kAmxPanelWords = 2 * kAmxLanesRows * kAmxChunk;
+
+// A chunk of pairs at a time, in L1 with B's rows of it and C: every block of C takes its
+// products over chunk i while the vector units decode chunk i + 1 into the other buffer, a
+// share of its rows after each block is issued.
 template <typename Rows>
 GNOMON_TARGET_AMX void lanes_rows_amx(const void* const* rows, const uint8_t* const* scales, int nr,
                                       const void* b, int64_t lanes, int64_t K, void* panel,
                                       float* c) {
-  const int64_t depth = amx_depth(K);
-  const int padded = (nr + kAmxRows - 1) / kAmxRows * kAmxRows;
-  uint32_t* words = static_cast<uint32_t*>(panel);
-  amx_begin();
-  for (int64_t p0 = 0; p0 < depth; p0 += kAmxChunk) {
-    const int64_t pairs = std::min(kAmxChunk, depth - p0);
-    for (int r = 0; r < padded; ++r) {
-      if (r < nr) {
-        decode_pairs<Wide, Rows>(rows[r], scales[r], K, 2 * p0, 2 * (p0 + pairs), words + r * pairs);
-      } else {
-        std::memset(words + r * pairs, 0, pairs * sizeof(uint32_t));
-      }
+  const int64_t depth = amx_depth(K), chunks = (depth + kAmxChunk - 1) / kAmxChunk;
+  const int64_t padded = (nr + kAmxRows - 1) / kAmxRows * kAmxRows;
+  uint32_t* const words = static_cast<uint32_t*>(panel);
+  const AmxChunkDecoder<Rows> decode{rows, scales, nr, K, depth,
+                                     {words, words + kAmxLanesRows * kAmxChunk}};
+  struct DecodeNext {
+    const AmxChunkDecoder<Rows>& decode;
+    int64_t next, padded;
+    GNOMON_TARGET_AMX void operator()(int64_t done, int64_t count) const {
+      if (next >= 0) decode(next, padded * done / count, padded * (done + 1) / count);
     }
-    amx_gemm(padded, words, pairs, pairs, static_cast<const uint32_t*>(b) + p0 * lanes, lanes, c,
-             p0 > 0);
+  };
+  amx_begin();
+  decode(0, 0, padded);
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int64_t p0 = i * kAmxChunk, pairs = std::min(kAmxChunk, depth - p0);
+    amx_gemm(padded, decode.buffers[i % 2], pairs, static_cast<const uint32_t*>(b) + p0 * lanes,
+             lanes, pairs, c, i > 0, DecodeNext{decode, i + 1 < chunks ? i + 1 : -1, padded});
   }
   amx_end();
 }
