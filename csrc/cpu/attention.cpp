@@ -289,7 +289,8 @@ struct LanesHead {
 
 struct LanesTile {
   const void* keys;    // [kLanesKeys][D] float32, or bf16 (dot path)
-  const void* values;  // [kLanesKeys][D] float32, or [kLanesKeys / 2][D] bf16 key pairs (dot path)
+  const void* values;  // [kLanesKeys][D] float32, or [kLanesKeys / 2][D] bf16 key pairs (dot path),
+                       // or [D][kLanesKeys / 2] (AMX)
   float* scores;       // [kLanesKeys][lanes]: S^T, then P^T
   uint32_t* p_pairs;   // [kLanesKeys / 2][lanes] (dot path)
   float* alpha;        // [lanes]: this tile's rescale of each row's output
@@ -300,16 +301,14 @@ struct LanesTile {
   bool masked;  // some row sees only part of the tile's keys
 };
 
-// One key tile of one KV head: scores, the online softmax in lanes, and the value update, in
-// register blocks of NI x RV vectors.
-template <typename V, bool kDot, int RV, int NI>
-GNOMON_INLINE void lanes_tile(const LanesHead& head, const LanesTile& tile) {
+// The online softmax of one key tile in lanes, on S^T in tile.scores (rows past n unread): masks,
+// scales, exponentiates in place (P^T), updates each row's max and sum and leaves its rescale of
+// O^T in tile.alpha; with kDot, P^T also rounded to bf16 and paired by keys in tile.p_pairs,
+// zero in the pairs past n.
+template <typename V, bool kDot>
+GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
   using F = typename V::F;
-  using I = typename V::I;
-  const int64_t lanes = head.lanes, d = tile.d;
-  // S^T[j][r] = sum over head dims of K[j][e] Q^T[e][r]
-  lanes_gemm<V, kDot, RV, NI>(tile.n, tile.keys, kDot ? d / 2 : d, 1, kDot ? d / 2 : d, head.qt,
-                         tile.scores, lanes, nullptr);
+  const int64_t lanes = head.lanes;
   if (tile.masked) {  // a tile on the diagonal or the window's edge: -inf outside each row's range
     for (int64_t r = 0; r < lanes; ++r) {
       for (int64_t j = 0; j < tile.n; ++j) {
@@ -344,7 +343,6 @@ GNOMON_INLINE void lanes_tile(const LanesHead& head, const LanesTile& tile) {
     store(head.sum + lane, load<F>(head.sum + lane) * alpha + total);
     store(tile.alpha + lane, alpha);
   }
-  const float* alpha = tile.alpha;
   if constexpr (kDot) {
     // P^T rounded to bf16 and paired by keys, as V's rows are
     const int64_t pairs = (tile.n + 1) / 2;
@@ -355,10 +353,25 @@ GNOMON_INLINE void lanes_tile(const LanesHead& head, const LanesTile& tile) {
         store(tile.p_pairs + q * lanes + lane, even | (odd << 16));
       }
     }
+  }
+}
+
+// One key tile of one KV head: scores, the online softmax in lanes, and the value update, in
+// register blocks of NI x RV vectors.
+template <typename V, bool kDot, int RV, int NI>
+GNOMON_INLINE void lanes_tile(const LanesHead& head, const LanesTile& tile) {
+  const int64_t lanes = head.lanes, d = tile.d;
+  // S^T[j][r] = sum over head dims of K[j][e] Q^T[e][r]
+  lanes_gemm<V, kDot, RV, NI>(tile.n, tile.keys, kDot ? d / 2 : d, 1, kDot ? d / 2 : d, head.qt,
+                              tile.scores, lanes, nullptr);
+  lanes_softmax<V, kDot>(head, tile);
+  if constexpr (kDot) {
     // O^T[e][r] = alpha[r] O^T[e][r] + sum over key pairs of V2[q][e] . P2^T[q][r]
-    lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, pairs, tile.p_pairs, head.ot, lanes, alpha);
+    lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, (tile.n + 1) / 2, tile.p_pairs, head.ot,
+                                lanes, tile.alpha);
   } else {
-    lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, tile.n, tile.scores, head.ot, lanes, alpha);
+    lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, tile.n, tile.scores, head.ot, lanes,
+                                tile.alpha);
   }
 }
 
@@ -371,6 +384,72 @@ GNOMON_TARGET_WIDE void lanes_tile_wide(const LanesHead& head, const LanesTile& 
 }
 GNOMON_TARGET_BF16 void lanes_tile_bf16(const LanesHead& head, const LanesTile& tile) {
   lanes_tile<Wide, true, 4, 4>(head, tile);
+}
+
+// ---- the same on AMX tiles (head dims a multiple of 32) ----------------------------------------
+//
+// S^T = K Q^T takes the dense key tile as A; O^T = alpha O^T + V^T P^T takes the values
+// transposed into pairs of keys per head dim (tile.values: [d][kLanesKeys / 2] words, zero past
+// n), so both products run as tile products; the softmax between them stays in the vector lanes.
+
+// The 16 x 16 matrix of words in m, transposed: four butterfly stages, each swapping bit s of
+// the row index with bit s of the column index (one two-source permute per row).
+GNOMON_INLINE void transpose16(Wide::U* m) {
+  using U = Wide::U;
+  for (int b = 8; b > 0; b /= 2) {
+    U low, high;
+    for (int c = 0; c < 16; ++c) {
+      low[c] = (c & b) ? 16 + c - b : c;
+      high[c] = (c & b) ? 16 + c : c + b;
+    }
+    for (int i = 0; i < 16; ++i) {
+      if (i & b) continue;
+      const U a = m[i], c = m[i + b];
+      m[i] = __builtin_shuffle(a, c, low);
+      m[i + b] = __builtin_shuffle(a, c, high);
+    }
+  }
+}
+
+// Value rows (bf16, d each; row n and later read as zeros) as pairs of keys per head dim:
+// out[e][q] = rows[2q][e] | rows[2q + 1][e] << 16 for q < kLanesKeys / 2.
+GNOMON_TARGET_AMX void pair_columns_bf16(const uint16_t* const* rows, int64_t n, int64_t d,
+                                         uint32_t* out) {
+  constexpr int64_t Q = kLanesKeys / 2;
+  for (int64_t q0 = 0; q0 < Q; q0 += 16) {
+    for (int64_t e0 = 0; e0 < d; e0 += 16) {
+      Wide::U m[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t k = 2 * (q0 + i);
+        const Wide::U even = k < n ? widen<Wide>(rows[k] + e0) : Wide::U{};
+        const Wide::U odd = k + 1 < n ? widen<Wide>(rows[k + 1] + e0) : Wide::U{};
+        m[i] = even | (odd << 16);
+      }
+      transpose16(m);
+      for (int64_t i = 0; i < 16; ++i) store(out + (e0 + i) * Q + q0, m[i]);
+    }
+  }
+}
+
+GNOMON_TARGET_AMX void lanes_tile_amx(const LanesHead& head, const LanesTile& tile) {
+  const int64_t lanes = head.lanes, d = tile.d;
+  const int64_t key_rows = (tile.n + kAmxRows - 1) / kAmxRows * kAmxRows;
+  const int64_t key_pairs = ((tile.n + 1) / 2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs;
+  auto nothing = [](int64_t, int64_t) {};
+  amx_begin();
+  amx_gemm(key_rows, static_cast<const uint32_t*>(tile.keys), d / 2,
+           reinterpret_cast<const uint32_t*>(head.qt), lanes, d / 2, tile.scores, false, nothing);
+  lanes_softmax<Wide, true>(head, tile);
+  for (int64_t e = 0; e < d; ++e) {
+    for (int64_t lane = 0; lane < lanes; lane += Wide::L) {
+      float* o = head.ot + e * lanes + lane;
+      store(o, load<Wide::F>(o) * load<Wide::F>(tile.alpha + lane));
+    }
+  }
+  // pairs past n: zero values against P pairs of earlier tiles (finite)
+  amx_gemm(d, static_cast<const uint32_t*>(tile.values), kLanesKeys / 2, tile.p_pairs, lanes,
+           key_pairs, head.ot, true, nothing);
+  amx_end();
 }
 
 // Rows 2q and 2q + 1 of `rows` (bf16, d each; row n and later read as zeros) as 32-bit pairs:
@@ -437,7 +516,7 @@ struct SplitTile {
 // Per-thread scratch, grown on demand and kept for the next call.
 struct Scratch {
   std::vector<float> q, acc, keys, values, scores;
-  std::vector<float> lanes, tiles;  // the lanes path's per-head and per-tile buffers
+  AlignedVector<float> lanes, tiles;  // the lanes path's per-head and per-tile buffers
   std::vector<uint16_t> q_bf16;
   std::vector<math::OnlineSoftmax> state;
   std::vector<int32_t> lo, hi;
@@ -587,6 +666,13 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
       switch (geo.isa) {
 #if GNOMON_HAS_WIDE_KERNELS
         case Isa::Amx:
+          if (dot && d % 32 == 0) {
+            pair_columns_bf16(value_rows.data(), n, d,
+                              reinterpret_cast<uint32_t*>(const_cast<void*>(t.values)));
+            lanes_tile_amx(head[h], t);
+            break;
+          }
+          [[fallthrough]];
         case Isa::WideBf16:
           if (dot) {
             pair_rows_bf16(value_rows.data(), n, d,

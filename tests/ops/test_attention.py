@@ -105,7 +105,8 @@ def test_mixed_batch(dtype, block_size):
 
 
 # Prefill items with 16 or more (query, head) rows per KV head run the rows-in-lanes GEMM
-# kernels; GNOMON_CPU_KERNELS caps the family so each one this CPU has is checked (where the CPU
+# kernels (AMX tiles for bf16 head dims that are a multiple of 32, where the CPU has them);
+# GNOMON_CPU_KERNELS caps the family so each one this CPU has is checked (where the CPU
 # lacks a family the cap falls back and the case checks the one below it). The bf16 dot path
 # also rounds the softmax weights P to bfloat16 before P.V: per weight a relative error of at
 # most 2^-9, the same as the bf16 output's own rounding, so its bound is twice that: measured
@@ -113,7 +114,7 @@ def test_mixed_batch(dtype, block_size):
 LANES_BF16_TOL = 2 * 2.0 ** -8
 
 
-@pytest.mark.parametrize("family", ["narrow", "wide", "best"])
+@pytest.mark.parametrize("family", ["narrow", "wide", "bf16", "best"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape, options", [
     (dict(num_heads=8, num_kv_heads=2, head_dim=64), {}),  # group 4: 4 queries fill 16 rows
@@ -124,9 +125,10 @@ LANES_BF16_TOL = 2 * 2.0 ** -8
 def test_prefill_kernel_families(family, dtype, shape, options, monkeypatch):
     if family != "best":
         monkeypatch.setenv("GNOMON_CPU_KERNELS", family)
-    # prefill from scratch, chunked prefill over a context (key tiles cut mid-block), a 17-row
-    # item beside full ones, and a one-token decode row in the same call
-    batch = make_batch([40, 23, 17, 1], [40, 90, 61, 33], dtype=dtype, block_size=16, **shape)
+    # prefill from scratch, chunked prefill over a context of four key tiles (cut mid-block, so
+    # every row's softmax rescales its output), a 17-row item beside full ones, and a one-token
+    # decode row in the same call
+    batch = make_batch([40, 23, 17, 1], [40, 250, 61, 33], dtype=dtype, block_size=16, **shape)
     if options.get("sinks"):
         options = dict(sinks=torch.randn(shape["num_heads"], generator=torch.Generator().manual_seed(3)))
     out = ops.paged_attention(**batch, **options)
