@@ -57,6 +57,8 @@ namespace {
 
 constexpr int64_t kKeyTile = 32;        // keys scored together; the scores of one tile per row
 constexpr int64_t kRowsPerTile = 64;    // (query, head) rows per prefill work item
+// ... on AMX tiles, where the products cost little against reading the item's keys and values
+constexpr int64_t kAmxRowsPerTile = 256;
 constexpr int64_t kMinSplitKeys = 64;   // a key-range split is never shorter than this
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -641,8 +643,18 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
     }
   }
 
+  // Each key's cache element (of the item's first KV head), for this tile and the next
+  int64_t elements[kLanesKeys], next_elements[kLanesKeys];
+  auto tile_elements = [&](int64_t kb, int64_t* out) {
+    const int64_t count = std::max<int64_t>(0, std::min(kLanesKeys, item.k1 - kb));
+    for (int64_t j = 0; j < count; ++j) out[j] = key_element(geo, item, kb + j);
+    return count;
+  };
+  int64_t next_n = tile_elements(item.k0, next_elements);
   for (int64_t kb = item.k0; kb < item.k1; kb += kLanesKeys) {
     const int64_t n = std::min(kLanesKeys, item.k1 - kb);
+    std::copy(next_elements, next_elements + n, elements);
+    next_n = tile_elements(kb + kLanesKeys, next_elements);
     const bool masked = key_ranges(geo, item, kb, n, sc.lo.data(), sc.hi.data());
     for (int64_t h = 0; h < heads; ++h) {
       LanesTile& t = tile[h];
@@ -651,9 +663,16 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
       char* keys = static_cast<char*>(const_cast<void*>(t.keys));
       const int64_t key_bytes = d * (dot ? 2 : 4);
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t element = key_element(geo, item, kb + j) + h * d;
+        const int64_t element = elements[j] + h * d;
         const char* k = geo.key_cache + element * geo.elem;
         const char* v = geo.value_cache + element * geo.elem;
+        if (j < next_n) {  // the next tile's rows, scattered over the blocks
+          const int64_t next = (next_elements[j] + h * d) * geo.elem;
+          for (int64_t line = 0; line < d * geo.elem; line += 64) {
+            __builtin_prefetch(geo.key_cache + next + line);
+            __builtin_prefetch(geo.value_cache + next + line);
+          }
+        }
         if (dot) {
           std::memcpy(keys + j * key_bytes, k, key_bytes);
           value_rows[j] = reinterpret_cast<const uint16_t*>(v);
@@ -862,14 +881,16 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
   // Tiles of up to kRowsPerTile rows: a prefill tile is several queries of one KV head; a decode
   // tile is one query (or a few) over as many KV heads as fit, so that it reads each key's rows
   // of those heads as one contiguous run.
-  const int64_t queries_per_tile = std::max<int64_t>(1, kRowsPerTile / geo.group);
+  const bool amx = geo.isa == Isa::Amx && geo.bf16_dot;
+  const int64_t rows_per_tile = amx ? kAmxRowsPerTile : kRowsPerTile;
+  const int64_t queries_per_tile = std::max<int64_t>(1, rows_per_tile / geo.group);
   std::vector<Item> tiles;
   int64_t total_cost = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t q_len = starts[b + 1] - starts[b];
     for (int64_t first = 0; first < q_len; first += queries_per_tile) {
       const int64_t count = std::min(queries_per_tile, q_len - first);
-      const int64_t heads = std::clamp<int64_t>(kRowsPerTile / (count * geo.group), 1,
+      const int64_t heads = std::clamp<int64_t>(rows_per_tile / (count * geo.group), 1,
                                                 geo.num_kv_heads);
       const int64_t pos = lens[b] - q_len + first;
       const int64_t k0 = geo.window > 0 ? std::max<int64_t>(0, pos - geo.window + 1) : 0;
