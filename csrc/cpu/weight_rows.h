@@ -106,7 +106,7 @@ struct Mxfp4Rows {
 // ---- tokens in the lanes ---------------------------------------------------------------------
 
 constexpr int kLanesRows = 8;     // weight rows decoded into one panel by the vector GEMMs
-constexpr int kAmxLanesRows = 64;  // ... and by the AMX one: four A tiles
+constexpr int kAmxLanesRows = 32;  // ... and by the AMX one: two A tiles (with B, C and the next chunk, in L1)
 
 constexpr int64_t kPrefetchBytes = 256;  // how far ahead of its decode a row is fetched
 
