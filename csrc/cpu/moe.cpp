@@ -158,6 +158,30 @@ GNOMON_INLINE void dots(const void* const* rows, const uint8_t* const* scales, i
   }
 }
 
+// out[t] = activation(gate[t] + gate_bias, up[t] + up_bias) for t < n, a vector at a time (the
+// sigmoid from e^-|x|, which exp_nonpositive gives within 2 ulp), the tail as the scalar math.
+GNOMON_SIMD_CLONES void activate(Activation activation, const float* gate, const float* up,
+                                 float gate_bias, float up_bias, int n, float* out) {
+  using F = Narrow::F;
+  const bool oai = activation == Activation::SwigluOai;
+  int t = 0;
+  for (; t + Narrow::L <= n; t += Narrow::L) {
+    F g = load<F>(gate + t) + gate_bias, u = load<F>(up + t) + up_bias;
+    if (oai) {  // gate clamped at 7, up to [-7, 7]
+      g = select(g > 7.0f, F{} + 7.0f, g);
+      u = select(u > 7.0f, F{} + 7.0f, select(u < -7.0f, F{} - 7.0f, u));
+    }
+    const F x = oai ? g * 1.702f : g;
+    const F z = exp_nonpositive<Narrow>(select(x < 0.0f, x, -x));
+    const F sigmoid = select(x < 0.0f, z, F{} + 1.0f) / (z + 1.0f);
+    store(out + t, oai ? (u + 1.0f) * g * sigmoid : g * sigmoid * u);
+  }
+  for (; t < n; ++t) {
+    const float g = gate[t] + gate_bias, u = up[t] + up_bias;
+    out[t] = oai ? math::swiglu_oai(g, u) : math::silu_and_mul(g, u);
+  }
+}
+
 // ---- tokens in the lanes: the grouped GEMM of an expert with many tokens ---------------------
 //
 // An expert with at least kLanesMinTokens tokens runs as GEMMs with its tokens in the vector
@@ -485,11 +509,9 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     // Stores the activations of intermediate column `col` for expert e's nt slots: in `a` for
     // the tiles, in the expert's B of the down phase for the lanes GEMM.
     auto store_activations = [&](int64_t e, int64_t col, const float* gate, const float* upv,
-                                 float gate_bias, float up_bias, int nt) {
-      auto value = [&](int t) {
-        const float g = gate[t] + gate_bias, u = upv[t] + up_bias;
-        return activation == Activation::Silu ? math::silu_and_mul(g, u) : math::swiglu_oai(g, u);
-      };
+                                 float gate_bias, float up_bias, int nt, float* values) {
+      activate(activation, gate, upv, gate_bias, up_bias, nt, values);
+      auto value = [&](int t) { return values[t]; };
       if (lanes[e] == 0) {
         float* dst = a.get() + offsets[e] * I + a_layout(col);
         for (int t = 0; t < nt; ++t) dst[t * I] = value(t);
@@ -512,6 +534,7 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     parallel_for(up_items.tickets(), 1, [&](int64_t ticket, int64_t) {
       AlignedVector<float> dot(std::max(4 * most, kernel.rows * (most + kernel.width)));
       AlignedVector<float> panel(panel_floats);
+      std::vector<float> values(most);
       for (int64_t item; up_items.take(ticket, item);) {
         const int64_t e = active[item / up_blocks];
         const int64_t j0 = (item % up_blocks) * kUpBlock, j1 = std::min(I, j0 + kUpBlock);
@@ -543,7 +566,7 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
             const float gate_bias = up.bias_at(e, row_ids[2 * p]);
             const float up_bias = up.bias_at(e, row_ids[2 * p + 1]);
             const float* gate = dot.data() + 2 * p * ld;
-            store_activations(e, j + p, gate, gate + ld, gate_bias, up_bias, nt);
+            store_activations(e, j + p, gate, gate + ld, gate_bias, up_bias, nt, values.data());
           }
         }
       }

@@ -368,7 +368,8 @@ def measure_cpu_peaks(llc_bytes: int, quick: bool = False,
 def vector_unit_peaks(seconds: float) -> Dict[str, Any]:
     """The rates gnomon's own kernels can reach on this CPU, at gnomon's thread count: FMAs on
     registers on the kernel family the ops run, and bf16 dot products where that family has
-    them (`_C.cpu_peak_gflops`; the best of at least five runs over `seconds`)."""
+    them (AMX tile products on the amx-bf16 family; `_C.cpu_peak_gflops`; the best of at least
+    five runs over `seconds`)."""
     from gnomon import _C
 
     tflops = {"float32": _C.cpu_peak_gflops("fma", seconds) / 1e3}
@@ -376,7 +377,8 @@ def vector_unit_peaks(seconds: float) -> Dict[str, Any]:
     if dot > 0:
         tflops["bfloat16"] = dot
     return {"kernel_isa": _C.cpu_kernel_isa(), "tflops": tflops,
-            "source": "register-only FMA / vdpbf16ps loops (_C.cpu_peak_gflops)"}
+            "source": "register-only FMA / vdpbf16ps (or AMX TDPBF16PS) loops "
+                      "(_C.cpu_peak_gflops)"}
 
 
 def gpu_peaks(gpu_name: str) -> Dict[str, Any]:
