@@ -74,9 +74,9 @@ GNOMON_TARGET_BF16 void gemm_lanes_bf16(const uint32_t* a, int64_t ai, int64_t a
 // ---- AMX -------------------------------------------------------------------------------------
 //
 // The same product on AMX tiles (vec.h): C[r][lane] (+)= sum over pairs p of A[r][p] . B[p][lane]
-// in float32, in blocks of two C tiles (2 x 1 or 1 x 2, or one): two products in flight keep the
-// unit busy, and the next block's C goes to the other pair of C tiles (0-1, 2-3), so loading it
-// need not wait for this block's last product and store. A's rows are ai words apart, B's and
+// in float32, in blocks of up to 2 x 2 C tiles; a block of one or two C tiles takes the pair of
+// C tiles (0-1 or 2-3) that the block before it did not, so loading it need not wait for that
+// block's last product and store. A's rows are ai words apart, B's and
 // C's rows `lanes`. TDPBF16PS reads bf16 subnormals as zero, as vdpbf16ps does. The caller
 // brackets its blocks with amx_begin() and amx_end().
 
@@ -127,12 +127,12 @@ GNOMON_INLINE void for_tiles(Fn&& f) {
   for_tiles<RT, CT>(f, std::make_integer_sequence<int, RT * CT>{});
 }
 
-// One block over `pairs` pairs (a multiple of 16) in C tiles C0 and C0 + 1: A tile i is 4 + i,
-// B tile j is 6 + j.
+// One block over `pairs` pairs (a multiple of 16) in C tiles C0.. C0 + RT * CT - 1: A tile i is
+// 4 + i, B tile j is 6 + j.
 template <int RT, int CT, int C0>
 GNOMON_INLINE void amx_block(const uint32_t* a, int64_t ai, const uint32_t* b, int64_t lanes,
                              int64_t pairs, float* c, bool accumulate) {
-  static_assert(RT * CT <= 2 && (C0 == 0 || C0 == 2));
+  static_assert((RT * CT <= 2 && (C0 == 0 || C0 == 2)) || (RT * CT == 4 && C0 == 0));
   const int64_t a_stride = ai * 4, b_stride = lanes * 4;
   auto c_tile = [&](auto i, auto j) { return c + i * kAmxRows * lanes + j * 16; };
   for_tiles<RT, CT>([&](auto i, auto j) {
@@ -150,24 +150,25 @@ GNOMON_INLINE void amx_block(const uint32_t* a, int64_t ai, const uint32_t* b, i
   for_tiles<RT, CT>([&](auto i, auto j) { tile_store<C0 + i * CT + j>(c_tile(i, j), b_stride); });
 }
 
-// C (+)= A . B over `pairs` pairs for `rows` rows and `lanes` lanes (multiples of 16): pairs of
-// row tiles down each lane tile, or, with one row tile, pairs of lane tiles. after_block(i, n)
-// runs after the i-th of the n blocks is issued, while its products are still in flight: work
-// for the vector units to overlap with them.
+// C (+)= A . B over `pairs` pairs for `rows` rows and `lanes` lanes (multiples of 16): blocks of
+// 2 x 2 C tiles (each A and B tile loaded serves two products; about 1.5x the rate of 2 x 1
+// blocks), the odd row tile and lane tile in smaller ones. after_block(i, n) runs after the
+// i-th of the n blocks is issued, while its products are still in flight: work for the vector
+// units to overlap with them.
 template <typename After>
 GNOMON_INLINE void amx_gemm(int64_t rows, const uint32_t* a, int64_t ai, const uint32_t* b,
                             int64_t lanes, int64_t pairs, float* c, bool accumulate,
                             After&& after_block) {
   constexpr int64_t R = kAmxRows;
-  const int64_t row_blocks = rows > R ? (rows / R + 1) / 2 : 1;
-  const int64_t count = rows > R ? row_blocks * (lanes / 16) : (lanes / 16 + 1) / 2;
+  const int64_t row_tiles = rows / R, lane_tiles = lanes / 16;
+  const int64_t count = (row_tiles / 2 + row_tiles % 2) * (lane_tiles / 2 + lane_tiles % 2);
   int64_t done = 0;
   auto block = [&](auto rt, auto ct, int64_t r, int64_t v) {
     constexpr int RT = decltype(rt)::value, CT = decltype(ct)::value;
     const uint32_t* ar = a + r * ai;
     float* cr = c + r * lanes + v;
-    if (done % 2 == 1) {  // the other pair of C tiles
-      amx_block<RT, CT, 2>(ar, ai, b + v, lanes, pairs, cr, accumulate);
+    if (RT * CT < 4 && done % 2 == 1) {  // a small block takes the other pair of C tiles
+      amx_block<RT, CT, RT * CT < 4 ? 2 : 0>(ar, ai, b + v, lanes, pairs, cr, accumulate);
     } else {
       amx_block<RT, CT, 0>(ar, ai, b + v, lanes, pairs, cr, accumulate);
     }
@@ -175,16 +176,15 @@ GNOMON_INLINE void amx_gemm(int64_t rows, const uint32_t* a, int64_t ai, const u
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
-  if (rows > R) {
-    for (int64_t v = 0; v < lanes; v += 16) {
-      int64_t r = 0;
-      for (; r + 2 * R <= rows; r += 2 * R) block(Two{}, One{}, r, v);
-      if (r < rows) block(One{}, One{}, r, v);
+  for (int64_t v = 0; v < lanes; v += 32) {
+    const bool two_lanes = v + 32 <= lanes;
+    for (int64_t r = 0; r < rows; r += 2 * R) {
+      const bool two_rows = r + 2 * R <= rows;
+      if (two_rows && two_lanes) block(Two{}, Two{}, r, v);
+      else if (two_rows) block(Two{}, One{}, r, v);
+      else if (two_lanes) block(One{}, Two{}, r, v);
+      else block(One{}, One{}, r, v);
     }
-  } else {
-    int64_t v = 0;
-    for (; v + 32 <= lanes; v += 32) block(One{}, Two{}, 0, v);
-    if (v < lanes) block(One{}, One{}, 0, v);
   }
 }
 #endif
