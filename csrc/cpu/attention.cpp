@@ -304,9 +304,8 @@ struct LanesTile {
 };
 
 // The online softmax of one key tile in lanes, on S^T in tile.scores (rows past n unread): masks,
-// scales, exponentiates in place (P^T), updates each row's max and sum and leaves its rescale of
-// O^T in tile.alpha; with kDot, P^T also rounded to bf16 and paired by keys in tile.p_pairs,
-// zero in the pairs past n.
+// scales and exponentiates into P^T (in place, or with kDot rounded to bf16 and paired by keys
+// in tile.p_pairs), updates each row's max and sum and leaves its rescale of O^T in tile.alpha.
 template <typename V, bool kDot>
 GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
   using F = typename V::F;
@@ -324,37 +323,33 @@ GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
   for (int64_t lane = 0; lane < lanes; lane += V::L) {
     F block_max = neg_inf;
     for (int64_t j = 0; j < tile.n; ++j) {
-      float* s = tile.scores + j * lanes + lane;
-      const F scaled = load<F>(s) * tile.scale;
-      store(s, scaled);
-      block_max = max(block_max, scaled);
+      block_max = max(block_max, load<F>(tile.scores + j * lanes + lane) * tile.scale);
     }
     const F old_max = load<F>(head.max + lane);
     const F new_max = max(old_max, block_max);
     const F shift = select(new_max == neg_inf, F{}, new_max);  // all -inf so far: p = 0, not NaN
     const F alpha = exp_nonpositive<V>(old_max - shift);
+    auto p = [&](int64_t j) {
+      return exp_nonpositive<V>(load<F>(tile.scores + j * lanes + lane) * tile.scale - shift);
+    };
     F total = F{};
-    for (int64_t j = 0; j < tile.n; ++j) {
-      float* s = tile.scores + j * lanes + lane;
-      const F p = exp_nonpositive<V>(load<F>(s) - shift);
-      store(s, p);
-      total += p;
+    if constexpr (kDot) {
+      // P^T rounded to bf16 and paired by keys, as V's rows are (the pair past an odd n is 0)
+      for (int64_t q = 0; 2 * q < tile.n; ++q) {
+        const F even = p(2 * q), odd = 2 * q + 1 < tile.n ? p(2 * q + 1) : F{};
+        total += even + odd;
+        store(tile.p_pairs + q * lanes + lane, bf16_bits<V>(even) | (bf16_bits<V>(odd) << 16));
+      }
+    } else {
+      for (int64_t j = 0; j < tile.n; ++j) {
+        const F pj = p(j);
+        store(tile.scores + j * lanes + lane, pj);
+        total += pj;
+      }
     }
-    if (kDot && tile.n % 2 == 1) store(tile.scores + tile.n * lanes + lane, F{});  // pairs' odd end
     store(head.max + lane, new_max);
     store(head.sum + lane, load<F>(head.sum + lane) * alpha + total);
     store(tile.alpha + lane, alpha);
-  }
-  if constexpr (kDot) {
-    // P^T rounded to bf16 and paired by keys, as V's rows are
-    const int64_t pairs = (tile.n + 1) / 2;
-    for (int64_t q = 0; q < pairs; ++q) {
-      for (int64_t lane = 0; lane < lanes; lane += V::L) {
-        const typename V::U even = bf16_bits<V>(load<F>(tile.scores + 2 * q * lanes + lane));
-        const typename V::U odd = bf16_bits<V>(load<F>(tile.scores + (2 * q + 1) * lanes + lane));
-        store(tile.p_pairs + q * lanes + lane, even | (odd << 16));
-      }
-    }
   }
 }
 
