@@ -437,10 +437,15 @@ GNOMON_TARGET_AMX void lanes_tile_amx(const LanesHead& head, const LanesTile& ti
   amx_gemm(key_rows, static_cast<const uint32_t*>(tile.keys), d / 2,
            reinterpret_cast<const uint32_t*>(head.qt), lanes, d / 2, tile.scores, false, nothing);
   lanes_softmax<Wide, true>(head, tile);
-  for (int64_t e = 0; e < d; ++e) {
-    for (int64_t lane = 0; lane < lanes; lane += Wide::L) {
+  for (int64_t lane = 0; lane < lanes; lane += Wide::L) {
+    const Wide::F alpha = load<Wide::F>(tile.alpha + lane);
+    const Wide::I unchanged = alpha == 1.0f;
+    bool all = true;
+    for (int i = 0; i < Wide::L; ++i) all = all && unchanged[i] != 0;
+    if (all) continue;  // no row's max moved
+    for (int64_t e = 0; e < d; ++e) {
       float* o = head.ot + e * lanes + lane;
-      store(o, load<Wide::F>(o) * load<Wide::F>(tile.alpha + lane));
+      store(o, load<Wide::F>(o) * alpha);
     }
   }
   // pairs past n: zero values against P pairs of earlier tiles (finite)
