@@ -76,46 +76,9 @@ GNOMON_TARGET_BF16 void gemm_lanes_bf16(const uint32_t* a, int64_t ai, int64_t a
 // The same product on AMX tiles (vec.h): C[r][lane] (+)= sum over pairs p of A[r][p] . B[p][lane]
 // in float32, in blocks of up to 2 x 2 C tiles; a block of one or two C tiles takes the pair of
 // C tiles (0-1 or 2-3) that the block before it did not, so loading it need not wait for that
-// block's last product and store. A's rows are ai words apart, B's and
-// C's rows `lanes`. TDPBF16PS reads bf16 subnormals as zero, as vdpbf16ps does. The caller
+// block's last product and store. A's rows are ai words apart, B's and C's rows `lanes`.
+// TDPBF16PS reads bf16 subnormals as zero, as vdpbf16ps does. The caller
 // brackets its blocks with amx_begin() and amx_end().
-
-// The tile intrinsics take their tile numbers as literal tokens; these take them as templates.
-// They are inline assembly in GCC's headers, so these need no target attribute (lambdas,
-// which do not inherit one, call them).
-#define GNOMON_TILE_CASES(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
-template <int T>
-GNOMON_INLINE void tile_load(const void* p, int64_t stride) {
-#define GNOMON_TILE(t) if constexpr (T == t) _tile_loadd(t, p, stride);
-  GNOMON_TILE_CASES(GNOMON_TILE)
-#undef GNOMON_TILE
-}
-template <int T>
-GNOMON_INLINE void tile_store(void* p, int64_t stride) {
-#define GNOMON_TILE(t) if constexpr (T == t) _tile_stored(t, p, stride);
-  GNOMON_TILE_CASES(GNOMON_TILE)
-#undef GNOMON_TILE
-}
-template <int T>
-GNOMON_INLINE void tile_zero() {
-#define GNOMON_TILE(t) if constexpr (T == t) _tile_zero(t);
-  GNOMON_TILE_CASES(GNOMON_TILE)
-#undef GNOMON_TILE
-}
-#undef GNOMON_TILE_CASES
-template <int C, int A, int B>
-GNOMON_INLINE void tile_dot() {
-  static_assert(C < 4 && (A == 4 || A == 5) && (B == 6 || B == 7));
-#define GNOMON_TILE(c)                                       \
-  if constexpr (C == c) {                                    \
-    if constexpr (A == 4 && B == 6) _tile_dpbf16ps(c, 4, 6); \
-    if constexpr (A == 4 && B == 7) _tile_dpbf16ps(c, 4, 7); \
-    if constexpr (A == 5 && B == 6) _tile_dpbf16ps(c, 5, 6); \
-    if constexpr (A == 5 && B == 7) _tile_dpbf16ps(c, 5, 7); \
-  }
-  GNOMON_TILE(0) GNOMON_TILE(1) GNOMON_TILE(2) GNOMON_TILE(3)
-#undef GNOMON_TILE
-}
 
 // Compile-time loops over the C tiles of a block: f(integral_constant<i>, integral_constant<j>).
 template <int RT, int CT, typename Fn, int... I>

@@ -192,6 +192,8 @@ GNOMON_SIMD_CLONES void activate(Activation activation, const float* gate, const
 // MXFP4 weights) takes both products as vdpbf16ps. An MXFP4 value times its power-of-two scale
 // is a bf16 (for scale bytes 2..252; beyond, a block underflows to values vdpbf16ps reads as
 // zero, or overflows to inf as in float32), so only the down projection's activations round.
+// On AMX the dot path's products are tile products (lanes_rows_amx: 32-row panels decoded a
+// chunk at a time, B's depth padded to whole tiles).
 
 constexpr int64_t kLanesMinTokens = 8;
 
@@ -247,8 +249,8 @@ struct Kernels {
   LanesFn lanes;
   int64_t width;
   bool dot;
-  int rows = kLanesRows;  // weight rows per lanes call; AMX: B's depth in whole tiles
-  bool amx = false;
+  int rows = kLanesRows;  // weight rows per lanes call
+  bool amx = false;        // AMX tiles: B's depth in whole tiles (amx_depth)
 };
 
 // `bf16_data`: the activations are bfloat16, so the bf16 dot path keeps them exact.
@@ -511,16 +513,15 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     auto store_activations = [&](int64_t e, int64_t col, const float* gate, const float* upv,
                                  float gate_bias, float up_bias, int nt, float* values) {
       activate(activation, gate, upv, gate_bias, up_bias, nt, values);
-      auto value = [&](int t) { return values[t]; };
       if (lanes[e] == 0) {
         float* dst = a.get() + offsets[e] * I + a_layout(col);
-        for (int t = 0; t < nt; ++t) dst[t * I] = value(t);
+        for (int t = 0; t < nt; ++t) dst[t * I] = values[t];
       } else if (!kernel.dot) {
         float* dst = a_panel(e) + a_layout(col) * lanes[e];
-        for (int t = 0; t < nt; ++t) dst[t] = value(t);
+        for (int t = 0; t < nt; ++t) dst[t] = values[t];
       } else {
         uint16_t* dst = reinterpret_cast<uint16_t*>(a_panel(e) + col / 2 * lanes[e]) + col % 2;
-        for (int t = 0; t < nt; ++t) dst[2 * t] = math::float_to_bf16(value(t));
+        for (int t = 0; t < nt; ++t) dst[2 * t] = math::float_to_bf16(values[t]);
       }
     };
 
@@ -573,7 +574,7 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     });
 
     // Down projection: items are blocks of output columns; each owns out[chunk, block]. With
-    // AMX lanes experts, a block is a lanes call's rows (four A tiles).
+    // AMX lanes experts, a block is a lanes call's rows.
     const int64_t down_block = kernel.amx && !lanes_experts.empty() ? kernel.rows : kDownBlock;
     ItemQueue down_items((H + down_block - 1) / down_block);
     parallel_for(down_items.tickets(), 1, [&](int64_t ticket, int64_t) {

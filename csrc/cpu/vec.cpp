@@ -198,14 +198,12 @@ GNOMON_TARGET_AMX double tile_rounds_amx(int64_t rounds, float seed) {
   for (uint32_t& w : ones) w = 0x3f803f80u;  // two bf16 1.0s
   alignas(64) float c[kAmxRows * kAmxRows];
   amx_begin();
-  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-  _tile_loadd(4, ones, 64); _tile_loadd(5, ones, 64);
-  _tile_loadd(6, ones, 64); _tile_loadd(7, ones, 64);
+  tile_zero<0>(), tile_zero<1>(), tile_zero<2>(), tile_zero<3>();
+  tile_load<4>(ones, 64), tile_load<5>(ones, 64), tile_load<6>(ones, 64), tile_load<7>(ones, 64);
   for (int64_t r = 0; r < rounds; ++r) {
-    _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    tile_dot<0, 4, 6>(), tile_dot<1, 4, 7>(), tile_dot<2, 5, 6>(), tile_dot<3, 5, 7>();
   }
-  _tile_stored(0, c, 64);
+  tile_store<0>(c, 64);
   amx_end();
   return c[0] * seed;
 }

@@ -283,6 +283,47 @@ GNOMON_TARGET_AMX inline void amx_begin() {
   _tile_loadconfig(&config);
 }
 GNOMON_TARGET_AMX inline void amx_end() { _tile_release(); }
+
+// The tile intrinsics take their tile numbers as literal tokens; these take them as templates.
+// They are inline assembly in GCC's headers, so these need no target attribute (lambdas,
+// which do not inherit one, call them), and that assembly names no memory: the compiler
+// barriers keep ordinary stores before a tile load of their bytes and ordinary loads after a
+// tile store.
+#define GNOMON_TILE_CASES(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
+template <int T>
+GNOMON_INLINE void tile_load(const void* p, int64_t stride) {
+  asm volatile("" ::: "memory");
+#define GNOMON_TILE(t) if constexpr (T == t) _tile_loadd(t, p, stride);
+  GNOMON_TILE_CASES(GNOMON_TILE)
+#undef GNOMON_TILE
+}
+template <int T>
+GNOMON_INLINE void tile_store(void* p, int64_t stride) {
+#define GNOMON_TILE(t) if constexpr (T == t) _tile_stored(t, p, stride);
+  GNOMON_TILE_CASES(GNOMON_TILE)
+#undef GNOMON_TILE
+  asm volatile("" ::: "memory");
+}
+template <int T>
+GNOMON_INLINE void tile_zero() {
+#define GNOMON_TILE(t) if constexpr (T == t) _tile_zero(t);
+  GNOMON_TILE_CASES(GNOMON_TILE)
+#undef GNOMON_TILE
+}
+#undef GNOMON_TILE_CASES
+template <int C, int A, int B>
+GNOMON_INLINE void tile_dot() {
+  static_assert(C < 4 && (A == 4 || A == 5) && (B == 6 || B == 7));
+#define GNOMON_TILE(c)                                       \
+  if constexpr (C == c) {                                    \
+    if constexpr (A == 4 && B == 6) _tile_dpbf16ps(c, 4, 6); \
+    if constexpr (A == 4 && B == 7) _tile_dpbf16ps(c, 4, 7); \
+    if constexpr (A == 5 && B == 6) _tile_dpbf16ps(c, 5, 6); \
+    if constexpr (A == 5 && B == 7) _tile_dpbf16ps(c, 5, 7); \
+  }
+  GNOMON_TILE(0) GNOMON_TILE(1) GNOMON_TILE(2) GNOMON_TILE(3)
+#undef GNOMON_TILE
+}
 #endif
 
 // ---- MXFP4 element codes (OCP MX E2M1) ----

@@ -1,8 +1,8 @@
 #pragma once
 // Expert and GEMM weight rows, by dtype, for the CPU kernels that stream weights (fused_moe,
 // mxfp4_gemm), and the tokens-in-lanes product of a block of decoded rows (lanes_gemm.h).
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -149,8 +149,8 @@ GNOMON_INLINE void decode_pairs(const void* row, const uint8_t* scales, int64_t 
     std::memcpy(out, static_cast<const uint16_t*>(row) + k0, (end - k0) * sizeof(uint16_t));
     if (end % 2 == 1) reinterpret_cast<uint16_t*>(out)[end - k0] = 0;
   }
-  const int64_t used = (end - k0 + 1) / 2;
-  std::memset(out + used, 0, ((k1 - k0) / 2 - used) * sizeof(uint32_t));
+  const int64_t used = (end - k0 + 1) / 2, words = (k1 - k0) / 2;
+  if (used < words) std::memset(out + used, 0, (words - used) * sizeof(uint32_t));
 }
 
 // Row `row`'s K elements into `panel`: floats in the split order of Rows (its decode), or, with
@@ -193,14 +193,14 @@ GNOMON_INLINE void lanes_rows(const void* const* rows, const uint8_t* const* sca
 namespace gnomon::cpu {
 
 // The same on AMX tiles for bf16 or MXFP4 rows (bf16 pairs), nr <= kAmxLanesRows: B's depth is
-// (K + 1) / 2 rounded up to whole tiles of kAmxPairs, its padding rows zero; the panel takes
-// amx_depth(K) words per row, and c holds whole tiles of rows.
+// (K + 1) / 2 rounded up to whole tiles of kAmxPairs, its padding rows zero; the panel holds
+// kAmxPanelWords words, and c whole tiles of rows.
 inline int64_t amx_depth(int64_t K) { return ((K + 1) / 2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs; }
 
 constexpr int64_t kAmxChunk = 64;  // pairs per step: the panel's chunk and B's stay in L1
 
-// Rows [r0, r1) of chunk `index` (kAmxChunk pairs, fewer in the last) as bf16 pairs, rows of
-// `padded` past nr zero, into `out` (rows `pairs` words apart).
+// Rows [r0, r1) of chunk `index` (kAmxChunk pairs, fewer in the last) as bf16 pairs into one of
+// two buffers (rows `pairs` words apart), rows past nr zero.
 template <typename Rows>
 struct AmxChunkDecoder {
   const void* const* rows;
@@ -212,22 +212,17 @@ struct AmxChunkDecoder {
   GNOMON_TARGET_AMX void operator()(int64_t index, int64_t r0, int64_t r1) const {
     const int64_t p0 = index * kAmxChunk, pairs = std::min(kAmxChunk, depth - p0);
     uint32_t* out = buffers[index % 2];
-    if constexpr (std::is_same_v<Rows, Mxfp4Rows<Wide>>) {
-      // K % 32 == 0, so depth is K / 2 and a chunk is whole blocks: one tight loop per row
-      for (int64_t r = r0; r < std::min<int64_t>(r1, nr); ++r) {
-        decode_mxfp4_pairs(static_cast<const uint8_t*>(rows[r]) + p0, scales[r] + p0 / 16,
-                           pairs / 16, out + r * pairs);
-      }
-      for (int64_t r = std::max<int64_t>(r0, nr); r < r1; ++r) {
-        std::memset(out + r * pairs, 0, pairs * sizeof(uint32_t));
-      }
-      return;
-    }
     for (int64_t r = r0; r < r1; ++r) {
-      if (r < nr) {
-        decode_pairs<Wide, Rows>(rows[r], scales[r], K, 2 * p0, 2 * (p0 + pairs), out + r * pairs);
+      uint32_t* row = out + r * pairs;
+      if (r >= nr) {
+        std::memset(row, 0, pairs * sizeof(uint32_t));
+      } else if constexpr (std::is_same_v<Rows, Mxfp4Rows<Wide>>) {
+        // K % 32 == 0: depth is K / 2 and a chunk whole blocks, so the bare loop (measured
+        // ~1.3x faster at 16 lanes than through decode_pairs' bounds)
+        decode_mxfp4_pairs(static_cast<const uint8_t*>(rows[r]) + p0, scales[r] + p0 / 16,
+                           pairs / 16, row);
       } else {
-        std::memset(out + r * pairs, 0, pairs * sizeof(uint32_t));
+        decode_pairs<Wide, Rows>(rows[r], scales[r], K, 2 * p0, 2 * (p0 + pairs), row);
       }
     }
   }
