@@ -281,7 +281,7 @@ def check_gemm(a, w, w_scales, bias=None, out_dtype=None):
 
 
 # The GEMM has four kernels: 16-lane float32 tiles (AVX-512), 8-lane float32 tiles (everything
-# else) and, for bf16 activations, bf16 dot products (AVX512-BF16) and AMX tiles (from 1 row on
+# else) and, for bf16 activations, bf16 dot products (AVX512-BF16) and AMX tiles (from 4 rows on
 # AMX-BF16 CPUs; from 32 rows the dot products run with the rows in the lanes too).
 # GNOMON_CPU_KERNELS restricts the choice, so every kernel this CPU can run is tested here.
 BF16_DOT_FAMILIES = ("avx512-bf16", "amx-bf16")
