@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "core/parallel.h"
@@ -644,7 +645,9 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
   }
 
   // Each key's cache element (of the item's first KV head), for this tile and the next
-  int64_t elements[kLanesKeys], next_elements[kLanesKeys];
+  int64_t element_buffers[2][kLanesKeys];
+  int64_t* elements = element_buffers[0];
+  int64_t* next_elements = element_buffers[1];
   auto tile_elements = [&](int64_t kb, int64_t* out) {
     const int64_t count = std::max<int64_t>(0, std::min(kLanesKeys, item.k1 - kb));
     for (int64_t j = 0; j < count; ++j) out[j] = key_element(geo, item, kb + j);
@@ -653,7 +656,7 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
   int64_t next_n = tile_elements(item.k0, next_elements);
   for (int64_t kb = item.k0; kb < item.k1; kb += kLanesKeys) {
     const int64_t n = std::min(kLanesKeys, item.k1 - kb);
-    std::copy(next_elements, next_elements + n, elements);
+    std::swap(elements, next_elements);
     next_n = tile_elements(kb + kLanesKeys, next_elements);
     const bool masked = key_ranges(geo, item, kb, n, sc.lo.data(), sc.hi.data());
     for (int64_t h = 0; h < heads; ++h) {
@@ -685,7 +688,7 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
       switch (geo.isa) {
 #if GNOMON_HAS_WIDE_KERNELS
         case Isa::Amx:
-          if (dot && d % 32 == 0) {
+          if (geo.bf16_dot) {  // bf16 and head dims a multiple of 32
             pair_columns_bf16(value_rows.data(), n, d,
                               reinterpret_cast<uint32_t*>(const_cast<void*>(t.values)));
             lanes_tile_amx(head[h], t);
@@ -878,9 +881,9 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
   const int32_t* lens = seq_lens.ptr<const int32_t>();
   const int32_t* starts = query_start_loc.ptr<const int32_t>();
 
-  // Tiles of up to kRowsPerTile rows: a prefill tile is several queries of one KV head; a decode
-  // tile is one query (or a few) over as many KV heads as fit, so that it reads each key's rows
-  // of those heads as one contiguous run.
+  // Tiles of up to kRowsPerTile rows (kAmxRowsPerTile on AMX): a prefill tile is several queries
+  // of one KV head; a decode tile is one query (or a few) over as many KV heads as fit, so that
+  // it reads each key's rows of those heads as one contiguous run.
   const bool amx = geo.isa == Isa::Amx && geo.bf16_dot;
   const int64_t rows_per_tile = amx ? kAmxRowsPerTile : kRowsPerTile;
   const int64_t queries_per_tile = std::max<int64_t>(1, rows_per_tile / geo.group);
