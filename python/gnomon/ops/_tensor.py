@@ -57,14 +57,10 @@ def check_tensor(t, name: str, *, dtypes: Sequence[torch.dtype], dim: Optional[i
         raise TypeError(f"{name}: expected dtype {_dtype_names(dtypes)}, got "
                         f"{str(t.dtype).removeprefix('torch.')}")
     if shape is not None:
-        dim = len(shape)
-    if dim is not None and t.dim() != dim:
+        if t.shape != shape:  # torch.Size compares with a tuple in C; a None entry never equals
+            _check_shape(t, name, shape)
+    elif dim is not None and t.dim() != dim:
         raise ValueError(f"{name}: expected a {dim}-D tensor, got shape {tuple(t.shape)}")
-    if shape is not None and t.shape != shape:  # torch.Size compares with a tuple in C
-        for have, want in zip(t.shape, shape):
-            if want is not None and have != want:
-                want = ", ".join("*" if s is None else str(s) for s in shape)
-                raise ValueError(f"{name}: expected shape ({want}), got {tuple(t.shape)}")
     if layout == "contiguous":
         if not t.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous()), got "
@@ -79,8 +75,22 @@ def check_tensor(t, name: str, *, dtypes: Sequence[torch.dtype], dim: Optional[i
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
 
 
+def _check_shape(t: torch.Tensor, name: str, shape: Sequence[Optional[int]]) -> None:
+    if t.dim() != len(shape):
+        raise ValueError(f"{name}: expected a {len(shape)}-D tensor, got shape {tuple(t.shape)}")
+    for have, want in zip(t.shape, shape):
+        if want is not None and have != want:
+            want = ", ".join("*" if s is None else str(s) for s in shape)
+            raise ValueError(f"{name}: expected shape ({want}), got {tuple(t.shape)}")
+
+
 def check_same_device(**tensors: Optional[torch.Tensor]) -> None:
     """All given tensors (None skipped) must share the first one's device."""
+    for t in tensors.values():
+        if t is not None and not t.is_cpu:
+            break
+    else:
+        return  # all on the CPU: no device objects to build and compare
     lead_name = lead = None
     for name, t in tensors.items():
         if t is None:
@@ -103,11 +113,10 @@ def view(t: Optional[torch.Tensor]) -> Optional[tuple]:
     The tensor must outlive the call."""
     if t is None:
         return None
-    try:
-        code = _DTYPE_CODES[t.dtype]
-    except KeyError:
+    code = _DTYPE_CODES.get(t.dtype)
+    if code is None:
         raise TypeError(f"tensor of dtype {t.dtype}: gnomon's kernels take "
-                        f"{_dtype_names(_DTYPE_CODES)}") from None
+                        f"{_dtype_names(_DTYPE_CODES)}")
     if t.is_cpu:  # t.shape is a torch.Size, a tuple: C++ reads it as it is
         return (t.data_ptr(), code, t.shape, t.stride(), _CPU, 0, 0)
     if not t.is_cuda:
