@@ -130,31 +130,24 @@ GNOMON_INLINE void tile(const void* const* rows, const uint8_t* const* scales,
   }
 }
 
+// out[r * nt + t] for nr <= 4 rows and NT tokens (out and xs at the first of them).
+template <typename V, typename Rows, int NT>
+GNOMON_INLINE void token_tiles(const void* const* rows, const uint8_t* const* scales, int nr,
+                               const float* const* xs, int nt, int64_t K, float* out) {
+  if (nr == 4) return tile<V, Rows, 4, NT>(rows, scales, xs, K, out, nt);
+  for (int r = 0; r < nr; ++r) tile<V, Rows, 1, NT>(rows + r, scales + r, xs, K, out + r * nt, nt);
+}
+
 // out[r * nt + t] for nr <= 4 rows and nt tokens, in 4 x 4 tiles.
 template <typename V, typename Rows>
 GNOMON_INLINE void dots(const void* const* rows, const uint8_t* const* scales, int nr,
                         const float* const* xs, int nt, int64_t K, float* out) {
-  for (int t0 = 0; t0 < nt; t0 += 4) {
-    const int n = std::min(4, nt - t0);
-    const float* const* x = xs + t0;
-    if (nr == 4) {
-      switch (n) {
-        case 1: tile<V, Rows, 4, 1>(rows, scales, x, K, out + t0, nt); break;
-        case 2: tile<V, Rows, 4, 2>(rows, scales, x, K, out + t0, nt); break;
-        case 3: tile<V, Rows, 4, 3>(rows, scales, x, K, out + t0, nt); break;
-        default: tile<V, Rows, 4, 4>(rows, scales, x, K, out + t0, nt); break;
-      }
-      continue;
-    }
-    for (int r = 0; r < nr; ++r) {
-      float* o = out + r * nt + t0;
-      switch (n) {
-        case 1: tile<V, Rows, 1, 1>(rows + r, scales + r, x, K, o, nt); break;
-        case 2: tile<V, Rows, 1, 2>(rows + r, scales + r, x, K, o, nt); break;
-        case 3: tile<V, Rows, 1, 3>(rows + r, scales + r, x, K, o, nt); break;
-        default: tile<V, Rows, 1, 4>(rows + r, scales + r, x, K, o, nt); break;
-      }
-    }
+  int t = 0;
+  for (; t + 4 <= nt; t += 4) token_tiles<V, Rows, 4>(rows, scales, nr, xs + t, nt, K, out + t);
+  switch (nt - t) {
+    case 1: return token_tiles<V, Rows, 1>(rows, scales, nr, xs + t, nt, K, out + t);
+    case 2: return token_tiles<V, Rows, 2>(rows, scales, nr, xs + t, nt, K, out + t);
+    case 3: return token_tiles<V, Rows, 3>(rows, scales, nr, xs + t, nt, K, out + t);
   }
 }
 
@@ -186,14 +179,12 @@ GNOMON_SIMD_CLONES void activate(Activation activation, const float* gate, const
 //
 // An expert with at least kLanesMinTokens tokens runs as GEMMs with its tokens in the vector
 // lanes (lanes_gemm.h): its activations are transposed once per phase into B ([K][lanes] floats,
-// or [K/2][lanes] bf16 pairs on the dot path), and each block of up to kLanesRows weight rows is
-// decoded once into a panel (float32 in the activations' split order, or bf16 pairs) that every
-// token then reads as broadcast scalars. The dot path (AVX512-BF16, bf16 activations, bf16 or
-// MXFP4 weights) takes both products as vdpbf16ps. An MXFP4 value times its power-of-two scale
-// is a bf16 (for scale bytes 2..252; beyond, a block underflows to values vdpbf16ps reads as
-// zero, or overflows to inf as in float32), so only the down projection's activations round.
-// On AMX the dot path's products are tile products (lanes_rows_amx: 32-row panels decoded a
-// chunk at a time, B's depth padded to whole tiles).
+// or [K/2][lanes] bf16 pairs on the dot path), and each block of weight rows is decoded once
+// into a panel that every token reads as broadcast scalars. The dot path (bf16 activations,
+// bf16 or MXFP4 weights) multiplies on vdpbf16ps, or on AMX tiles (lanes_rows_amx). An MXFP4
+// value times its power-of-two scale is a bf16 (scale bytes 2..252; beyond, a block underflows
+// to values the dot products read as zero, or overflows to inf as in float32), so only the down
+// projection's activations round.
 
 constexpr int64_t kLanesMinTokens = 8;
 
@@ -210,32 +201,25 @@ constexpr int64_t kLanesMinTokens = 8;
   GNOMON_SIMD_CLONES void Rows##_lanes_narrow(GNOMON_LANES_ARGS) {                        \
     lanes_rows<Narrow, Rows<Narrow>, false>(rows, scales, nr, b, lanes, K, panel, c);     \
   }
-#define GNOMON_WIDE_KERNELS(Rows)                                                         \
-  GNOMON_TARGET_WIDE void Rows##_wide(GNOMON_DOTS_ARGS) {                                 \
-    dots<Wide, Rows<Wide>>(rows, scales, nr, xs, nt, K, out);                             \
-  }                                                                                       \
-  GNOMON_TARGET_WIDE void Rows##_lanes_wide(GNOMON_LANES_ARGS) {                          \
-    lanes_rows<Wide, Rows<Wide>, false>(rows, scales, nr, b, lanes, K, panel, c);         \
-  }
-#define GNOMON_BF16_KERNELS(Rows)                                                         \
-  GNOMON_TARGET_BF16 void Rows##_lanes_bf16(GNOMON_LANES_ARGS) {                          \
-    lanes_rows<Wide, Rows<Wide>, true>(rows, scales, nr, b, lanes, K, panel, c);          \
-  }
 GNOMON_NARROW_KERNELS(F32Rows)
 GNOMON_NARROW_KERNELS(F16Rows)
 GNOMON_NARROW_KERNELS(BF16Rows)
 GNOMON_NARROW_KERNELS(Mxfp4Rows)
-#if GNOMON_HAS_WIDE_KERNELS
-GNOMON_WIDE_KERNELS(F32Rows)
-GNOMON_WIDE_KERNELS(F16Rows)
-GNOMON_WIDE_KERNELS(BF16Rows)
-GNOMON_WIDE_KERNELS(Mxfp4Rows)
-GNOMON_BF16_KERNELS(BF16Rows)
-GNOMON_BF16_KERNELS(Mxfp4Rows)
-#endif
 #undef GNOMON_NARROW_KERNELS
-#undef GNOMON_WIDE_KERNELS
-#undef GNOMON_BF16_KERNELS
+#if GNOMON_HAS_WIDE_KERNELS
+template <template <typename> class Rows>
+GNOMON_TARGET_WIDE void wide_dots(GNOMON_DOTS_ARGS) {
+  dots<Wide, Rows<Wide>>(rows, scales, nr, xs, nt, K, out);
+}
+template <template <typename> class Rows>
+GNOMON_TARGET_WIDE void wide_lanes(GNOMON_LANES_ARGS) {
+  lanes_rows<Wide, Rows<Wide>, false>(rows, scales, nr, b, lanes, K, panel, c);
+}
+template <template <typename> class Rows>
+GNOMON_TARGET_BF16 void bf16_lanes(GNOMON_LANES_ARGS) {
+  lanes_rows<Wide, Rows<Wide>, true>(rows, scales, nr, b, lanes, K, panel, c);
+}
+#endif
 
 using DotsFn = void (*)(GNOMON_DOTS_ARGS);
 using LanesFn = void (*)(GNOMON_LANES_ARGS);
@@ -259,27 +243,24 @@ Kernels kernels_for(DType weight_dtype, bool bf16_data) {
   const bool wide = GNOMON_HAS_WIDE_KERNELS && isa != Isa::Narrow;
   const bool dot = has_bf16_dot(isa) && bf16_data &&
                    (weight_dtype == DType::BFloat16 || weight_dtype == DType::UInt8);
+  const bool amx = dot && isa == Isa::Amx;
 #if GNOMON_HAS_WIDE_KERNELS
-  if (dot && isa == Isa::Amx) {
-    return weight_dtype == DType::UInt8
-               ? Kernels{Mxfp4Rows_wide, Mxfp4Rows<Wide>::kSplit,
-                         lanes_rows_amx<Mxfp4Rows<Wide>>, 16, true, kAmxLanesRows, true}
-               : Kernels{BF16Rows_wide, BF16Rows<Wide>::kSplit, lanes_rows_amx<BF16Rows<Wide>>,
-                         16, true, kAmxLanesRows, true};
-  }
 #define GNOMON_PICK(Rows, DotLanes)                                                          \
-  wide ? Kernels{Rows##_wide, Rows<Wide>::kSplit, dot ? DotLanes : Rows##_lanes_wide, 16, dot} \
+  wide ? Kernels{wide_dots<Rows>, Rows<Wide>::kSplit, dot ? DotLanes : wide_lanes<Rows>, 16, \
+                 dot, amx ? kAmxLanesRows : kLanesRows, amx}                                \
        : Kernels{Rows##_narrow, Rows<Narrow>::kSplit, Rows##_lanes_narrow, 8, false}
+#define GNOMON_DOT_LANES(Rows) amx ? lanes_rows_amx<Rows<Wide>> : bf16_lanes<Rows>
 #else
 #define GNOMON_PICK(Rows, DotLanes) \
   Kernels{Rows##_narrow, Rows<Narrow>::kSplit, Rows##_lanes_narrow, 8, false}
 #endif
   switch (weight_dtype) {
-    case DType::UInt8: return GNOMON_PICK(Mxfp4Rows, Mxfp4Rows_lanes_bf16);
-    case DType::BFloat16: return GNOMON_PICK(BF16Rows, BF16Rows_lanes_bf16);
+    case DType::UInt8: return GNOMON_PICK(Mxfp4Rows, GNOMON_DOT_LANES(Mxfp4Rows));
+    case DType::BFloat16: return GNOMON_PICK(BF16Rows, GNOMON_DOT_LANES(BF16Rows));
     case DType::Float16: return GNOMON_PICK(F16Rows, nullptr);  // dot is false
     default: return GNOMON_PICK(F32Rows, nullptr);
   }
+#undef GNOMON_DOT_LANES
 #undef GNOMON_PICK
 }
 
@@ -296,14 +277,6 @@ struct Layout {
   }
 };
 
-float scalar_at(const void* base, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::BFloat16: return math::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::Float16: return math::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
-  }
-}
-
 // One expert projection: row r of expert e starts at data + (e * rows + r) * row_bytes.
 struct Projection {
   const char* data;
@@ -318,7 +291,11 @@ struct Projection {
     return scales == nullptr ? nullptr : scales + (e * rows + r) * scale_row;
   }
   float bias_at(int64_t e, int64_t r) const {
-    return bias == nullptr ? 0.0f : scalar_at(bias, bias_dtype, e * rows + r);
+    float value = 0.0f;
+    if (bias != nullptr) {
+      load_floats(bias + (e * rows + r) * dtype_size(bias_dtype), bias_dtype, &value, 1);
+    }
+    return value;
   }
 };
 
@@ -525,6 +502,22 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
       }
     };
 
+    // Rows row_ids of expert e's projection p against the expert's tokens, row r's products at
+    // dot + r * ld: the lanes GEMM over its B, or the tiles over its slots' rows `slot_rows`.
+    auto project = [&](const Projection& p, int64_t e, const int64_t* row_ids, int nr,
+                       const float* b, const float* const* slot_rows, int64_t K, void* panel,
+                       float* dot) {
+      const void* rows[kAmxLanesRows];
+      const uint8_t* scales[kAmxLanesRows];
+      for (int r = 0; r < nr; ++r) {
+        rows[r] = p.row(e, row_ids[r]);
+        scales[r] = p.scale(e, row_ids[r]);
+      }
+      if (lanes[e] > 0) return kernel.lanes(rows, scales, nr, b, lanes[e], K, panel, dot);
+      dots(rows, scales, nr, slot_rows + offsets[e], static_cast<int>(offsets[e + 1] - offsets[e]),
+           K, dot);
+    };
+
     // Gate/up and activation: items are (active expert, block of kUpBlock intermediate columns).
     const int64_t up_blocks = (I + kUpBlock - 1) / kUpBlock;
     int64_t panel_floats = kernel.rows * (std::max(x_rows, a_rows) + 1);
@@ -539,30 +532,19 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
       for (int64_t item; up_items.take(ticket, item);) {
         const int64_t e = active[item / up_blocks];
         const int64_t j0 = (item % up_blocks) * kUpBlock, j1 = std::min(I, j0 + kUpBlock);
-        const int64_t first = offsets[e];
-        const int nt = static_cast<int>(offsets[e + 1] - first);
+        const int nt = static_cast<int>(offsets[e + 1] - offsets[e]);
         // columns per step: 2 for the tiles (4 rows), half the rows of a lanes call
         const int64_t per_step = lanes[e] > 0 ? kernel.rows / 2 : 2;
         const int64_t ld = lanes[e] > 0 ? lanes[e] : nt;  // dot's row stride
         for (int64_t j = j0; j < j1; j += per_step) {
           const int cols = static_cast<int>(std::min(per_step, j1 - j));
-          const void* rows[kAmxLanesRows];
-          const uint8_t* scales[kAmxLanesRows];
           int64_t row_ids[kAmxLanesRows];
           for (int p = 0; p < cols; ++p) {
             row_ids[2 * p] = interleaved ? 2 * (j + p) : j + p;              // gate
             row_ids[2 * p + 1] = interleaved ? 2 * (j + p) + 1 : I + j + p;  // up
           }
-          for (int r = 0; r < 2 * cols; ++r) {
-            rows[r] = up.row(e, row_ids[r]);
-            scales[r] = up.scale(e, row_ids[r]);
-          }
-          if (lanes[e] > 0) {
-            kernel.lanes(rows, scales, 2 * cols, x_panel(e), lanes[e], H, panel.data(),
-                         dot.data());
-          } else {
-            dots(rows, scales, 2 * cols, slot_x.data() + first, nt, H, dot.data());
-          }
+          project(up, e, row_ids, 2 * cols, x_panel(e), slot_x.data(), H, panel.data(),
+                  dot.data());
           for (int p = 0; p < cols; ++p) {
             const float gate_bias = up.bias_at(e, row_ids[2 * p]);
             const float up_bias = up.bias_at(e, row_ids[2 * p + 1]);
@@ -591,17 +573,9 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
           const int64_t ld = lanes[e] > 0 ? lanes[e] : nt;
           for (int64_t h = h0; h < h0 + width; h += per_step) {
             const int nr = static_cast<int>(std::min<int64_t>(per_step, h0 + width - h));
-            const void* rows[kAmxLanesRows];
-            const uint8_t* scales[kAmxLanesRows];
-            for (int r = 0; r < nr; ++r) {
-              rows[r] = down.row(e, h + r);
-              scales[r] = down.scale(e, h + r);
-            }
-            if (lanes[e] > 0) {
-              kernel.lanes(rows, scales, nr, a_panel(e), lanes[e], I, panel.data(), dot.data());
-            } else {
-              dots(rows, scales, nr, slot_a.data() + first, nt, I, dot.data());
-            }
+            int64_t row_ids[kAmxLanesRows];
+            for (int r = 0; r < nr; ++r) row_ids[r] = h + r;
+            project(down, e, row_ids, nr, a_panel(e), slot_a.data(), I, panel.data(), dot.data());
             for (int r = 0; r < nr; ++r) {
               const float bias = down.bias_at(e, h + r);
               for (int t = 0; t < nt; ++t) {
