@@ -90,27 +90,49 @@ GNOMON_INLINE void for_tiles(Fn&& f) {
   for_tiles<RT, CT>(f, std::make_integer_sequence<int, RT * CT>{});
 }
 
-// One block over `pairs` pairs (a multiple of 16) in C tiles C0.. C0 + RT * CT - 1: A tile i is
-// 4 + i, B tile j is 6 + j.
+// A block of RT x CT C tiles, C0 .. C0 + RT * CT - 1, whose rows are `lanes` floats apart: A tile
+// i is 4 + i, B tile j is 6 + j. amx_c_begin loads C (or zeroes it), amx_products adds A . B
+// over `pairs` pairs (a multiple of 16), calling after_step(s, steps) once the products of each
+// of its `steps` steps of kAmxPairs pairs are issued, and amx_c_end stores C.
 template <int RT, int CT, int C0>
-GNOMON_INLINE void amx_block(const uint32_t* a, int64_t ai, const uint32_t* b, int64_t lanes,
-                             int64_t pairs, float* c, bool accumulate) {
-  static_assert((RT * CT <= 2 && (C0 == 0 || C0 == 2)) || (RT * CT == 4 && C0 == 0));
-  const int64_t a_stride = ai * 4, b_stride = lanes * 4;
-  auto c_tile = [&](auto i, auto j) { return c + i * kAmxRows * lanes + j * 16; };
+GNOMON_INLINE void amx_c_begin(const float* c, int64_t lanes, bool accumulate) {
   for_tiles<RT, CT>([&](auto i, auto j) {
     if (accumulate) {
-      tile_load<C0 + i * CT + j>(c_tile(i, j), b_stride);
+      tile_load<C0 + i * CT + j>(c + i * kAmxRows * lanes + j * 16, lanes * 4);
     } else {
       tile_zero<C0 + i * CT + j>();
     }
   });
+}
+template <int RT, int CT, int C0, typename After>
+GNOMON_INLINE void amx_products(const uint32_t* a, int64_t ai, const uint32_t* b, int64_t lanes,
+                                int64_t pairs, const After& after_step) {
   for (int64_t p = 0; p < pairs; p += kAmxPairs) {
-    for_tiles<RT, 1>([&](auto i, auto) { tile_load<4 + i>(a + i * kAmxRows * ai + p, a_stride); });
-    for_tiles<1, CT>([&](auto, auto j) { tile_load<6 + j>(b + p * lanes + j * 16, b_stride); });
+    for_tiles<RT, 1>([&](auto i, auto) { tile_load<4 + i>(a + i * kAmxRows * ai + p, ai * 4); });
+    for_tiles<1, CT>([&](auto, auto j) { tile_load<6 + j>(b + p * lanes + j * 16, lanes * 4); });
     for_tiles<RT, CT>([&](auto i, auto j) { tile_dot<C0 + i * CT + j, 4 + i, 6 + j>(); });
+    after_step(p / kAmxPairs, pairs / kAmxPairs);
   }
-  for_tiles<RT, CT>([&](auto i, auto j) { tile_store<C0 + i * CT + j>(c_tile(i, j), b_stride); });
+}
+template <int RT, int CT, int C0>
+GNOMON_INLINE void amx_c_end(float* c, int64_t lanes) {
+  for_tiles<RT, CT>([&](auto i, auto j) {
+    tile_store<C0 + i * CT + j>(c + i * kAmxRows * lanes + j * 16, lanes * 4);
+  });
+}
+
+struct NoAfterStep {
+  void operator()(int64_t, int64_t) const {}
+};
+
+// A whole block: C (+)= A . B.
+template <int RT, int CT, int C0>
+GNOMON_INLINE void amx_block(const uint32_t* a, int64_t ai, const uint32_t* b, int64_t lanes,
+                             int64_t pairs, float* c, bool accumulate) {
+  static_assert((RT * CT <= 2 && (C0 == 0 || C0 == 2)) || (RT * CT == 4 && C0 == 0));
+  amx_c_begin<RT, CT, C0>(c, lanes, accumulate);
+  amx_products<RT, CT, C0>(a, ai, b, lanes, pairs, NoAfterStep{});
+  amx_c_end<RT, CT, C0>(c, lanes);
 }
 
 // C (+)= A . B over `pairs` pairs for `rows` rows and `lanes` lanes (multiples of 16): blocks of

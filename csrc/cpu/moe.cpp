@@ -522,7 +522,7 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     const int64_t up_blocks = (I + kUpBlock - 1) / kUpBlock;
     int64_t panel_floats = kernel.rows * (std::max(x_rows, a_rows) + 1);
 #if GNOMON_HAS_WIDE_KERNELS
-    if (kernel.amx) panel_floats = kAmxPanelWords;
+    if (kernel.amx) panel_floats = amx_panel_words(std::max(H, I));
 #endif
     ItemQueue up_items(static_cast<int64_t>(active.size()) * up_blocks);
     parallel_for(up_items.tickets(), 1, [&](int64_t ticket, int64_t) {

@@ -468,7 +468,8 @@ void gemm_lanes(const TensorView& out, const TensorView& a, const TensorView& w,
     }
   });
   parallel_for(n, 16, [&](int64_t begin, int64_t end) {
-    AlignedVector<uint32_t> panel(static_cast<size_t>(amx ? kAmxPanelWords : panel_rows * depth));
+    const int64_t panel_words = amx ? amx_panel_words(k) : panel_rows * depth;
+    AlignedVector<uint32_t> panel(static_cast<size_t>(panel_words));
     AlignedVector<float> c(panel_rows * lanes);
     std::vector<float> res(static_cast<size_t>(m * kLanesSlice));
     for (int64_t s0 = begin; s0 < end; s0 += kLanesSlice) {

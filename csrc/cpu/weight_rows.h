@@ -194,26 +194,33 @@ namespace gnomon::cpu {
 
 // The same on AMX tiles for bf16 or MXFP4 rows (bf16 pairs), nr <= kAmxLanesRows: B's depth is
 // (K + 1) / 2 rounded up to whole tiles of kAmxPairs, its padding rows zero; the panel holds
-// kAmxPanelWords words, and c whole tiles of rows.
+// amx_panel_words(K) words, and c whole tiles of rows.
 inline int64_t amx_depth(int64_t K) { return ((K + 1) / 2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs; }
 
-constexpr int64_t kAmxChunk = 64;  // pairs per step: the panel's chunk and B's stay in L1
+constexpr int64_t kAmxChunk = 64;  // pairs decoded at a time, between tile products
 
-// Rows [r0, r1) of chunk `index` (kAmxChunk pairs, fewer in the last) as bf16 pairs into one of
-// two buffers (rows `pairs` words apart), rows past nr zero.
+// The panel: the rows decoded whole, a chunk of kAmxChunk pairs after another (a chunk's rows
+// `pairs` words apart).
+inline int64_t amx_panel_words(int64_t K) {
+  return kAmxLanesRows * ((amx_depth(K) + kAmxChunk - 1) / kAmxChunk * kAmxChunk);
+}
+
+// Rows [r0, r1) of chunk `index` (kAmxChunk pairs, fewer in the last) as bf16 pairs into the
+// panel, rows past nr zero.
 template <typename Rows>
 struct AmxChunkDecoder {
   const void* const* rows;
   const uint8_t* const* scales;
   int nr;
   int64_t K, depth;
-  uint32_t* buffers[2];
+  uint32_t* panel;
+
+  uint32_t* chunk(int64_t index) const { return panel + index * kAmxLanesRows * kAmxChunk; }
 
   GNOMON_TARGET_AMX void operator()(int64_t index, int64_t r0, int64_t r1) const {
     const int64_t p0 = index * kAmxChunk, pairs = std::min(kAmxChunk, depth - p0);
-    uint32_t* out = buffers[index % 2];
     for (int64_t r = r0; r < r1; ++r) {
-      uint32_t* row = out + r * pairs;
+      uint32_t* row = chunk(index) + r * pairs;
       if (r >= nr) {
         std::memset(row, 0, pairs * sizeof(uint32_t));
       } else if constexpr (std::is_same_v<Rows, Mxfp4Rows<Wide>>) {
@@ -228,34 +235,45 @@ struct AmxChunkDecoder {
   }
 };
 
-// The words of panel lanes_rows_amx needs: two chunks of kAmxLanesRows rows.
-constexpr int64_t kAmxPanelWords = 2 * kAmxLanesRows * kAmxChunk;
-
-// A chunk of pairs at a time, in L1 with B's rows of it and C: every block of C takes its
-// products over chunk i while the vector units decode chunk i + 1 into the other buffer, a
-// share of its rows after each block is issued.
+// Each block of up to 2 x 2 C tiles (the panel's rows by 32 lanes) stays in the tiles over all
+// of K. The first block decodes chunk i + 1 while its products over chunk i run, a share of the
+// rows after each step; the later blocks read the decoded panel (in L2).
 template <typename Rows>
 GNOMON_TARGET_AMX void lanes_rows_amx(const void* const* rows, const uint8_t* const* scales, int nr,
                                       const void* b, int64_t lanes, int64_t K, void* panel,
                                       float* c) {
   const int64_t depth = amx_depth(K), chunks = (depth + kAmxChunk - 1) / kAmxChunk;
   const int64_t padded = (nr + kAmxRows - 1) / kAmxRows * kAmxRows;
-  uint32_t* const words = static_cast<uint32_t*>(panel);
-  const AmxChunkDecoder<Rows> decode{rows, scales, nr, K, depth,
-                                     {words, words + kAmxLanesRows * kAmxChunk}};
+  const AmxChunkDecoder<Rows> decode{rows, scales, nr, K, depth, static_cast<uint32_t*>(panel)};
   struct DecodeNext {
     const AmxChunkDecoder<Rows>& decode;
     int64_t next, padded;
-    GNOMON_TARGET_AMX void operator()(int64_t done, int64_t count) const {
-      if (next >= 0) decode(next, padded * done / count, padded * (done + 1) / count);
+    GNOMON_TARGET_AMX void operator()(int64_t step, int64_t steps) const {
+      if (next >= 0) decode(next, padded * step / steps, padded * (step + 1) / steps);
     }
   };
+  auto block = [&](auto rt, auto ct, int64_t v) {
+    constexpr int RT = decltype(rt)::value, CT = decltype(ct)::value;
+    amx_c_begin<RT, CT, 0>(c + v, lanes, false);
+    for (int64_t i = 0; i < chunks; ++i) {
+      const int64_t p0 = i * kAmxChunk, pairs = std::min(kAmxChunk, depth - p0);
+      amx_products<RT, CT, 0>(decode.chunk(i), pairs, static_cast<const uint32_t*>(b) +
+                              p0 * lanes + v, lanes, pairs,
+                              DecodeNext{decode, v == 0 && i + 1 < chunks ? i + 1 : -1, padded});
+    }
+    amx_c_end<RT, CT, 0>(c + v, lanes);
+  };
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
   amx_begin();
   decode(0, 0, padded);
-  for (int64_t i = 0; i < chunks; ++i) {
-    const int64_t p0 = i * kAmxChunk, pairs = std::min(kAmxChunk, depth - p0);
-    amx_gemm(padded, decode.buffers[i % 2], pairs, static_cast<const uint32_t*>(b) + p0 * lanes,
-             lanes, pairs, c, i > 0, DecodeNext{decode, i + 1 < chunks ? i + 1 : -1, padded});
+  for (int64_t v = 0; v < lanes; v += 32) {
+    const bool two_lanes = v + 32 <= lanes;
+    if (padded > kAmxRows) {
+      two_lanes ? block(Two{}, Two{}, v) : block(Two{}, One{}, v);
+    } else {
+      two_lanes ? block(One{}, Two{}, v) : block(One{}, One{}, v);
+    }
   }
   amx_end();
 }
