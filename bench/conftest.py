@@ -51,6 +51,44 @@ import time
 import pytest
 
 
+SETTLE_SECONDS = 0.03
+
+
+def paired_speedup(suite, implementation, call, baseline, baseline_call, pairs, goal=None):
+    """Times `call` and `baseline_call` in alternation, `pairs` times (each pair in the opposite
+    order to the one before), and notes the median over pairs of baseline time / call time,
+    with its quartiles. This VM's speed drifts by up to ~2.5x from one few-second stretch to the
+    next (a busy neighbour on the host core); two calls timed back to back see the same machine,
+    so their ratio holds where the ratio of two separately timed medians does not. Each call
+    starts after SETTLE_SECONDS of busy waiting: torch's OpenMP workers spin for several ms after
+    a parallel region (gnomon's pool waits on a condition variable), and a gnomon call right
+    after a torch one would share its cores with them; a sleep instead lets the core idle, and
+    the first call after it measured slower by a varying amount."""
+    ratios = []
+    for i in range(pairs):
+        order = [(implementation, call), (baseline, baseline_call)]
+        if i % 2:
+            order.reverse()
+        times = {}
+        for name, fn in order:
+            start = time.perf_counter()
+            while time.perf_counter() - start < SETTLE_SECONDS:
+                pass
+            start = time.perf_counter()
+            fn()
+            times[name] = time.perf_counter() - start
+        ratios.append(times[baseline] / times[implementation])
+    ratios.sort()
+    median = ratios[len(ratios) // 2]
+    verdict = ""
+    if goal is not None:
+        verdict = f" (goal >= {goal:g}x: {'met' if median >= goal else 'NOT met'})"
+    note(f"{suite}: paired, {implementation} {median:.2f}x the speed of {baseline} (quartiles "
+         f"{ratios[len(ratios) // 4]:.2f}-{ratios[3 * len(ratios) // 4]:.2f}x over {pairs} "
+         f"back-to-back pairs){verdict}")
+    return median
+
+
 @pytest.fixture(scope="session")
 def benchmarks_enabled(request):
     """False under --benchmark-disable (each benchmark then runs once): set-up that only

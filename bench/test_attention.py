@@ -21,6 +21,10 @@ extra_info: the K/V bytes one call must read (each KV head's rows over each sequ
 key range), the achieved read rate, and that rate as a fraction of `memory_bandwidth` (this
 machine's copy bandwidth, measured in the same session). Decode is memory-bound, so that
 fraction is its figure of merit; chunked prefill is compute-bound and also reports GFLOP/s.
+
+The chunked-prefill goal (>= 1.3x, issue 17) is also timed back to back, call by call
+(`test_chunked_prefill_paired`), so that a drift in the machine's speed between the two
+benchmarks cannot bias the ratio.
 """
 
 import math
@@ -30,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import gnomon.ops as ops
-from conftest import record
+from conftest import paired_speedup, record
 
 BLOCK_SIZE = 16
 LLAMA = dict(num_heads=32, num_kv_heads=8, head_dim=128)
@@ -165,3 +169,14 @@ def test_paged_attention(benchmark, case, threads, implementation, memory_bandwi
             fraction_of_memory_bandwidth=read_rate / memory_bandwidth,
             memory_bandwidth_gb_per_s=memory_bandwidth / 1e9,
             gflop_per_s=case.flops() / seconds / 1e9)
+
+
+PREFILL = "llama-3.1-8b chunked prefill 256 on 2048"
+
+
+def test_chunked_prefill_paired(benchmarks_enabled, threads):
+    """The chunked-prefill goal timed back to back (conftest.paired_speedup)."""
+    case = Case(PREFILL, **CASES[PREFILL])
+    paired_speedup(f"{PREFILL}, {threads} thread{'s' if threads > 1 else ''}", "gnomon",
+                   case.gnomon, BASELINES[PREFILL], case.gather_sdpa,
+                   pairs=20 if benchmarks_enabled else 1, goal=1.3)

@@ -11,7 +11,8 @@ Cases (each a suite; the summary line prints the ratios):
     experts (the same bytes as the baseline, so any gain there comes from grouping and the
     kernel), and the torch loop on the bf16 experts.
   - gpt-oss-20b experts at T = 256 tokens (a prefill chunk): gnomon with MXFP4 experts against
-    the torch loop on the bf16 experts (goal >= 2x, issue 17).
+    the torch loop on the bf16 experts (goal >= 2x, issue 17), also timed back to back, call by
+    call (`test_gpt_oss_20b_t256_paired`).
   - Mixtral-style: 8 experts, top 2, SwiGLU, concat gate/up, no biases, with H = 1024 and
     I = 3584 (scaled down from 4096 / 14336 for this CPU), dense bf16, T = 1 and T = 4.
   - A decode shape sweep: gpt-oss-style MXFP4 experts, 32 experts, top 4, hidden =
@@ -39,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import gnomon.ops as ops
-from conftest import record, speedup
+from conftest import paired_speedup, record, speedup
 
 ROUTINGS = 8
 ROTATION_BYTES = 256 << 20  # a sweep case's MXFP4 expert layers together: well above an LLC
@@ -286,6 +287,14 @@ def test_gpt_oss_20b_t256(benchmark, memory_bandwidth, gpt_oss_t256_block, imple
     run(benchmark, memory_bandwidth, block, suite, implementation, call,
         block.weight_bytes(mxfp4), rounds)
     speedup(suite, "gnomon mxfp4", "torch bf16 loop", goal=2)
+
+
+def test_gpt_oss_20b_t256_paired(benchmarks_enabled, gpt_oss_t256_block):
+    """The T=256 goal timed back to back (conftest.paired_speedup)."""
+    block = gpt_oss_t256_block
+    paired_speedup("fused_moe gpt-oss-20b T=256", "gnomon mxfp4", block.gnomon(True),
+                   "torch bf16 loop", block.torch_loop(), pairs=12 if benchmarks_enabled else 1,
+                   goal=2)
 
 
 SWEEP_SIZES = [512, 1024, 2048, 4096]  # hidden = intermediate

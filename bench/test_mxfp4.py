@@ -3,7 +3,8 @@ quantize/dequantize throughput against plain-torch implementations, all in the s
 
 Shapes are gpt-oss-20b's expert projections: gate_up [N = 2I = 5760, K = H = 2880] and down
 [N = H = 2880, K = I = 2880], at M in {1, 4, 8, 16} rows of bf16 activations (issue 17's goals
-at N = 5760: >= 2x at M = 8, >= 1.5x at M = 16; the summary prints each ratio) and at M = 64, a
+at N = 5760: >= 2x at M = 8, >= 1.5x at M = 16; the summary prints each ratio, and that of the
+goal shapes timed back to back, call by call, `test_mxfp4_gemm_paired`) and at M = 64, a
 prefill chunk, which runs with the rows in the vector lanes. Each call
 reads the next of several weight copies, together larger than this machine's last-level cache,
 so the weight streams from memory as in a real decode step (every layer's weights are
@@ -19,7 +20,7 @@ import itertools
 import pytest
 import torch
 
-from conftest import record, speedup
+from conftest import paired_speedup, record, speedup
 from gnomon import ops
 
 ROTATION_BYTES = 256 << 20  # the weight copies of one benchmark together: well above an LLC
@@ -65,12 +66,9 @@ def threads(request):
 GOALS = {(8, 5760): 2, (16, 5760): 1.5}  # (M, N) -> speed multiple of torch bf16 (issue 17)
 
 
-@pytest.mark.parametrize("m", [1, 4, 8, 16, 64])
-@pytest.mark.parametrize("n, k", GEMM_SHAPES, ids=[f"N{n}-K{k}" for n, k in GEMM_SHAPES])
-@pytest.mark.parametrize("implementation", ["gnomon", "torch-bf16"])
-def test_mxfp4_gemm(benchmark, memory_bandwidth, threads, implementation, n, k, m):
-    suite = f"mxfp4_gemm M={m} N={n} K={k} threads={threads}"
-    benchmark.group = suite
+def gemm_call(implementation, m, n, k, enabled):
+    """A call of `implementation` on [m, k] activations and the next of its weight copies, and
+    the weight bytes it reads."""
     a = torch.randn(m, k).bfloat16()
     g = torch.Generator().manual_seed(0)
 
@@ -80,22 +78,33 @@ def test_mxfp4_gemm(benchmark, memory_bandwidth, threads, implementation, n, k, 
 
     if implementation == "gnomon":
         nbytes = mxfp4_bytes(n, k)
-        next_weight = rotating(weight, copies(benchmark.enabled, nbytes))
+        next_weight = rotating(weight, copies(enabled, nbytes))
+        return lambda: ops.mxfp4_gemm(a, *next_weight()), nbytes
+    nbytes = n * k * 2
+    next_weight = rotating(lambda i: ops.mxfp4_dequantize(*weight(i)), copies(enabled, nbytes))
+    return lambda: a @ next_weight().T, nbytes
 
-        def run():
-            w, w_scales = next_weight()
-            return ops.mxfp4_gemm(a, w, w_scales)
-    else:
-        nbytes = n * k * 2
-        next_weight = rotating(lambda i: ops.mxfp4_dequantize(*weight(i)),
-                               copies(benchmark.enabled, nbytes))
 
-        def run():
-            return a @ next_weight().T
-
+@pytest.mark.parametrize("m", [1, 4, 8, 16, 64])
+@pytest.mark.parametrize("n, k", GEMM_SHAPES, ids=[f"N{n}-K{k}" for n, k in GEMM_SHAPES])
+@pytest.mark.parametrize("implementation", ["gnomon", "torch-bf16"])
+def test_mxfp4_gemm(benchmark, memory_bandwidth, threads, implementation, n, k, m):
+    suite = f"mxfp4_gemm M={m} N={n} K={k} threads={threads}"
+    benchmark.group = suite
+    run, nbytes = gemm_call(implementation, m, n, k, benchmark.enabled)
     benchmark.pedantic(run, rounds=100, warmup_rounds=5)
     report(benchmark, suite, nbytes, memory_bandwidth, m=m, n=n, k=k, threads=threads)
     speedup(suite, "gnomon", "torch-bf16", goal=GOALS.get((m, n)))
+
+
+@pytest.mark.parametrize("m, n", sorted(GOALS))
+def test_mxfp4_gemm_paired(benchmarks_enabled, threads, m, n):
+    """The goal shapes timed back to back (conftest.paired_speedup)."""
+    k = 2880
+    paired_speedup(f"mxfp4_gemm M={m} N={n} K={k} threads={threads}",
+                   "gnomon", gemm_call("gnomon", m, n, k, benchmarks_enabled)[0],
+                   "torch-bf16", gemm_call("torch-bf16", m, n, k, benchmarks_enabled)[0],
+                   pairs=60 if benchmarks_enabled else 1, goal=GOALS[(m, n)])
 
 
 # ---- quantize / dequantize ------------------------------------------------------------------------
