@@ -85,7 +85,7 @@ def paired_speedup(suite, implementation, call, baseline, baseline_call, pairs, 
         verdict = f" (goal >= {goal:g}x: {'met' if median >= goal else 'NOT met'})"
     note(f"{suite}: paired, {implementation} {median:.2f}x the speed of {baseline} (quartiles "
          f"{ratios[len(ratios) // 4]:.2f}-{ratios[3 * len(ratios) // 4]:.2f}x over {pairs} "
-         f"back-to-back pairs){verdict}")
+         f"back-to-back pair{'s' if pairs > 1 else ''}){verdict}")
     return median
 
 
