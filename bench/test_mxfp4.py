@@ -41,8 +41,8 @@ def rotating(make, count):
     return itertools.cycle([make(i) for i in range(count)]).__next__
 
 
-def report(benchmark, suite, nbytes, memory_bandwidth, **extra):
-    record(suite, benchmark.name, benchmark)
+def report(benchmark, suite, implementation, nbytes, memory_bandwidth, **extra):
+    record(suite, implementation, benchmark)
     if benchmark.stats is not None:
         seconds = benchmark.stats.stats.median
         benchmark.extra_info.update(
@@ -93,7 +93,8 @@ def test_mxfp4_gemm(benchmark, memory_bandwidth, threads, implementation, n, k, 
     benchmark.group = suite
     run, nbytes = gemm_call(implementation, m, n, k, benchmark.enabled)
     benchmark.pedantic(run, rounds=100, warmup_rounds=5)
-    report(benchmark, suite, nbytes, memory_bandwidth, m=m, n=n, k=k, threads=threads)
+    report(benchmark, suite, implementation, nbytes, memory_bandwidth, m=m, n=n, k=k,
+           threads=threads)
     speedup(suite, "gnomon", "torch-bf16", goal=GOALS.get((m, n)))
 
 
@@ -147,7 +148,7 @@ def test_mxfp4_quantize(benchmark, memory_bandwidth, implementation):
         assert all(torch.equal(p, q) for p, q in zip(torch_quantize(x), ops.mxfp4_quantize(x)))
     benchmark.pedantic(quantize, args=(x,), rounds=5 if implementation == "torch" else 20)
     nbytes = x.numel() * 2 + mxfp4_bytes(*QUANT_SHAPE)
-    report(benchmark, suite, nbytes, memory_bandwidth, elements=x.numel())
+    report(benchmark, suite, implementation, nbytes, memory_bandwidth, elements=x.numel())
 
 
 @pytest.mark.parametrize("implementation", ["gnomon", "torch"])
@@ -160,4 +161,5 @@ def test_mxfp4_dequantize(benchmark, memory_bandwidth, implementation):
         assert torch.equal(torch_dequantize(packed, scales), ops.mxfp4_dequantize(packed, scales))
     benchmark.pedantic(dequantize, args=(packed, scales), rounds=5 if implementation == "torch" else 20)
     nbytes = packed.numel() * 2 * 2 + mxfp4_bytes(*QUANT_SHAPE)
-    report(benchmark, suite, nbytes, memory_bandwidth, elements=packed.numel() * 2)
+    report(benchmark, suite, implementation, nbytes, memory_bandwidth,
+           elements=packed.numel() * 2)
