@@ -468,8 +468,9 @@ void gemm_lanes(const TensorView& out, const TensorView& a, const TensorView& w,
     }
   });
   parallel_for(n, 16, [&](int64_t begin, int64_t end) {
-    const int64_t panel_words = amx ? amx_panel_words(k) : panel_rows * depth;
-    AlignedVector<uint32_t> panel(static_cast<size_t>(panel_words));
+    // uninitialised: the decoders write every word the products read
+    const AlignedArray<uint32_t> panel =
+        make_aligned<uint32_t>(amx ? amx_panel_words(k) : panel_rows * depth);
     AlignedVector<float> c(panel_rows * lanes);
     std::vector<float> res(static_cast<size_t>(m * kLanesSlice));
     for (int64_t s0 = begin; s0 < end; s0 += kLanesSlice) {
@@ -482,7 +483,7 @@ void gemm_lanes(const TensorView& out, const TensorView& a, const TensorView& w,
           rows[r] = w.ptr<const uint8_t>() + (n0 + r) * words;
           scales[r] = w_scales.ptr<const uint8_t>() + (n0 + r) * (k / kMxfp4BlockSize);
         }
-        kernel(rows, scales, nr, b.data(), lanes, k, panel.data(), c.data());
+        kernel(rows, scales, nr, b.data(), lanes, k, panel.get(), c.data());
         for (int r = 0; r < nr; ++r) {
           const float add = bias != nullptr ? bias[n0 + r] : 0.0f;
           for (int64_t t = 0; t < m; ++t) res[t * kLanesSlice + n0 - s0 + r] = c[r * lanes + t] + add;
