@@ -243,8 +243,8 @@ Kernels kernels_for(DType weight_dtype, bool bf16_data) {
   const bool wide = GNOMON_HAS_WIDE_KERNELS && isa != Isa::Narrow;
   const bool dot = has_bf16_dot(isa) && bf16_data &&
                    (weight_dtype == DType::BFloat16 || weight_dtype == DType::UInt8);
-  const bool amx = dot && isa == Isa::Amx;
 #if GNOMON_HAS_WIDE_KERNELS
+  const bool amx = dot && isa == Isa::Amx;
 #define GNOMON_PICK(Rows, DotLanes)                                                          \
   wide ? Kernels{wide_dots<Rows>, Rows<Wide>::kSplit, dot ? DotLanes : wide_lanes<Rows>, 16, \
                  dot, amx ? kAmxLanesRows : kLanesRows, amx}                                \
