@@ -307,6 +307,12 @@ struct LanesTile {
 // The online softmax of one key tile in lanes, on S^T in tile.scores (rows past n unread): masks,
 // scales and exponentiates into P^T (in place, or with kDot rounded to bf16 and paired by keys
 // in tile.p_pairs), updates each row's max and sum and leaves its rescale of O^T in tile.alpha.
+// A row's max moves only when the tile's exceeds it by more than kMaxSlack: P then stays below
+// 2^8 (far from any overflow, in fp32 and in bf16), and most tiles after the first leave every
+// alpha at exactly 1, so the pass that rescales O^T is skipped.
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kMaxSlack = 8.0f / kLog2e;  // 2^8 in p
+
 template <typename V, bool kDot>
 GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
   using F = typename V::F;
@@ -314,24 +320,25 @@ GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
   if (tile.masked) {  // a tile on the diagonal or the window's edge: -inf outside each row's range
     for (int64_t r = 0; r < lanes; ++r) {
       for (int64_t j = 0; j < tile.n; ++j) {
-        if (j < tile.lo[r] || j >= tile.hi[r]) {
-          tile.scores[j * lanes + r] = -std::numeric_limits<float>::infinity();
-        }
+        if (j < tile.lo[r] || j >= tile.hi[r]) tile.scores[j * lanes + r] = kNegInf;
       }
     }
   }
-  const F neg_inf = F{} - std::numeric_limits<float>::infinity();
+  const F neg_inf = F{} + kNegInf;
+  const float scale2 = tile.scale * kLog2e;  // p = 2^(s scale2 - max log2(e))
   for (int64_t lane = 0; lane < lanes; lane += V::L) {
     F block_max = neg_inf;
     for (int64_t j = 0; j < tile.n; ++j) {
       block_max = max(block_max, load<F>(tile.scores + j * lanes + lane) * tile.scale);
     }
     const F old_max = load<F>(head.max + lane);
-    const F new_max = max(old_max, block_max);
+    const F new_max = select(block_max > old_max + kMaxSlack, block_max, old_max);
     const F shift = select(new_max == neg_inf, F{}, new_max);  // all -inf so far: p = 0, not NaN
-    const F alpha = exp_nonpositive<V>(old_max - shift);
+    // exactly 1 where the max stayed (a difference, not a fused multiply-add, so no rounding)
+    const F alpha = exp2_below_128<V>((old_max - shift) * kLog2e);
+    const F shift2 = shift * kLog2e;
     auto p = [&](int64_t j) {
-      return exp_nonpositive<V>(load<F>(tile.scores + j * lanes + lane) * tile.scale - shift);
+      return exp2_below_128<V>(load<F>(tile.scores + j * lanes + lane) * scale2 - shift2);
     };
     F total = F{};
     if constexpr (kDot) {
@@ -339,7 +346,7 @@ GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
       for (int64_t q = 0; 2 * q < tile.n; ++q) {
         const F even = p(2 * q), odd = 2 * q + 1 < tile.n ? p(2 * q + 1) : F{};
         total += even + odd;
-        store(tile.p_pairs + q * lanes + lane, bf16_bits<V>(even) | (bf16_bits<V>(odd) << 16));
+        store(tile.p_pairs + q * lanes + lane, bf16_pairs<V>(even, odd));
       }
     } else {
       for (int64_t j = 0; j < tile.n; ++j) {

@@ -241,12 +241,50 @@ GNOMON_INLINE typename V::F exp_nonpositive(const typename V::F& x) {
   return select(underflow, F{}, p * two_n);
 }
 
+// 2^x lane by lane for x < 128 (a softmax's exponents, which may sit a little above the max they
+// are taken from), no calls or branches: x = n + f with n = round(x) and |f| <= 1/2, a degree-5
+// minimax polynomial for 2^f (within 1.7e-7 relative, and exactly 1 at 0) and 2^n from the bits
+// of the rounding sum. Lanes below -127, -inf included, give 0; NaN stays NaN. Cheaper than
+// exp_nonpositive by its range reduction, for the softmaxes that fold log2(e) into their scale.
+template <typename V>
+GNOMON_INLINE typename V::F exp2_below_128(const typename V::F& x) {
+  using F = typename V::F;
+  const F xc = select(x < -127.0f, F{} - 127.0f, x);
+  const F shifted = xc + 12583039.0f;  // 1.5 * 2^23 + 127: its low bits hold round(x) + 127
+  const F f = xc - (shifted - 12583039.0f);
+  F p = f * 1.3267117e-3f + 9.6715977e-3f;
+  p = p * f + 5.5507265e-2f;
+  p = p * f + 2.4022241e-1f;
+  p = p * f + 6.9314700e-1f;
+  p = p * f + 1.0f;
+  return p * bit_cast<F>(bit_cast<typename V::U>(shifted) << 23);  // exponent field n + 127
+}
+
 // float lanes to bfloat16 bits (round to nearest even) in the low 16 bits of each lane; for
 // finite values, which is all the kernels round this way.
 template <typename V>
 GNOMON_INLINE typename V::U bf16_bits(const typename V::F& x) {
   const typename V::U bits = bit_cast<typename V::U>(x);
   return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+}
+
+// Two float vectors rounded to bfloat16 (nearest even) and interleaved as 32-bit pairs, lane i
+// = bits(even[i]) | bits(odd[i]) << 16: the layout of a bf16 dot product's pairs. Wide vectors
+// take vcvtne2ps2bf16 and one word permute (so only AVX512-BF16 kernels may call it with Wide;
+// the instruction also reads subnormal inputs as zero).
+template <typename V>
+GNOMON_INLINE typename V::U bf16_pairs(const typename V::F& even, const typename V::F& odd) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if constexpr (V::L == 16) {
+    typedef uint16_t Words __attribute__((vector_size(64)));
+    Words packed;  // even's 16 words, then odd's
+    asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(packed) : "v"(odd), "v"(even));
+    const Words interleave = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                              8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    return bit_cast<typename V::U>(__builtin_shuffle(packed, interleave));
+  }
+#endif
+  return bf16_bits<V>(even) | (bf16_bits<V>(odd) << 16);
 }
 
 // float16 bits (in the low 16 bits of each lane) to float, exactly: subnormals, infinities and

@@ -137,6 +137,34 @@ def test_prefill_kernel_families(family, dtype, shape, options, monkeypatch):
     torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("family", ["narrow", "wide", "bf16", "best"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_rising_scores(family, dtype, monkeypatch):
+    """Scores that climb along the keys, slowly (a few nats per key tile, under the lanes
+    kernels' slack before a row's max moves) and in jumps of 25 and 60 nats, up to about 110:
+    e^110 overflows float32, so every row's max must move with the jumps and its output be
+    rescaled."""
+    if family != "best":
+        monkeypatch.setenv("GNOMON_CPU_KERNELS", family)
+    head_dim, seq_len, q_len = 64, 600, 64
+    batch = make_batch([q_len], [seq_len], num_heads=8, num_kv_heads=2, head_dim=head_dim,
+                       dtype=dtype, seed=5)
+    g = torch.Generator().manual_seed(6)
+    direction = torch.randn(head_dim, generator=g)
+    direction /= direction.norm()
+    positions = torch.arange(seq_len)
+    rise = 0.04 * positions + 25.0 * (positions >= 200) + 60.0 * (positions >= 420)
+    keys = rise[:, None, None] * direction + 0.5 * torch.randn(seq_len, 2, head_dim, generator=g)
+    table = batch["block_tables"][0].long()
+    batch["key_cache"][table[positions // 16], positions % 16] = keys.to(dtype)
+    # scale 1/8 and |query| = 8: each score is the key's component along the direction
+    batch["query"] = (8.0 * direction).expand(q_len, 8, head_dim).to(dtype).contiguous()
+    out = ops.paged_attention(**batch)
+    expected = reference_attention(*batch.values())
+    tol = LANES_BF16_TOL if dtype == torch.bfloat16 else ATOL[dtype]
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+
+
 def test_cpu_kernels_cap_is_checked(monkeypatch):
     monkeypatch.setenv("GNOMON_CPU_KERNELS", "fastest")
     batch = make_batch([20], [20])
