@@ -943,11 +943,19 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
       items.push_back(part);
     }
   }
-  // The costliest first, so the dynamic hand-out ends evenly.
+  // Items that read the same keys (a sequence's KV heads) run one after another, so that a
+  // thread finds the keys still in its cache; the costliest groups first, and the costliest
+  // items first within a group, so that the dynamic hand-out ends evenly.
+  std::vector<int64_t> group_cost(batch * geo.num_kv_heads);
+  auto group = [&](const Item& item) { return item.b * geo.num_kv_heads + item.g0; };
+  for (const Item& item : items) group_cost[group(item)] += item.cost();
   std::vector<int64_t> order(items.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return items[a].cost() > items[b].cost(); });
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const int64_t ga = group(items[a]), gb = group(items[b]);
+    if (ga != gb) return group_cost[ga] != group_cost[gb] ? group_cost[ga] > group_cost[gb] : ga < gb;
+    return items[a].cost() > items[b].cost();
+  });
 
   std::vector<float> partials(partial_floats);
   parallel_for(static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
