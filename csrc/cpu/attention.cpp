@@ -316,20 +316,24 @@ constexpr float kMaxSlack = 8.0f / kLog2e;  // 2^8 in p
 template <typename V, bool kDot>
 GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
   using F = typename V::F;
+  using I = typename V::I;
   const int64_t lanes = head.lanes;
-  if (tile.masked) {  // a tile on the diagonal or the window's edge: -inf outside each row's range
-    for (int64_t r = 0; r < lanes; ++r) {
-      for (int64_t j = 0; j < tile.n; ++j) {
-        if (j < tile.lo[r] || j >= tile.hi[r]) tile.scores[j * lanes + r] = kNegInf;
-      }
-    }
-  }
   const F neg_inf = F{} + kNegInf;
   const float scale2 = tile.scale * kLog2e;  // p = 2^(s scale2 - max log2(e))
   for (int64_t lane = 0; lane < lanes; lane += V::L) {
     F block_max = neg_inf;
-    for (int64_t j = 0; j < tile.n; ++j) {
-      block_max = max(block_max, load<F>(tile.scores + j * lanes + lane) * tile.scale);
+    if (tile.masked) {  // on the diagonal or the window's edge: -inf outside each row's range
+      const I lo = load<I>(tile.lo + lane), hi = load<I>(tile.hi + lane);
+      for (int32_t j = 0; j < tile.n; ++j) {
+        float* row = tile.scores + j * lanes + lane;
+        const F s = select((lo <= j) & (j < hi), load<F>(row), neg_inf);
+        store(row, s);
+        block_max = max(block_max, s * tile.scale);
+      }
+    } else {
+      for (int64_t j = 0; j < tile.n; ++j) {
+        block_max = max(block_max, load<F>(tile.scores + j * lanes + lane) * tile.scale);
+      }
     }
     const F old_max = load<F>(head.max + lane);
     const F new_max = select(block_max > old_max + kMaxSlack, block_max, old_max);
