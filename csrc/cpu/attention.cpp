@@ -440,6 +440,24 @@ GNOMON_TARGET_AMX void pair_columns_bf16(const uint16_t* const* rows, int64_t n,
   }
 }
 
+// dst[c][r] = src[r][c] for r < n and c < cols, 32-bit words in 16 x 16 blocks: src rows
+// (src_stride words apart) are read to cols rounded up to 16, and dst rows (dst_stride apart)
+// are written to n rounded up to 16, zeros past n.
+GNOMON_TARGET_WIDE void transpose_words_wide(const uint32_t* src, int64_t n, int64_t cols,
+                                             int64_t src_stride, uint32_t* dst,
+                                             int64_t dst_stride) {
+  for (int64_t r0 = 0; r0 < n; r0 += 16) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      Wide::U m[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        m[i] = r0 + i < n ? load<Wide::U>(src + (r0 + i) * src_stride + c0) : Wide::U{};
+      }
+      transpose16(m);
+      for (int64_t i = 0; i < 16 && c0 + i < cols; ++i) store(dst + (c0 + i) * dst_stride + r0, m[i]);
+    }
+  }
+}
+
 GNOMON_TARGET_AMX void lanes_tile_amx(const LanesHead& head, const LanesTile& tile) {
   const int64_t lanes = head.lanes, d = tile.d;
   const int64_t key_rows = (tile.n + kAmxRows - 1) / kAmxRows * kAmxRows;
@@ -608,6 +626,20 @@ bool key_ranges(const Geometry& geo, const Item& item, int64_t kb, int64_t n, in
   return partial;
 }
 
+// transpose_words_wide where the kernels are wide, element by element (only to cols and n)
+// where they are narrow.
+void transpose_words(Isa isa, const void* src, int64_t n, int64_t cols, int64_t src_stride,
+                     void* dst, int64_t dst_stride) {
+  const auto* from = static_cast<const uint32_t*>(src);
+  auto* to = static_cast<uint32_t*>(dst);
+#if GNOMON_HAS_WIDE_KERNELS
+  if (isa != Isa::Narrow) return transpose_words_wide(from, n, cols, src_stride, to, dst_stride);
+#endif
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < cols; ++c) to[c * dst_stride + r] = from[r * src_stride + c];
+  }
+}
+
 void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out,
                     float* partials) {
   const int64_t d = geo.head_dim, stride = geo.padded(), heads = item.heads;
@@ -621,6 +653,7 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
   const int64_t head_floats = 2 * d * lanes + 2 * lanes;
   const int64_t tile_floats = 2 * kLanesKeys * d + kLanesKeys * lanes + kLanesKeys / 2 * lanes + lanes;
   sc.lanes.assign(heads * head_floats, 0.0f);
+  sc.q.resize(head_rows * stride);  // a head's query rows, padded
   sc.tiles.assign(heads * tile_floats, 0.0f);
   sc.lo.assign(lanes, 0);
   sc.hi.assign(lanes, 0);
@@ -639,20 +672,18 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
                         scores + kLanesKeys * lanes + kLanesKeys / 2 * lanes, sc.lo.data(),
                         sc.hi.data(), 0, d, geo.scale, false};
     // Q^T: head dims (or, for the dot path, pairs of them) down, rows across
-    std::vector<float> row(d);
     for (int64_t r = 0; r < head_rows; ++r) {
       const int64_t i = r / geo.group, g = item.g0 + h;
       const char* q = geo.query + ((item.token + i) * geo.query_token_stride +
                                    (g * geo.group + r % geo.group) * d) *
                                       geo.elem;
       if (dot) {
-        uint32_t* qt = reinterpret_cast<uint32_t*>(head[h].qt);
-        for (int64_t e = 0; e < d / 2; ++e) std::memcpy(qt + e * lanes + r, q + 4 * e, 4);
+        std::memcpy(sc.q.data() + r * stride, q, d * 2);
       } else {
-        load_floats(q, geo.dtype, row.data(), d);
-        for (int64_t e = 0; e < d; ++e) head[h].qt[e * lanes + r] = row[e];
+        load_floats(q, geo.dtype, sc.q.data() + r * stride, d);
       }
     }
+    transpose_words(geo.isa, sc.q.data(), head_rows, dot ? d / 2 : d, stride, head[h].qt, lanes);
   }
 
   // Each key's cache element (of the item's first KV head), for this tile and the next
@@ -725,9 +756,9 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
   sc.acc.assign(rows * stride, 0.0f);
   sc.state.resize(rows);
   for (int64_t h = 0; h < heads; ++h) {
+    transpose_words(geo.isa, head[h].ot, d, head_rows, lanes,
+                    sc.acc.data() + h * head_rows * stride, stride);
     for (int64_t r = 0; r < head_rows; ++r) {
-      float* acc = sc.acc.data() + (h * head_rows + r) * stride;
-      for (int64_t e = 0; e < d; ++e) acc[e] = head[h].ot[e * lanes + r];
       sc.state[h * head_rows + r] = math::OnlineSoftmax{head[h].max[r], head[h].sum[r]};
     }
   }
