@@ -104,10 +104,20 @@ GNOMON_INLINE void amx_c_begin(const float* c, int64_t lanes, bool accumulate) {
     }
   });
 }
+// How far ahead (in pairs) amx_products fetches B's rows where B has more than 16 lanes: its
+// tiles then read a 64-byte part of each row, strides the hardware prefetchers did not follow
+// (fused_moe T=256 measured 0.93x the time); 16-lane rows are consecutive lines, which they do.
+constexpr int64_t kBPrefetchPairs = 16;
 template <int RT, int CT, int C0, typename After>
 GNOMON_INLINE void amx_products(const uint32_t* a, int64_t ai, const uint32_t* b, int64_t lanes,
                                 int64_t pairs, const After& after_step) {
   for (int64_t p = 0; p < pairs; p += kAmxPairs) {
+    if (lanes > 16 && p + kBPrefetchPairs < pairs) {
+      const uint32_t* next = b + (p + kBPrefetchPairs) * lanes;
+      for (int64_t q = 0; q < kAmxPairs; ++q) {
+        for (int j = 0; j < CT; ++j) __builtin_prefetch(next + q * lanes + j * 16);
+      }
+    }
     for_tiles<RT, 1>([&](auto i, auto) { tile_load<4 + i>(a + i * kAmxRows * ai + p, ai * 4); });
     for_tiles<1, CT>([&](auto, auto j) { tile_load<6 + j>(b + p * lanes + j * 16, lanes * 4); });
     for_tiles<RT, CT>([&](auto i, auto j) { tile_dot<C0 + i * CT + j, 4 + i, 6 + j>(); });
