@@ -12,12 +12,14 @@
 //
 // Scores and value updates run on 16-float vectors (GCC/Clang vector extensions) in functions
 // cloned for AVX-512, AVX2 and the baseline. bfloat16 keys are scored straight from the cache with
-// AVX512-BF16 dot products where the CPU has them.
+// AVX512-BF16 dot products where the CPU has them. Prefill items with enough rows per KV head run
+// the rows-in-lanes tile kernels of attention_lanes.cpp instead.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,8 +27,8 @@
 #include "core/scalar_math.h"
 #include "core/simd.h"
 #include "core/threads.h"
+#include "cpu/attention_lanes.h"
 #include "cpu/kernels.h"
-#include "cpu/lanes_gemm.h"
 #include "cpu/vec.h"
 
 
@@ -61,7 +63,6 @@ constexpr int64_t kRowsPerTile = 64;    // (query, head) rows per prefill work i
 // ... on AMX tiles, where the products cost little against reading the item's keys and values
 constexpr int64_t kAmxRowsPerTile = 256;
 constexpr int64_t kMinSplitKeys = 64;   // a key-range split is never shorter than this
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Decode tiles run on 16-float vectors in every clone (one zmm, two ymm, four xmm).
 using f32x16 = Wide::F;
@@ -266,247 +267,6 @@ GNOMON_TARGET_BF16 void score_tile_bf16(int64_t pairs, int64_t rows, const uint1
 
 #endif
 
-// ---- prefill with the rows in the lanes ---------------------------------------------------------
-//
-// An item with at least kLanesMinRows rows per KV head runs each key tile as two register-blocked
-// GEMMs with its (query, head) rows in the vector lanes: S^T = K Q^T, then O^T += V^T P^T. With
-// rows in lanes the online softmax is vertical (a row's max and sum over the tile are lane-wise
-// max and add across the tile's score vectors), and both products broadcast one element of K or
-// V against vectors of Q^T or P^T, so nothing is summed across lanes. Q^T and O^T are built and
-// taken apart once per item; each key tile is copied dense once and shared by all of the rows.
-// With AVX512-BF16 and bfloat16 data both products are bf16 dot products (pairs of head dims for
-// S, pairs of keys for O, so P is rounded to bfloat16), accumulated in float32.
-
-constexpr int64_t kLanesMinRows = 16;
-constexpr int64_t kLanesKeys = 64;  // keys per tile: each tile reads and writes O^T once
-
-// One KV head's share of a lanes item: `lanes` rows padded to whole vectors (padding rows see no
-// key), their transposed query, output and softmax state, and the current key tile, dense.
-struct LanesHead {
-  int64_t lanes;
-  float* qt;         // [D][lanes] floats, or [D/2][lanes] bf16 pairs (dot path)
-  float* ot;         // [D][lanes]
-  float* max;        // [lanes]
-  float* sum;        // [lanes]
-};
-
-struct LanesTile {
-  const void* keys;    // [kLanesKeys][D] float32, or bf16 (dot path)
-  const void* values;  // [kLanesKeys][D] float32, or [kLanesKeys / 2][D] bf16 key pairs (dot path),
-                       // or [D][kLanesKeys / 2] (AMX)
-  float* scores;       // [kLanesKeys][lanes]: S^T, then P^T
-  uint32_t* p_pairs;   // [kLanesKeys / 2][lanes] (dot path)
-  float* alpha;        // [lanes]: this tile's rescale of each row's output
-  const int32_t* lo;   // [lanes]
-  const int32_t* hi;
-  int64_t n, d;
-  float scale;
-  bool masked;  // some row sees only part of the tile's keys
-};
-
-// The online softmax of one key tile in lanes, on S^T in tile.scores (rows past n unread): masks,
-// scales and exponentiates into P^T (in place, or with kDot rounded to bf16 and paired by keys
-// in tile.p_pairs), updates each row's max and sum and leaves its rescale of O^T in tile.alpha.
-// A row's max moves only when the tile's exceeds it by more than kMaxSlack: P then stays below
-// 2^8 (far from any overflow, in fp32 and in bf16), and most tiles after the first leave every
-// alpha at exactly 1, so the pass that rescales O^T is skipped.
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kMaxSlack = 8.0f / kLog2e;  // 2^8 in p
-
-template <typename V, bool kDot>
-GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
-  using F = typename V::F;
-  using I = typename V::I;
-  const int64_t lanes = head.lanes;
-  const F neg_inf = F{} + kNegInf;
-  const float scale2 = tile.scale * kLog2e;  // p = 2^(s scale2 - max log2(e))
-  for (int64_t lane = 0; lane < lanes; lane += V::L) {
-    F block_max = neg_inf;
-    if (tile.masked) {  // on the diagonal or the window's edge: -inf outside each row's range
-      const I lo = load<I>(tile.lo + lane), hi = load<I>(tile.hi + lane);
-      for (int32_t j = 0; j < tile.n; ++j) {
-        float* row = tile.scores + j * lanes + lane;
-        const F s = select((lo <= j) & (j < hi), load<F>(row), neg_inf);
-        store(row, s);
-        block_max = max(block_max, s * tile.scale);
-      }
-    } else {
-      for (int64_t j = 0; j < tile.n; ++j) {
-        block_max = max(block_max, load<F>(tile.scores + j * lanes + lane) * tile.scale);
-      }
-    }
-    const F old_max = load<F>(head.max + lane);
-    const F new_max = select(block_max > old_max + kMaxSlack, block_max, old_max);
-    const F shift = select(new_max == neg_inf, F{}, new_max);  // all -inf so far: p = 0, not NaN
-    // exactly 1 where the max stayed (a difference, not a fused multiply-add, so no rounding)
-    const F alpha = exp2_below_128<V>((old_max - shift) * kLog2e);
-    const F shift2 = shift * kLog2e;
-    auto p = [&](int64_t j) {
-      return exp2_below_128<V>(load<F>(tile.scores + j * lanes + lane) * scale2 - shift2);
-    };
-    F total = F{};
-    if constexpr (kDot) {
-      // P^T rounded to bf16 and paired by keys, as V's rows are (the pair past an odd n is 0)
-      for (int64_t q = 0; 2 * q < tile.n; ++q) {
-        const F even = p(2 * q), odd = 2 * q + 1 < tile.n ? p(2 * q + 1) : F{};
-        total += even + odd;
-        store(tile.p_pairs + q * lanes + lane, bf16_pairs<V>(even, odd));
-      }
-    } else {
-      for (int64_t j = 0; j < tile.n; ++j) {
-        const F pj = p(j);
-        store(tile.scores + j * lanes + lane, pj);
-        total += pj;
-      }
-    }
-    store(head.max + lane, new_max);
-    store(head.sum + lane, load<F>(head.sum + lane) * alpha + total);
-    store(tile.alpha + lane, alpha);
-  }
-}
-
-// One key tile of one KV head: scores, the online softmax in lanes, and the value update, in
-// register blocks of NI x RV vectors.
-template <typename V, bool kDot, int RV, int NI>
-GNOMON_INLINE void lanes_tile(const LanesHead& head, const LanesTile& tile) {
-  const int64_t lanes = head.lanes, d = tile.d;
-  // S^T[j][r] = sum over head dims of K[j][e] Q^T[e][r]
-  lanes_gemm<V, kDot, RV, NI>(tile.n, tile.keys, kDot ? d / 2 : d, 1, kDot ? d / 2 : d, head.qt,
-                              tile.scores, lanes, nullptr);
-  lanes_softmax<V, kDot>(head, tile);
-  if constexpr (kDot) {
-    // O^T[e][r] = alpha[r] O^T[e][r] + sum over key pairs of V2[q][e] . P2^T[q][r]
-    lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, (tile.n + 1) / 2, tile.p_pairs, head.ot,
-                                lanes, tile.alpha);
-  } else {
-    lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, tile.n, tile.scores, head.ot, lanes,
-                                tile.alpha);
-  }
-}
-
-GNOMON_SIMD_CLONES void lanes_tile_narrow(const LanesHead& head, const LanesTile& tile) {
-  lanes_tile<Narrow, false, 2, 6>(head, tile);  // 12 accumulators of 16 registers
-}
-#if GNOMON_HAS_WIDE_KERNELS
-GNOMON_TARGET_WIDE void lanes_tile_wide(const LanesHead& head, const LanesTile& tile) {
-  lanes_tile<Wide, false, 4, 4>(head, tile);
-}
-GNOMON_TARGET_BF16 void lanes_tile_bf16(const LanesHead& head, const LanesTile& tile) {
-  lanes_tile<Wide, true, 4, 4>(head, tile);
-}
-
-// ---- the same on AMX tiles (head dims a multiple of 32) ----------------------------------------
-//
-// S^T = K Q^T takes the dense key tile as A; O^T = alpha O^T + V^T P^T takes the values
-// transposed into pairs of keys per head dim (tile.values: [d][kLanesKeys / 2] words, zero past
-// n), so both products run as tile products; the softmax between them stays in the vector lanes.
-
-// The 16 x 16 matrix of words in m, transposed: four butterfly stages, each swapping bit s of
-// the row index with bit s of the column index (one two-source permute per row).
-GNOMON_INLINE void transpose16(Wide::U* m) {
-  using U = Wide::U;
-  for (int b = 8; b > 0; b /= 2) {
-    U low, high;
-    for (int c = 0; c < 16; ++c) {
-      low[c] = (c & b) ? 16 + c - b : c;
-      high[c] = (c & b) ? 16 + c : c + b;
-    }
-    for (int i = 0; i < 16; ++i) {
-      if (i & b) continue;
-      const U a = m[i], c = m[i + b];
-      m[i] = __builtin_shuffle(a, c, low);
-      m[i + b] = __builtin_shuffle(a, c, high);
-    }
-  }
-}
-
-// Value rows (bf16, d each; row n and later read as zeros) as pairs of keys per head dim:
-// out[e][q] = rows[2q][e] | rows[2q + 1][e] << 16 for q < kLanesKeys / 2.
-GNOMON_TARGET_AMX void pair_columns_bf16(const uint16_t* const* rows, int64_t n, int64_t d,
-                                         uint32_t* out) {
-  constexpr int64_t Q = kLanesKeys / 2;
-  for (int64_t q0 = 0; q0 < Q; q0 += 16) {
-    for (int64_t e0 = 0; e0 < d; e0 += 16) {
-      Wide::U m[16];
-      for (int64_t i = 0; i < 16; ++i) {
-        const int64_t k = 2 * (q0 + i);
-        const Wide::U even = k < n ? widen<Wide>(rows[k] + e0) : Wide::U{};
-        const Wide::U odd = k + 1 < n ? widen<Wide>(rows[k + 1] + e0) : Wide::U{};
-        m[i] = even | (odd << 16);
-      }
-      transpose16(m);
-      for (int64_t i = 0; i < 16; ++i) store(out + (e0 + i) * Q + q0, m[i]);
-    }
-  }
-}
-
-// dst[c][r] = src[r][c] for r < n and c < cols, 32-bit words in 16 x 16 blocks: src rows
-// (src_stride words apart) are read to cols rounded up to 16, and dst rows (dst_stride apart)
-// are written to n rounded up to 16, zeros past n.
-GNOMON_TARGET_WIDE void transpose_words_wide(const uint32_t* src, int64_t n, int64_t cols,
-                                             int64_t src_stride, uint32_t* dst,
-                                             int64_t dst_stride) {
-  for (int64_t r0 = 0; r0 < n; r0 += 16) {
-    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-      Wide::U m[16];
-      for (int64_t i = 0; i < 16; ++i) {
-        m[i] = r0 + i < n ? load<Wide::U>(src + (r0 + i) * src_stride + c0) : Wide::U{};
-      }
-      transpose16(m);
-      for (int64_t i = 0; i < 16 && c0 + i < cols; ++i) store(dst + (c0 + i) * dst_stride + r0, m[i]);
-    }
-  }
-}
-
-GNOMON_TARGET_AMX void lanes_tile_amx(const LanesHead& head, const LanesTile& tile) {
-  const int64_t lanes = head.lanes, d = tile.d;
-  const int64_t key_rows = (tile.n + kAmxRows - 1) / kAmxRows * kAmxRows;
-  const int64_t key_pairs = ((tile.n + 1) / 2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs;
-  auto nothing = [](int64_t, int64_t) {};
-  amx_begin();
-  amx_gemm(key_rows, static_cast<const uint32_t*>(tile.keys), d / 2,
-           reinterpret_cast<const uint32_t*>(head.qt), lanes, d / 2, tile.scores, false, nothing);
-  lanes_softmax<Wide, true>(head, tile);
-  for (int64_t lane = 0; lane < lanes; lane += Wide::L) {
-    const Wide::F alpha = load<Wide::F>(tile.alpha + lane);
-    const Wide::I unchanged = alpha == 1.0f;
-    bool all = true;
-    for (int i = 0; i < Wide::L; ++i) all = all && unchanged[i] != 0;
-    if (all) continue;  // no row's max moved
-    for (int64_t e = 0; e < d; ++e) {
-      float* o = head.ot + e * lanes + lane;
-      store(o, load<Wide::F>(o) * alpha);
-    }
-  }
-  // pairs past n: zero values against P pairs of earlier tiles (finite)
-  amx_gemm(d, static_cast<const uint32_t*>(tile.values), kLanesKeys / 2, tile.p_pairs, lanes,
-           key_pairs, head.ot, true, nothing);
-  amx_end();
-}
-
-// Rows 2q and 2q + 1 of `rows` (bf16, d each; row n and later read as zeros) as 32-bit pairs:
-// out[q][e] = rows[2q][e] | rows[2q + 1][e] << 16.
-GNOMON_TARGET_BF16 void pair_rows_bf16(const uint16_t* const* rows, int64_t n, int64_t d,
-                                       uint32_t* out) {
-  typedef uint16_t u16x32 __attribute__((vector_size(64)));
-  const u16x32 low = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
-                      8,  40, 9,  41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  const u16x32 high = low + 16;
-  for (int64_t q = 0; 2 * q < n; ++q) {
-    const uint16_t* even = rows[2 * q];
-    const uint16_t* odd = 2 * q + 1 < n ? rows[2 * q + 1] : nullptr;
-    uint32_t* dst = out + q * d;
-    int64_t e = 0;
-    for (; odd != nullptr && e + 32 <= d; e += 32) {
-      const u16x32 a = load<u16x32>(even + e), b = load<u16x32>(odd + e);
-      store(dst + e, __builtin_shuffle(a, b, low));
-      store(dst + e + 16, __builtin_shuffle(a, b, high));
-    }
-    for (; e < d; ++e) dst[e] = even[e] | (odd != nullptr ? uint32_t{odd[e]} << 16 : 0u);
-  }
-}
-#endif
-
 // The call's geometry, shared by every work item.
 struct Geometry {
   const char* query;
@@ -626,20 +386,6 @@ bool key_ranges(const Geometry& geo, const Item& item, int64_t kb, int64_t n, in
   return partial;
 }
 
-// transpose_words_wide where the kernels are wide, element by element (only to cols and n)
-// where they are narrow.
-void transpose_words(Isa isa, const void* src, int64_t n, int64_t cols, int64_t src_stride,
-                     void* dst, int64_t dst_stride) {
-  const auto* from = static_cast<const uint32_t*>(src);
-  auto* to = static_cast<uint32_t*>(dst);
-#if GNOMON_HAS_WIDE_KERNELS
-  if (isa != Isa::Narrow) return transpose_words_wide(from, n, cols, src_stride, to, dst_stride);
-#endif
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t c = 0; c < cols; ++c) to[c * dst_stride + r] = from[r * src_stride + c];
-  }
-}
-
 void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out,
                     float* partials) {
   const int64_t d = geo.head_dim, stride = geo.padded(), heads = item.heads;
@@ -727,28 +473,7 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
                       d);
         }
       }
-      switch (geo.isa) {
-#if GNOMON_HAS_WIDE_KERNELS
-        case Isa::Amx:
-          if (geo.bf16_dot) {  // bf16 and head dims a multiple of 32
-            pair_columns_bf16(value_rows.data(), n, d,
-                              reinterpret_cast<uint32_t*>(const_cast<void*>(t.values)));
-            lanes_tile_amx(head[h], t);
-            break;
-          }
-          [[fallthrough]];
-        case Isa::WideBf16:
-          if (dot) {
-            pair_rows_bf16(value_rows.data(), n, d,
-                           reinterpret_cast<uint32_t*>(const_cast<void*>(t.values)));
-            lanes_tile_bf16(head[h], t);
-            break;
-          }
-          [[fallthrough]];
-        case Isa::Wide: lanes_tile_wide(head[h], t); break;
-#endif
-        default: lanes_tile_narrow(head[h], t); break;
-      }
+      run_lanes_tile(geo.isa, geo.bf16_dot, dot, value_rows.data(), head[h], t);
     }
   }
 
@@ -986,11 +711,12 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
   for (const Item& item : items) group_cost[group(item)] += item.cost();
   std::vector<int64_t> order(items.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    const int64_t ga = group(items[a]), gb = group(items[b]);
-    if (ga != gb) return group_cost[ga] != group_cost[gb] ? group_cost[ga] > group_cost[gb] : ga < gb;
-    return items[a].cost() > items[b].cost();
-  });
+  auto rank = [&](int64_t i) {
+    const int64_t g = group(items[i]);
+    return std::make_tuple(-group_cost[g], g, -items[i].cost());
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return rank(a) < rank(b); });
 
   std::vector<float> partials(partial_floats);
   parallel_for(static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
