@@ -214,8 +214,11 @@ struct AmxChunkDecoder {
   int nr;
   int64_t K, depth;
   uint32_t* panel;
+  int64_t slots;
 
-  uint32_t* chunk(int64_t index) const { return panel + index * kAmxLanesRows * kAmxChunk; }
+  uint32_t* chunk(int64_t index) const {
+    return panel + index % slots * kAmxLanesRows * kAmxChunk;
+  }
 
   GNOMON_TARGET_AMX void operator()(int64_t index, int64_t r0, int64_t r1) const {
     const int64_t p0 = index * kAmxChunk, pairs = std::min(kAmxChunk, depth - p0);
@@ -226,8 +229,9 @@ struct AmxChunkDecoder {
       } else if constexpr (std::is_same_v<Rows, Mxfp4Rows<Wide>>) {
         // K % 32 == 0: depth is K / 2 and a chunk whole blocks, so the bare loop (measured
         // ~1.3x faster at 16 lanes than through decode_pairs' bounds)
-        decode_mxfp4_pairs(static_cast<const uint8_t*>(rows[r]) + p0, scales[r] + p0 / 16,
-                           pairs / 16, row);
+        const uint8_t* bytes = static_cast<const uint8_t*>(rows[r]) + p0;
+        decode_mxfp4_pairs(bytes, scales[r] + p0 / 16, pairs / 16, row);
+        __builtin_prefetch(bytes + nr * K / 2, 0, 1);
       } else {
         decode_pairs<Wide, Rows>(rows[r], scales[r], K, 2 * p0, 2 * (p0 + pairs), row);
       }
@@ -244,7 +248,8 @@ GNOMON_TARGET_AMX void lanes_rows_amx(const void* const* rows, const uint8_t* co
                                       float* c) {
   const int64_t depth = amx_depth(K), chunks = (depth + kAmxChunk - 1) / kAmxChunk;
   const int64_t padded = (nr + kAmxRows - 1) / kAmxRows * kAmxRows;
-  const AmxChunkDecoder<Rows> decode{rows, scales, nr, K, depth, static_cast<uint32_t*>(panel)};
+  const AmxChunkDecoder<Rows> decode{rows, scales, nr, K, depth, static_cast<uint32_t*>(panel),
+                                     lanes <= 32 ? 2 : chunks};
   struct DecodeNext {
     const AmxChunkDecoder<Rows>& decode;
     int64_t next, padded;
