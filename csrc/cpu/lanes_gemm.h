@@ -118,9 +118,13 @@ GNOMON_INLINE void amx_products(const uint32_t* a, int64_t ai, const uint32_t* b
         for (int j = 0; j < CT; ++j) __builtin_prefetch(next + q * lanes + j * 16);
       }
     }
-    for_tiles<RT, 1>([&](auto i, auto) { tile_load<4 + i>(a + i * kAmxRows * ai + p, ai * 4); });
+    // B first, then each A tile with its products: the first product waits for one A load, not
+    // all of them (chunked prefill A/B 0.945x the time, mxfp4_gemm M=8 0.98x)
     for_tiles<1, CT>([&](auto, auto j) { tile_load<6 + j>(b + p * lanes + j * 16, lanes * 4); });
-    for_tiles<RT, CT>([&](auto i, auto j) { tile_dot<C0 + i * CT + j, 4 + i, 6 + j>(); });
+    for_tiles<RT, 1>([&](auto i, auto) {
+      tile_load<4 + i>(a + i * kAmxRows * ai + p, ai * 4);
+      for_tiles<1, CT>([&](auto, auto j) { tile_dot<C0 + i * CT + j, 4 + i, 6 + j>(); });
+    });
     after_step(p / kAmxPairs, pairs / kAmxPairs);
   }
 }
