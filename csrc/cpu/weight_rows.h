@@ -113,14 +113,13 @@ constexpr int64_t kPrefetchBytes = 256;  // how far ahead of its decode a row is
 // `blocks` MXFP4 blocks (16 bytes, one scale each) as 16 bf16 pairs each. A block's bytes widen
 // to 16 words; (word | word << 12) holds the low nibble's code in its low half and the high
 // nibble's in its high half, and one word permute (vpermw, through the block scale's table)
-// turns both halves into the pair. Wide (AVX-512) callers only.
+// turns both halves into the pair. With `fetch_ahead` the row is fetched kPrefetchBytes ahead,
+// once per 32 bytes (every line however the row is aligned). Wide (AVX-512) callers only.
 GNOMON_INLINE void decode_mxfp4_pairs(const uint8_t* bytes, const uint8_t* scales, int64_t blocks,
-                                      uint32_t* out) {
+                                      uint32_t* out, bool fetch_ahead) {
   typedef uint16_t Words __attribute__((vector_size(64)));
   for (int64_t i = 0; i < blocks; ++i) {
-    // Callers decode rows a chunk at a time, more rows than the hardware prefetchers follow;
-    // one fetch per 32 bytes covers every line however the row is aligned
-    if (i % 2 == 0) __builtin_prefetch(bytes + 16 * i + kPrefetchBytes);
+    if (fetch_ahead && i % 2 == 0) __builtin_prefetch(bytes + 16 * i + kPrefetchBytes);
     const Wide::U codes = widen<Wide>(bytes + 16 * i);
     const Words index = bit_cast<Words>(codes | (codes << 12));
     Words pairs;
@@ -143,7 +142,7 @@ GNOMON_INLINE void decode_pairs(const void* row, const uint8_t* scales, int64_t 
   if constexpr (std::is_same_v<Rows, Mxfp4Rows<V>>) {
     static_assert(V::L == 16);
     decode_mxfp4_pairs(static_cast<const uint8_t*>(row) + k0 / 2, scales + k0 / 32,
-                       (end - k0) / 32, out);
+                       (end - k0) / 32, out, true);
   } else {  // bf16 rows are bf16 pairs already
     const char* next = static_cast<const char*>(row) + 2 * end + kPrefetchBytes;
     for (int64_t line = 0; line < 2 * (end - k0); line += 64) __builtin_prefetch(next - line);
@@ -207,8 +206,8 @@ inline int64_t amx_panel_words(int64_t K) {
 }
 
 // Rows [r0, r1) of chunk `index` (kAmxChunk pairs, fewer in the last) as bf16 pairs into the
-// panel, rows past nr zero.
-template <typename Rows>
+// panel, rows past nr zero. kNextPanel: the caller's next panel is the nr rows after these.
+template <typename Rows, bool kNextPanel>
 struct AmxChunkDecoder {
   const void* const* rows;
   const uint8_t* const* scales;
@@ -234,11 +233,13 @@ struct AmxChunkDecoder {
       } else if constexpr (std::is_same_v<Rows, Mxfp4Rows<Wide>>) {
         // K % 32 == 0: depth is K / 2 and a chunk whole blocks, so the bare loop (measured
         // ~1.3x faster at 16 lanes than through decode_pairs' bounds)
+        // With kNextPanel each line is fetched into L2 a panel ahead (rows are K/2 bytes apart)
+        // by the decode of the same chunk a panel before, and fetches within the row then only
+        // cost (mxfp4_gemm M=8: 0.95x the time without them; fused_moe, whose next panel lies
+        // elsewhere, 1.06x)
         const uint8_t* bytes = static_cast<const uint8_t*>(rows[r]) + p0;
-        decode_mxfp4_pairs(bytes, scales[r] + p0 / 16, pairs / 16, row);
-        // the same line a panel on (rows are K/2 bytes apart), into L2: else a panel's first
-        // chunk waits on memory (mxfp4_gemm M=8 measured 0.95x the time with it)
-        __builtin_prefetch(bytes + next_panel, 0, 1);
+        decode_mxfp4_pairs(bytes, scales[r] + p0 / 16, pairs / 16, row, !kNextPanel);
+        if (kNextPanel) __builtin_prefetch(bytes + next_panel, 0, 1);
       } else {
         decode_pairs<Wide, Rows>(rows[r], scales[r], K, 2 * p0, 2 * (p0 + pairs), row);
       }
@@ -249,16 +250,16 @@ struct AmxChunkDecoder {
 // Each block of up to 2 x 2 C tiles (the panel's rows by 32 lanes) stays in the tiles over all
 // of K. The first block decodes chunk i + 1 while its products over chunk i run, a share of the
 // rows after each step; the later blocks read the decoded panel (in L2).
-template <typename Rows>
+template <typename Rows, bool kNextPanel = false>
 GNOMON_TARGET_AMX void lanes_rows_amx(const void* const* rows, const uint8_t* const* scales, int nr,
                                       const void* b, int64_t lanes, int64_t K, void* panel,
                                       float* c) {
   const int64_t depth = amx_depth(K), chunks = (depth + kAmxChunk - 1) / kAmxChunk;
   const int64_t padded = (nr + kAmxRows - 1) / kAmxRows * kAmxRows;
-  const AmxChunkDecoder<Rows> decode{rows, scales, nr, K, depth, static_cast<uint32_t*>(panel),
+  const AmxChunkDecoder<Rows, kNextPanel> decode{rows, scales, nr, K, depth, static_cast<uint32_t*>(panel),
                                      lanes <= 32 ? 2 : chunks};
   struct DecodeNext {
-    const AmxChunkDecoder<Rows>& decode;
+    const AmxChunkDecoder<Rows, kNextPanel>& decode;
     int64_t next, padded;
     GNOMON_TARGET_AMX void operator()(int64_t step, int64_t steps) const {
       if (next >= 0) decode(next, padded * step / steps, padded * (step + 1) / steps);
