@@ -114,7 +114,8 @@ constexpr int64_t kPrefetchBytes = 256;  // how far ahead of its decode a row is
 // to 16 words; (word | word << 12) holds the low nibble's code in its low half and the high
 // nibble's in its high half, and one word permute (vpermw, through the block scale's table)
 // turns both halves into the pair. With `fetch_ahead` the row is fetched kPrefetchBytes ahead,
-// once per 32 bytes (every line however the row is aligned). Wide (AVX-512) callers only.
+// once per 32 bytes (every line however the row is aligned): callers decode many rows a chunk at
+// a time, more streams than the hardware prefetchers follow. Wide (AVX-512) callers only.
 GNOMON_INLINE void decode_mxfp4_pairs(const uint8_t* bytes, const uint8_t* scales, int64_t blocks,
                                       uint32_t* out, bool fetch_ahead) {
   typedef uint16_t Words __attribute__((vector_size(64)));
@@ -232,11 +233,10 @@ struct AmxChunkDecoder {
         std::memset(row, 0, pairs * sizeof(uint32_t));
       } else if constexpr (std::is_same_v<Rows, Mxfp4Rows<Wide>>) {
         // K % 32 == 0: depth is K / 2 and a chunk whole blocks, so the bare loop (measured
-        // ~1.3x faster at 16 lanes than through decode_pairs' bounds)
-        // With kNextPanel each line is fetched into L2 a panel ahead (rows are K/2 bytes apart)
-        // by the decode of the same chunk a panel before, and fetches within the row then only
-        // cost (mxfp4_gemm M=8: 0.95x the time without them; fused_moe, whose next panel lies
-        // elsewhere, 1.06x)
+        // ~1.3x faster at 16 lanes than through decode_pairs' bounds). With kNextPanel the
+        // decode fetches the same line of the row a panel on into L2 (rows are K/2 bytes apart)
+        // instead of fetching ahead within the row: mxfp4_gemm M=8 measured 0.95x the time, and
+        // fused_moe, whose next panel lies elsewhere, 1.06x.
         const uint8_t* bytes = static_cast<const uint8_t*>(rows[r]) + p0;
         decode_mxfp4_pairs(bytes, scales[r] + p0 / 16, pairs / 16, row, !kNextPanel);
         if (kNextPanel) __builtin_prefetch(bytes + next_panel, 0, 1);
@@ -256,8 +256,8 @@ GNOMON_TARGET_AMX void lanes_rows_amx(const void* const* rows, const uint8_t* co
                                       float* c) {
   const int64_t depth = amx_depth(K), chunks = (depth + kAmxChunk - 1) / kAmxChunk;
   const int64_t padded = (nr + kAmxRows - 1) / kAmxRows * kAmxRows;
-  const AmxChunkDecoder<Rows, kNextPanel> decode{rows, scales, nr, K, depth, static_cast<uint32_t*>(panel),
-                                     lanes <= 32 ? 2 : chunks};
+  const AmxChunkDecoder<Rows, kNextPanel> decode{
+      rows, scales, nr, K, depth, static_cast<uint32_t*>(panel), lanes <= 32 ? 2 : chunks};
   struct DecodeNext {
     const AmxChunkDecoder<Rows, kNextPanel>& decode;
     int64_t next, padded;
