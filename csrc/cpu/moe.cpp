@@ -13,7 +13,6 @@
 // scaled by the block's E8M0 scale, indexed by a permute); no full-precision weight is built.
 // Tokens go through in chunks that bound the float32 buffers (kChunkBytes).
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -310,34 +309,6 @@ Projection make_projection(const TensorView& w, const TensorView* scales, const 
   p.bias_dtype = bias == nullptr ? DType::Float32 : bias->dtype;
   return p;
 }
-
-// Hands out work items to the threads of one parallel_for, one at a time: each thread (ticket)
-// walks its own contiguous share of the items in order, then helps with what is left of the
-// others'. parallel_for alone hands out chunks of about n / (4 threads), so one thread that the
-// OS preempts can hold up a decode call; here it holds up at most one small item, and the
-// weight streams stay contiguous per thread.
-class ItemQueue {
- public:
-  explicit ItemQueue(int64_t n)
-      : n_(n), shares_(std::max<int64_t>(1, std::min<int64_t>(n, num_threads()))),
-        next_(shares_) {
-    for (int64_t p = 0; p < shares_; ++p) next_[p].store(begin(p), std::memory_order_relaxed);
-  }
-  int64_t tickets() const { return n_ == 0 ? 0 : shares_; }
-  bool take(int64_t ticket, int64_t& item) {
-    for (int64_t i = 0; i < shares_; ++i) {
-      const int64_t p = (ticket + i) % shares_;
-      item = next_[p].fetch_add(1, std::memory_order_relaxed);
-      if (item < begin(p + 1)) return true;
-    }
-    return false;
-  }
-
- private:
-  int64_t begin(int64_t share) const { return n_ * share / shares_; }
-  const int64_t n_, shares_;
-  std::vector<std::atomic<int64_t>> next_;
-};
 
 constexpr int64_t kUpBlock = 32;     // intermediate columns per gate/up work item
 constexpr int64_t kDownBlock = 16;   // output columns per down work item
