@@ -115,10 +115,12 @@ def test_calibrate_then_simulate_with_it(tmp_path):
     assert "fitted on" in run.stdout
     doc = json.loads(cal.read_text())
     assert doc["kind"] == "gnomon.predict.calibration" and doc["info"]["bench_rows"] == 0
-    # short prompts a second apart: every step (a prompt alone, or a few decodes) is one the
-    # calibration certainly saw as its requests drained, however fast this machine ran it
+    # one-token prompts a second apart: every step is one sequence's prefill or decode (GEMMs of
+    # M = 1), as the calibration's last request ran alone. Longer prompts had GEMMs of M = 4..7,
+    # whose features the calibration covers only if its drain passed through 4 or 5 running
+    # sequences; under load one went from 6 to 3 or fewer, and the simulation was refused.
     trace = tmp_path / "t.jsonl"
-    trace.write_text("\n".join(json.dumps({"arrival_time": 1.0 * i, "prompt_tokens": 4 + i % 4,
+    trace.write_text("\n".join(json.dumps({"arrival_time": 1.0 * i, "prompt_tokens": 1,
                                            "output_tokens": 8}) for i in range(10)))
     sim = gnomon("simulate", "--model", "tiny-llama", "--hardware", "host", "--predictor",
                  f"calibrated:{cal}", "--workload", f"trace:{trace}")
