@@ -94,6 +94,10 @@ def main():
     parser.add_argument("sources", nargs="+", type=Path)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
+    names = [source.resolve().name for source in args.sources]
+    if len(set(names)) < len(names):  # one build folder per name: a build would serve twice
+        raise SystemExit(f"sources: each tree needs a name of its own (build/ab/<name>), got "
+                         f"{', '.join(names)}")
     modules = [load(build(source), i) for i, source in enumerate(args.sources)]
     torch.set_num_threads(args.threads)
     call, baseline = case_calls(args.case)
