@@ -217,20 +217,22 @@ GNOMON_TARGET_BF16 void pair_rows_bf16(const uint16_t* const* rows, int64_t n, i
 
 void run_lanes_tile(Isa isa, bool amx_dot, bool dot, const uint16_t* const* value_rows,
                     const LanesHead& head, const LanesTile& tile) {
+#if GNOMON_HAS_WIDE_KERNELS
+  // the dot paths pair the tile's value rows into tile.values here, in the order they read them
+  auto* const value_pairs = reinterpret_cast<uint32_t*>(const_cast<void*>(tile.values));
+#endif
   switch (isa) {
 #if GNOMON_HAS_WIDE_KERNELS
     case Isa::Amx:
       if (amx_dot) {
-        pair_columns_bf16(value_rows, tile.n, tile.d,
-                          reinterpret_cast<uint32_t*>(const_cast<void*>(tile.values)));
+        pair_columns_bf16(value_rows, tile.n, tile.d, value_pairs);
         lanes_tile_amx(head, tile);
         break;
       }
       [[fallthrough]];
     case Isa::WideBf16:
       if (dot) {
-        pair_rows_bf16(value_rows, tile.n, tile.d,
-                       reinterpret_cast<uint32_t*>(const_cast<void*>(tile.values)));
+        pair_rows_bf16(value_rows, tile.n, tile.d, value_pairs);
         lanes_tile_bf16(head, tile);
         break;
       }
