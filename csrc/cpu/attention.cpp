@@ -15,6 +15,7 @@
 // AVX512-BF16 dot products where the CPU has them. Prefill items with enough rows per KV head run
 // the rows-in-lanes tile kernels of attention_lanes.cpp instead.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -63,6 +64,9 @@ constexpr int64_t kRowsPerTile = 64;    // (query, head) rows per prefill work i
 // ... on AMX tiles, where the products cost little against reading the item's keys and values
 constexpr int64_t kAmxRowsPerTile = 256;
 constexpr int64_t kMinSplitKeys = 64;   // a key-range split is never shorter than this
+// A thread keeps at most this many bytes of packed key tiles (PackedKeys); later tiles of a
+// longer key range are packed for each item that reads them.
+constexpr int64_t kMaxPackedBytes = int64_t{16} << 20;
 
 // Decode tiles run on 16-float vectors in every clone (one zmm, two ymm, four xmm).
 using f32x16 = Wide::F;
@@ -284,6 +288,7 @@ struct Geometry {
   int64_t window;  // 0: none
   Isa isa;         // the kernel family this call runs
   bool bf16_dot;   // bfloat16 scores by AVX512-BF16 dot products
+  int64_t call;    // this call's number in the process: what a thread packed in another is stale
 
   int64_t padded() const { return chunks * kLanes; }
 };
@@ -305,10 +310,21 @@ struct SplitTile {
   int64_t splits;
 };
 
+// The key tiles of one group of lanes items (call, sequence, first KV head and head count, first
+// key), each in the layout its kernel family reads: keys dense, values paired or converted. The
+// group's items, one per tile of queries, read the same keys and run one after another, so a
+// thread packs each tile once for all of those it runs.
+struct PackedKeys {
+  int64_t call = -1, b = 0, g0 = 0, heads = 0, k0 = 0;
+  std::vector<int64_t> counts;  // the keys packed in each tile (0: none yet)
+  AlignedVector<float> tiles;   // [tile][head][slot floats]
+};
+
 // Per-thread scratch, grown on demand and kept for the next call.
 struct Scratch {
   std::vector<float> q, acc, keys, values, scores;
   AlignedVector<float> lanes, tiles;  // the lanes path's per-head and per-tile buffers
+  PackedKeys packed;
   std::vector<uint16_t> q_bf16;
   std::vector<math::OnlineSoftmax> state;
   std::vector<int32_t> lo, hi;
@@ -394,10 +410,10 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
   const int64_t vector = geo.isa == Isa::Narrow ? Narrow::L : Wide::L;
   const int64_t lanes = (head_rows + vector - 1) / vector * vector;
   Scratch& sc = thread_scratch();
-  // Per head: Q^T, O^T [d][lanes], max and sum [lanes]. Per head and tile: keys and values
-  // [kLanesKeys][d], scores [kLanesKeys][lanes], P pairs [kLanesKeys / 2][lanes], alpha [lanes].
+  // Per head: Q^T, O^T [d][lanes], max and sum [lanes]. Per head and tile: scores
+  // [kLanesKeys][lanes], P pairs [kLanesKeys / 2][lanes], alpha [lanes].
   const int64_t head_floats = 2 * d * lanes + 2 * lanes;
-  const int64_t tile_floats = 2 * kLanesKeys * d + kLanesKeys * lanes + kLanesKeys / 2 * lanes + lanes;
+  const int64_t tile_floats = kLanesKeys * lanes + kLanesKeys / 2 * lanes + lanes;
   sc.lanes.assign(heads * head_floats, 0.0f);
   sc.q.resize(head_rows * stride);  // a head's query rows, padded
   sc.tiles.assign(heads * tile_floats, 0.0f);
@@ -405,15 +421,13 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
   sc.hi.assign(lanes, 0);
   std::vector<LanesHead> head(heads);
   std::vector<LanesTile> tile(heads);
-  std::vector<const uint16_t*> value_rows(kLanesKeys);
   for (int64_t h = 0; h < heads; ++h) {
     float* base = sc.lanes.data() + h * head_floats;
     head[h] = LanesHead{lanes, base, base + d * lanes, base + 2 * d * lanes,
                         base + 2 * d * lanes + lanes};
     std::fill(head[h].max, head[h].max + lanes, kNegInf);
-    float* t = sc.tiles.data() + h * tile_floats;
-    float* scores = t + 2 * kLanesKeys * d;
-    tile[h] = LanesTile{t, t + kLanesKeys * d, scores,
+    float* scores = sc.tiles.data() + h * tile_floats;
+    tile[h] = LanesTile{nullptr, nullptr, scores,
                         reinterpret_cast<uint32_t*>(scores + kLanesKeys * lanes),
                         scores + kLanesKeys * lanes + kLanesKeys / 2 * lanes, sc.lo.data(),
                         sc.hi.data(), 0, d, geo.scale, false};
@@ -432,32 +446,48 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
     transpose_words(geo.isa, sc.q.data(), head_rows, dot ? d / 2 : d, stride, head[h].qt, lanes);
   }
 
-  // Each key's cache element (of the item's first KV head), for this tile and the next
+  // The group's key tiles, packed by the first of its items this thread runs: a slot per tile
+  // and head holds the keys (key_floats), then the values. Tiles from `kept` on share one slot.
+  PackedKeys& packed = sc.packed;
+  if (packed.call != geo.call || packed.b != item.b || packed.g0 != item.g0 ||
+      packed.heads != heads || packed.k0 != item.k0) {
+    packed.call = geo.call, packed.b = item.b, packed.g0 = item.g0, packed.heads = heads;
+    packed.k0 = item.k0;
+    packed.counts.clear();
+  }
+  const int64_t key_floats = kLanesKeys * d / (dot ? 2 : 1), slot_floats = 2 * key_floats;
+  const int64_t tiles = (item.k1 - item.k0 + kLanesKeys - 1) / kLanesKeys;
+  const int64_t kept = std::min(tiles, kMaxPackedBytes / (heads * slot_floats * 4));
+  if (static_cast<int64_t>(packed.counts.size()) < kept) packed.counts.resize(kept, 0);
+  packed.tiles.resize(std::max<size_t>(packed.tiles.size(), (kept + 1) * heads * slot_floats));
+  auto keys_in = [&](int64_t t) { return std::min(kLanesKeys, item.k1 - item.k0 - t * kLanesKeys); };
+  auto is_packed = [&](int64_t t) { return t < kept && packed.counts[t] == keys_in(t); };
+
+  // Each key's cache element (of the item's first KV head), for a tile and the next
   int64_t element_buffers[2][kLanesKeys];
   int64_t* elements = element_buffers[0];
   int64_t* next_elements = element_buffers[1];
-  auto tile_elements = [&](int64_t kb, int64_t* out) {
-    const int64_t count = std::max<int64_t>(0, std::min(kLanesKeys, item.k1 - kb));
+  int64_t next_tile = -1;  // the tile whose elements next_elements holds
+  auto tile_elements = [&](int64_t t, int64_t* out) {
+    const int64_t kb = item.k0 + t * kLanesKeys, count = std::max<int64_t>(0, keys_in(t));
     for (int64_t j = 0; j < count; ++j) out[j] = key_element(geo, item, kb + j);
     return count;
   };
-  int64_t next_n = tile_elements(item.k0, next_elements);
-  for (int64_t kb = item.k0; kb < item.k1; kb += kLanesKeys) {
-    const int64_t n = std::min(kLanesKeys, item.k1 - kb);
+  std::vector<const uint16_t*> value_rows(kLanesKeys);
+  auto pack = [&](int64_t t, float* slots) {
+    if (next_tile != t) tile_elements(t, next_elements);
     std::swap(elements, next_elements);
-    next_n = tile_elements(kb + kLanesKeys, next_elements);
-    const bool masked = key_ranges(geo, item, kb, n, sc.lo.data(), sc.hi.data());
+    // the next tile's rows (scattered over the blocks) are fetched while this one is packed
+    const int64_t next_n = is_packed(t + 1) ? 0 : tile_elements(t + 1, next_elements);
+    next_tile = next_n > 0 ? t + 1 : -1;
+    const int64_t n = keys_in(t), key_bytes = d * (dot ? 2 : 4);
     for (int64_t h = 0; h < heads; ++h) {
-      LanesTile& t = tile[h];
-      t.n = n;
-      t.masked = masked;
-      char* keys = static_cast<char*>(const_cast<void*>(t.keys));
-      const int64_t key_bytes = d * (dot ? 2 : 4);
+      float* slot = slots + h * slot_floats;
       for (int64_t j = 0; j < n; ++j) {
         const int64_t element = elements[j] + h * d;
         const char* k = geo.key_cache + element * geo.elem;
         const char* v = geo.value_cache + element * geo.elem;
-        if (j < next_n) {  // the next tile's rows, scattered over the blocks
+        if (j < next_n) {
           const int64_t next = (next_elements[j] + h * d) * geo.elem;
           for (int64_t line = 0; line < d * geo.elem; line += 64) {
             __builtin_prefetch(geo.key_cache + next + line);
@@ -465,15 +495,30 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
           }
         }
         if (dot) {
-          std::memcpy(keys + j * key_bytes, k, key_bytes);
+          std::memcpy(reinterpret_cast<char*>(slot) + j * key_bytes, k, key_bytes);
           value_rows[j] = reinterpret_cast<const uint16_t*>(v);
         } else {
-          load_floats(k, geo.dtype, reinterpret_cast<float*>(keys) + j * d, d);
-          load_floats(v, geo.dtype, const_cast<float*>(static_cast<const float*>(t.values)) + j * d,
-                      d);
+          load_floats(k, geo.dtype, slot + j * d, d);
+          load_floats(v, geo.dtype, slot + key_floats + j * d, d);
         }
       }
-      run_lanes_tile(geo.isa, geo.bf16_dot, dot, value_rows.data(), head[h], t);
+      if (dot) pair_values(geo.isa, geo.bf16_dot, value_rows.data(), n, d, slot + key_floats);
+    }
+    if (t < kept) packed.counts[t] = n;
+  };
+
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t kb = item.k0 + t * kLanesKeys, n = keys_in(t);
+    float* slots = packed.tiles.data() + std::min(t, kept) * heads * slot_floats;
+    if (!is_packed(t)) pack(t, slots);
+    const bool masked = key_ranges(geo, item, kb, n, sc.lo.data(), sc.hi.data());
+    for (int64_t h = 0; h < heads; ++h) {
+      LanesTile& lt = tile[h];
+      lt.keys = slots + h * slot_floats;
+      lt.values = slots + h * slot_floats + key_floats;
+      lt.n = n;
+      lt.masked = masked;
+      run_lanes_tile(geo.isa, geo.bf16_dot, dot, head[h], lt);
     }
   }
 
@@ -643,6 +688,8 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
   geo.isa = kernel_isa();
   geo.bf16_dot = has_bf16_dot(geo.isa) && geo.dtype == DType::BFloat16 &&
                  geo.head_dim % 32 == 0;
+  static std::atomic<int64_t> calls{0};
+  geo.call = calls++;
 
   const int64_t batch = seq_lens.size(0);
   const int32_t* lens = seq_lens.ptr<const int32_t>();

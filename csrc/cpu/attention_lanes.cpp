@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/errors.h"
 #include "cpu/attention_lanes.h"
 #include "cpu/lanes_gemm.h"
 
@@ -215,32 +216,30 @@ GNOMON_TARGET_BF16 void pair_rows_bf16(const uint16_t* const* rows, int64_t n, i
 
 }  // namespace
 
-void run_lanes_tile(Isa isa, bool amx_dot, bool dot, const uint16_t* const* value_rows,
-                    const LanesHead& head, const LanesTile& tile) {
-#if GNOMON_HAS_WIDE_KERNELS
-  // the dot paths pair the tile's value rows into tile.values here, in the order they read them
-  auto* const value_pairs = reinterpret_cast<uint32_t*>(const_cast<void*>(tile.values));
-#endif
+void run_lanes_tile(Isa isa, bool amx_dot, bool dot, const LanesHead& head,
+                    const LanesTile& tile) {
   switch (isa) {
 #if GNOMON_HAS_WIDE_KERNELS
     case Isa::Amx:
-      if (amx_dot) {
-        pair_columns_bf16(value_rows, tile.n, tile.d, value_pairs);
-        lanes_tile_amx(head, tile);
-        break;
-      }
+      if (amx_dot) return lanes_tile_amx(head, tile);
       [[fallthrough]];
     case Isa::WideBf16:
-      if (dot) {
-        pair_rows_bf16(value_rows, tile.n, tile.d, value_pairs);
-        lanes_tile_bf16(head, tile);
-        break;
-      }
+      if (dot) return lanes_tile_bf16(head, tile);
       [[fallthrough]];
-    case Isa::Wide: lanes_tile_wide(head, tile); break;
+    case Isa::Wide: return lanes_tile_wide(head, tile);
 #endif
-    default: lanes_tile_narrow(head, tile); break;
+    default: return lanes_tile_narrow(head, tile);
   }
+}
+
+void pair_values(Isa isa, bool amx_dot, const uint16_t* const* rows, int64_t n, int64_t d,
+                 void* out) {
+#if GNOMON_HAS_WIDE_KERNELS
+  auto* words = static_cast<uint32_t*>(out);
+  if (isa == Isa::Amx && amx_dot) return pair_columns_bf16(rows, n, d, words);
+  if (has_bf16_dot(isa)) return pair_rows_bf16(rows, n, d, words);
+#endif
+  raise<ValueError>("pair_values: the ", isa_name(isa), " kernels have no bf16 dot products");
 }
 
 // Element by element (only to cols and n) where the kernels are narrow.

@@ -48,10 +48,14 @@ struct LanesTile {
 
 // One key tile of one KV head on the kernel family `isa`: the scores, the online softmax and the
 // update of O^T. On the bf16 dot path (`dot`; `amx_dot`: AMX tiles, head dims a multiple of 32)
-// the tile's n value rows are read through value_rows and paired as the family reads them into
-// tile.values; otherwise tile.values holds them as float32 rows already.
-void run_lanes_tile(Isa isa, bool amx_dot, bool dot, const uint16_t* const* value_rows,
-                    const LanesHead& head, const LanesTile& tile);
+// tile.values holds the value rows as pair_values wrote them; otherwise as float32 rows.
+void run_lanes_tile(Isa isa, bool amx_dot, bool dot, const LanesHead& head,
+                    const LanesTile& tile);
+
+// A tile's n value rows (bf16, d each, read through `rows`) paired by keys as the bf16 dot path
+// of `isa` reads them: [d][kLanesKeys / 2] words on AMX (amx_dot), [(n + 1) / 2][d] otherwise.
+void pair_values(Isa isa, bool amx_dot, const uint16_t* const* rows, int64_t n, int64_t d,
+                 void* out);
 
 // dst[c][r] = src[r][c] for r < n and c < cols, 32-bit words. On wide kernels src rows are read
 // to cols rounded up to 16 and dst rows written to n rounded up to 16 (zeros past n).

@@ -137,6 +137,27 @@ def test_prefill_kernel_families(family, dtype, shape, options, monkeypatch):
     torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("family", ["narrow", "best"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_reads_each_calls_cache(family, dtype, monkeypatch):
+    """A thread packs a KV head's key tiles once for all of the prefill items it runs over them
+    (one per tile of queries); the next call, over the same tensors after the cache changed in
+    place, must read the new keys and values, not the tiles packed in the last call. One KV
+    head: every item of both calls has the same sequence, KV head and key range."""
+    if family != "best":
+        monkeypatch.setenv("GNOMON_CPU_KERNELS", family)
+    batch = make_batch([300], [700], dtype=dtype, num_heads=4, num_kv_heads=1, head_dim=64)
+    first = ops.paged_attention(**batch)
+    g = torch.Generator().manual_seed(11)
+    for name in ("key_cache", "value_cache"):
+        batch[name].copy_(torch.randn(batch[name].shape, generator=g))
+    out = ops.paged_attention(**batch)
+    expected = reference_attention(*batch.values())
+    tol = LANES_BF16_TOL if dtype == torch.bfloat16 else ATOL[dtype]
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+    assert not torch.equal(out, first)
+
+
 @pytest.mark.parametrize("family", ["narrow", "wide", "bf16", "best"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_rising_scores(family, dtype, monkeypatch):
