@@ -94,10 +94,10 @@ GNOMON_SIMD_CLONES void lanes_tile_narrow(const LanesHead& head, const LanesTile
 }
 #if GNOMON_HAS_WIDE_KERNELS
 GNOMON_TARGET_WIDE void lanes_tile_wide(const LanesHead& head, const LanesTile& tile) {
-  lanes_tile<Wide, false, 4, 4>(head, tile);
+  lanes_tile<Wide, false, 4, 6>(head, tile);  // 24 accumulators of 32 registers
 }
 GNOMON_TARGET_BF16 void lanes_tile_bf16(const LanesHead& head, const LanesTile& tile) {
-  lanes_tile<Wide, true, 4, 4>(head, tile);
+  lanes_tile<Wide, true, 4, 6>(head, tile);
 }
 
 // ---- the same on AMX tiles (head dims a multiple of 32) ----------------------------------------
