@@ -457,10 +457,13 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
   }
   const int64_t key_floats = kLanesKeys * d / (dot ? 2 : 1), slot_floats = 2 * key_floats;
   const int64_t tiles = (item.k1 - item.k0 + kLanesKeys - 1) / kLanesKeys;
-  const int64_t kept = std::min(tiles, kMaxPackedBytes / (heads * slot_floats * 4));
+  const int64_t kept = std::min<int64_t>(
+      tiles, kMaxPackedBytes / (heads * slot_floats * sizeof(float)));
   if (static_cast<int64_t>(packed.counts.size()) < kept) packed.counts.resize(kept, 0);
   packed.tiles.resize(std::max<size_t>(packed.tiles.size(), (kept + 1) * heads * slot_floats));
-  auto keys_in = [&](int64_t t) { return std::min(kLanesKeys, item.k1 - item.k0 - t * kLanesKeys); };
+  auto keys_in = [&](int64_t t) {
+    return std::min(kLanesKeys, item.k1 - item.k0 - t * kLanesKeys);
+  };
   auto is_packed = [&](int64_t t) { return t < kept && packed.counts[t] == keys_in(t); };
 
   // Each key's cache element (of the item's first KV head), for a tile and the next

@@ -188,14 +188,26 @@ GNOMON_INLINE void amx_gemm(int64_t rows, const uint32_t* a, int64_t ai, const u
 }
 #endif
 
+// f(integral_constant<int, n>) for a run-time n in [1, N].
+template <int N, typename Fn>
+GNOMON_INLINE void with_constant(int n, Fn&& f) {
+  if constexpr (N > 0) {
+    if (n == N) return f(std::integral_constant<int, N>{});
+    with_constant<N - 1>(n, f);
+  }
+}
+
 // C (`count` rows of `lanes` floats, lanes a whole number of vectors) in register blocks of NI
-// rows by RV lane vectors, the rest of the rows one by one, the rest of the vectors one by one.
-// kDot: A and B are bf16 pairs (uint32_t), depth and the strides count pairs.
+// rows by RV lane vectors; the rows past the last whole block in one block, the vectors past the
+// last whole block one by one. kDot: A and B are bf16 pairs (uint32_t), depth and the strides
+// count pairs.
 template <typename V, bool kDot, int RV, int NI>
 GNOMON_INLINE void lanes_gemm(int64_t count, const void* a, int64_t ai, int64_t ak, int64_t depth,
                               const void* b, float* c, int64_t lanes, const float* c_scale) {
   const int64_t vectors = lanes / V::L;
-  auto block = [&](auto ni, auto rv, int64_t i, int64_t v) {
+  // The lambdas are always inlined: one left out of line is built for the baseline target, not
+  // for the caller's (the narrow path's x86-64-v4 clone ran 32x slower so)
+  auto block = [&](auto ni, auto rv, int64_t i, int64_t v) __attribute__((always_inline)) {
     constexpr int kRows = decltype(ni)::value, kVectors = decltype(rv)::value;
     const int64_t lane = v * V::L;
     const float* scale = c_scale != nullptr ? c_scale + lane : nullptr;
@@ -214,22 +226,19 @@ GNOMON_INLINE void lanes_gemm(int64_t count, const void* a, int64_t ai, int64_t 
   using One = std::integral_constant<int, 1>;
   using Rows = std::integral_constant<int, NI>;
   using Vectors = std::integral_constant<int, RV>;
-  for (int64_t v = 0; v < vectors; v += RV) {
-    const bool whole = v + RV <= vectors;
+  // All of the rows against the lanes of `rv` vectors from vector v, which stay in L1 meanwhile;
+  // the rows past the last whole block as one block, whose B vectors serve them all
+  auto strip = [&](auto rv, int64_t v) __attribute__((always_inline)) {
     int64_t i = 0;
-    for (; i + NI <= count; i += NI) {
-      if (whole) {
-        block(Rows{}, Vectors{}, i, v);
-      } else {
-        for (int64_t u = v; u < vectors; ++u) block(Rows{}, One{}, i, u);
-      }
-    }
-    for (; i < count; ++i) {
-      if (whole) {
-        block(One{}, Vectors{}, i, v);
-      } else {
-        for (int64_t u = v; u < vectors; ++u) block(One{}, One{}, i, u);
-      }
+    for (; i + NI <= count; i += NI) block(Rows{}, rv, i, v);
+    with_constant<NI - 1>(static_cast<int>(count - i),
+                          [&](auto ni) __attribute__((always_inline)) { block(ni, rv, i, v); });
+  };
+  for (int64_t v = 0; v < vectors; v += RV) {
+    if (v + RV <= vectors) {
+      strip(Vectors{}, v);
+    } else {
+      for (int64_t u = v; u < vectors; ++u) strip(One{}, u);
     }
   }
 }
