@@ -35,10 +35,15 @@ GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
         store(row, s);
         block_max = max(block_max, s * tile.scale);
       }
-    } else {
-      for (int64_t j = 0; j < tile.n; ++j) {
-        block_max = max(block_max, load<F>(tile.scores + j * lanes + lane) * tile.scale);
+    } else {  // four independent chains of max, not one
+      auto scaled = [&](int64_t j) { return load<F>(tile.scores + j * lanes + lane) * tile.scale; };
+      F part[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
+      int64_t j = 0;
+      for (; j + 4 <= tile.n; j += 4) {
+        for (int u = 0; u < 4; ++u) part[u] = max(part[u], scaled(j + u));
       }
+      for (; j < tile.n; ++j) part[0] = max(part[0], scaled(j));
+      block_max = max(max(part[0], part[1]), max(part[2], part[3]));
     }
     const F old_max = load<F>(head.max + lane);
     const F new_max = select(block_max > old_max + kMaxSlack, block_max, old_max);
