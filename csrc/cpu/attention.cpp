@@ -64,9 +64,9 @@ constexpr int64_t kRowsPerTile = 64;    // (query, head) rows per prefill work i
 // ... on AMX tiles, where the products cost little against reading the item's keys and values
 constexpr int64_t kAmxRowsPerTile = 256;
 constexpr int64_t kMinSplitKeys = 64;   // a key-range split is never shorter than this
-// A thread keeps at most this many bytes of packed key tiles (PackedKeys); later tiles of a
-// longer key range are packed for each item that reads them.
-constexpr int64_t kMaxPackedBytes = int64_t{16} << 20;
+// A thread keeps at most this many bytes of packed key tiles (PackedKeys: 8K keys of bf16 K and
+// V at head dim 128); later tiles of a longer key range are packed for each item that reads them.
+constexpr int64_t kMaxPackedBytes = int64_t{4} << 20;
 
 // Decode tiles run on 16-float vectors in every clone (one zmm, two ymm, four xmm).
 using f32x16 = Wide::F;

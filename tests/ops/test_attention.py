@@ -158,6 +158,19 @@ def test_prefill_reads_each_calls_cache(family, dtype, monkeypatch):
     assert not torch.equal(out, first)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_past_the_packed_tiles_a_thread_keeps(dtype):
+    """A thread keeps at most 4 MiB of packed key tiles (4,096 keys of float32 K and V at head
+    dim 128, 8,192 of bf16); an item reading further packs the later tiles each time into one
+    spare slot. Several items per KV head over 9,000 keys cross that bound."""
+    batch = make_batch([40, 1], [9000, 300], dtype=dtype, num_heads=4, num_kv_heads=1,
+                       head_dim=128)
+    out = ops.paged_attention(**batch)
+    expected = reference_attention(*batch.values())
+    tol = LANES_BF16_TOL if dtype == torch.bfloat16 else ATOL[dtype]
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("family", ["narrow", "wide", "bf16", "best"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_rising_scores(family, dtype, monkeypatch):
