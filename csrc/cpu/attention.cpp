@@ -409,11 +409,14 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
   const bool dot = has_bf16_dot(geo.isa) && geo.dtype == DType::BFloat16 && d % 2 == 0;
   const int64_t vector = geo.isa == Isa::Narrow ? Narrow::L : Wide::L;
   const int64_t lanes = (head_rows + vector - 1) / vector * vector;
+  // Rows of Q^T, O^T and the scores a whole number of KB apart would fall in a quarter of the L1
+  // sets or fewer (the sets repeat every 4 KB), so such rows get a spare cache line
+  const int64_t ld = lanes * sizeof(float) % 1024 == 0 ? lanes + 16 : lanes;
   Scratch& sc = thread_scratch();
-  // Per head: Q^T, O^T [d][lanes], max and sum [lanes]. Per head and tile: scores
-  // [kLanesKeys][lanes], P pairs [kLanesKeys / 2][lanes], alpha [lanes].
-  const int64_t head_floats = 2 * d * lanes + 2 * lanes;
-  const int64_t tile_floats = kLanesKeys * lanes + kLanesKeys / 2 * lanes + lanes;
+  // Per head: Q^T, O^T [d][ld], max and sum [lanes]. Per head and tile: scores [kLanesKeys][ld],
+  // P pairs [kLanesKeys / 2][ld], alpha [lanes].
+  const int64_t head_floats = 2 * d * ld + 2 * lanes;
+  const int64_t tile_floats = kLanesKeys * ld + kLanesKeys / 2 * ld + lanes;
   sc.lanes.assign(heads * head_floats, 0.0f);
   sc.q.resize(head_rows * stride);  // a head's query rows, padded
   sc.tiles.assign(heads * tile_floats, 0.0f);
@@ -423,13 +426,13 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
   std::vector<LanesTile> tile(heads);
   for (int64_t h = 0; h < heads; ++h) {
     float* base = sc.lanes.data() + h * head_floats;
-    head[h] = LanesHead{lanes, base, base + d * lanes, base + 2 * d * lanes,
-                        base + 2 * d * lanes + lanes};
+    head[h] = LanesHead{lanes, ld, base, base + d * ld, base + 2 * d * ld,
+                        base + 2 * d * ld + lanes};
     std::fill(head[h].max, head[h].max + lanes, kNegInf);
     float* scores = sc.tiles.data() + h * tile_floats;
     tile[h] = LanesTile{nullptr, nullptr, scores,
-                        reinterpret_cast<uint32_t*>(scores + kLanesKeys * lanes),
-                        scores + kLanesKeys * lanes + kLanesKeys / 2 * lanes, sc.lo.data(),
+                        reinterpret_cast<uint32_t*>(scores + kLanesKeys * ld),
+                        scores + kLanesKeys * ld + kLanesKeys / 2 * ld, sc.lo.data(),
                         sc.hi.data(), 0, d, geo.scale, false};
     // Q^T: head dims (or, for the dot path, pairs of them) down, rows across
     for (int64_t r = 0; r < head_rows; ++r) {
@@ -443,7 +446,7 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
         load_floats(q, geo.dtype, sc.q.data() + r * stride, d);
       }
     }
-    transpose_words(geo.isa, sc.q.data(), head_rows, dot ? d / 2 : d, stride, head[h].qt, lanes);
+    transpose_words(geo.isa, sc.q.data(), head_rows, dot ? d / 2 : d, stride, head[h].qt, ld);
   }
 
   // The group's key tiles, packed by the first of its items this thread runs: a slot per tile
@@ -529,7 +532,7 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
   sc.acc.assign(rows * stride, 0.0f);
   sc.state.resize(rows);
   for (int64_t h = 0; h < heads; ++h) {
-    transpose_words(geo.isa, head[h].ot, d, head_rows, lanes,
+    transpose_words(geo.isa, head[h].ot, d, head_rows, ld,
                     sc.acc.data() + h * head_rows * stride, stride);
     for (int64_t r = 0; r < head_rows; ++r) {
       sc.state[h * head_rows + r] = math::OnlineSoftmax{head[h].max[r], head[h].sum[r]};

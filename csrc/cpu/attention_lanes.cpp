@@ -22,7 +22,7 @@ template <typename V, bool kDot>
 GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
   using F = typename V::F;
   using I = typename V::I;
-  const int64_t lanes = head.lanes;
+  const int64_t lanes = head.lanes, ld = head.ld;
   const F neg_inf = F{} + kNegInf;
   const float scale2 = tile.scale * kLog2e;  // p = 2^(s scale2 - max log2(e))
   for (int64_t lane = 0; lane < lanes; lane += V::L) {
@@ -30,13 +30,13 @@ GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
     if (tile.masked) {  // on the diagonal or the window's edge: -inf outside each row's range
       const I lo = load<I>(tile.lo + lane), hi = load<I>(tile.hi + lane);
       for (int32_t j = 0; j < tile.n; ++j) {
-        float* row = tile.scores + j * lanes + lane;
+        float* row = tile.scores + j * ld + lane;
         const F s = select((lo <= j) & (j < hi), load<F>(row), neg_inf);
         store(row, s);
         block_max = max(block_max, s * tile.scale);
       }
     } else {  // four independent chains of max, not one
-      auto scaled = [&](int64_t j) { return load<F>(tile.scores + j * lanes + lane) * tile.scale; };
+      auto scaled = [&](int64_t j) { return load<F>(tile.scores + j * ld + lane) * tile.scale; };
       F part[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
       int64_t j = 0;
       for (; j + 4 <= tile.n; j += 4) {
@@ -52,7 +52,7 @@ GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
     const F alpha = exp2_below_128<V>((old_max - shift) * kLog2e);
     const F shift2 = shift * kLog2e;
     auto p = [&](int64_t j) {
-      return exp2_below_128<V>(load<F>(tile.scores + j * lanes + lane) * scale2 - shift2);
+      return exp2_below_128<V>(load<F>(tile.scores + j * ld + lane) * scale2 - shift2);
     };
     F total = F{};
     if constexpr (kDot) {
@@ -60,12 +60,12 @@ GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
       for (int64_t q = 0; 2 * q < tile.n; ++q) {
         const F even = p(2 * q), odd = 2 * q + 1 < tile.n ? p(2 * q + 1) : F{};
         total += even + odd;
-        store(tile.p_pairs + q * lanes + lane, bf16_pairs<V>(even, odd));
+        store(tile.p_pairs + q * ld + lane, bf16_pairs<V>(even, odd));
       }
     } else {
       for (int64_t j = 0; j < tile.n; ++j) {
         const F pj = p(j);
-        store(tile.scores + j * lanes + lane, pj);
+        store(tile.scores + j * ld + lane, pj);
         total += pj;
       }
     }
@@ -79,17 +79,17 @@ GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
 // register blocks of NI x RV vectors.
 template <typename V, bool kDot, int RV, int NI>
 GNOMON_INLINE void lanes_tile(const LanesHead& head, const LanesTile& tile) {
-  const int64_t lanes = head.lanes, d = tile.d;
+  const int64_t lanes = head.lanes, ld = head.ld, d = tile.d;
   // S^T[j][r] = sum over head dims of K[j][e] Q^T[e][r]
   lanes_gemm<V, kDot, RV, NI>(tile.n, tile.keys, kDot ? d / 2 : d, 1, kDot ? d / 2 : d, head.qt,
-                              tile.scores, lanes, nullptr);
+                              tile.scores, lanes, ld, nullptr);
   lanes_softmax<V, kDot>(head, tile);
   if constexpr (kDot) {
     // O^T[e][r] = alpha[r] O^T[e][r] + sum over key pairs of V2[q][e] . P2^T[q][r]
     lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, (tile.n + 1) / 2, tile.p_pairs, head.ot,
-                                lanes, tile.alpha);
+                                lanes, ld, tile.alpha);
   } else {
-    lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, tile.n, tile.scores, head.ot, lanes,
+    lanes_gemm<V, kDot, RV, NI>(d, tile.values, 1, d, tile.n, tile.scores, head.ot, lanes, ld,
                                 tile.alpha);
   }
 }
@@ -171,13 +171,14 @@ GNOMON_TARGET_WIDE void transpose_words_wide(const uint32_t* src, int64_t n, int
 }
 
 GNOMON_TARGET_AMX void lanes_tile_amx(const LanesHead& head, const LanesTile& tile) {
-  const int64_t lanes = head.lanes, d = tile.d;
+  const int64_t lanes = head.lanes, ld = head.ld, d = tile.d;
   const int64_t key_rows = (tile.n + kAmxRows - 1) / kAmxRows * kAmxRows;
   const int64_t key_pairs = ((tile.n + 1) / 2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs;
   auto nothing = [](int64_t, int64_t) {};
   amx_begin();
   amx_gemm(key_rows, static_cast<const uint32_t*>(tile.keys), d / 2,
-           reinterpret_cast<const uint32_t*>(head.qt), lanes, d / 2, tile.scores, false, nothing);
+           reinterpret_cast<const uint32_t*>(head.qt), lanes, ld, d / 2, tile.scores, false,
+           nothing);
   lanes_softmax<Wide, true>(head, tile);
   for (int64_t lane = 0; lane < lanes; lane += Wide::L) {
     const Wide::F alpha = load<Wide::F>(tile.alpha + lane);
@@ -186,12 +187,12 @@ GNOMON_TARGET_AMX void lanes_tile_amx(const LanesHead& head, const LanesTile& ti
     for (int i = 0; i < Wide::L; ++i) all = all && unchanged[i] != 0;
     if (all) continue;  // no row's max moved
     for (int64_t e = 0; e < d; ++e) {
-      float* o = head.ot + e * lanes + lane;
+      float* o = head.ot + e * ld + lane;
       store(o, load<Wide::F>(o) * alpha);
     }
   }
   // pairs past n: zero values against P pairs of earlier tiles (finite)
-  amx_gemm(d, static_cast<const uint32_t*>(tile.values), kLanesKeys / 2, tile.p_pairs, lanes,
+  amx_gemm(d, static_cast<const uint32_t*>(tile.values), kLanesKeys / 2, tile.p_pairs, lanes, ld,
            key_pairs, head.ot, true, nothing);
   amx_end();
 }

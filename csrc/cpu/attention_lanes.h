@@ -26,8 +26,9 @@ constexpr int64_t kLanesKeys = 64;  // keys per tile: each tile reads and writes
 // key), their transposed query, output and softmax state, and the current key tile, dense.
 struct LanesHead {
   int64_t lanes;
-  float* qt;         // [D][lanes] floats, or [D/2][lanes] bf16 pairs (dot path)
-  float* ot;         // [D][lanes]
+  int64_t ld;        // floats between the rows of qt, ot and the tile's scores and p_pairs
+  float* qt;         // [D][ld] floats, or [D/2][ld] bf16 pairs (dot path)
+  float* ot;         // [D][ld]
   float* max;        // [lanes]
   float* sum;        // [lanes]
 };
@@ -36,8 +37,8 @@ struct LanesTile {
   const void* keys;    // [kLanesKeys][D] float32, or bf16 (dot path)
   const void* values;  // [kLanesKeys][D] float32, or [kLanesKeys / 2][D] bf16 key pairs (dot path),
                        // or [D][kLanesKeys / 2] (AMX)
-  float* scores;       // [kLanesKeys][lanes]: S^T, then P^T
-  uint32_t* p_pairs;   // [kLanesKeys / 2][lanes] (dot path)
+  float* scores;       // [kLanesKeys][ld]: S^T, then P^T
+  uint32_t* p_pairs;   // [kLanesKeys / 2][ld] (dot path)
   float* alpha;        // [lanes]: this tile's rescale of each row's output
   const int32_t* lo;   // [lanes]
   const int32_t* hi;

@@ -149,14 +149,15 @@ GNOMON_INLINE void amx_block(const uint32_t* a, int64_t ai, const uint32_t* b, i
   amx_c_end<RT, CT, C0>(c, lanes);
 }
 
-// C (+)= A . B over `pairs` pairs for `rows` rows and `lanes` lanes (multiples of 16): blocks of
+// C (+)= A . B over `pairs` pairs for `rows` rows and `lanes` lanes (multiples of 16), B's and C's
+// rows ld floats apart: blocks of
 // 2 x 2 C tiles (each A and B tile loaded serves two products; about 1.5x the rate of 2 x 1
 // blocks), the odd row tile and lane tile in smaller ones. after_block(i, n) runs after the
 // i-th of the n blocks is issued, while its products are still in flight: work for the vector
 // units to overlap with them.
 template <typename After>
 GNOMON_INLINE void amx_gemm(int64_t rows, const uint32_t* a, int64_t ai, const uint32_t* b,
-                            int64_t lanes, int64_t pairs, float* c, bool accumulate,
+                            int64_t lanes, int64_t ld, int64_t pairs, float* c, bool accumulate,
                             After&& after_block) {
   constexpr int64_t R = kAmxRows;
   const int64_t row_tiles = rows / R, lane_tiles = lanes / 16;
@@ -165,11 +166,11 @@ GNOMON_INLINE void amx_gemm(int64_t rows, const uint32_t* a, int64_t ai, const u
   auto block = [&](auto rt, auto ct, int64_t r, int64_t v) {
     constexpr int RT = decltype(rt)::value, CT = decltype(ct)::value;
     const uint32_t* ar = a + r * ai;
-    float* cr = c + r * lanes + v;
+    float* cr = c + r * ld + v;
     if (RT * CT < 4 && done % 2 == 1) {  // a small block takes the other pair of C tiles
-      amx_block<RT, CT, RT * CT < 4 ? 2 : 0>(ar, ai, b + v, lanes, pairs, cr, accumulate);
+      amx_block<RT, CT, RT * CT < 4 ? 2 : 0>(ar, ai, b + v, ld, pairs, cr, accumulate);
     } else {
-      amx_block<RT, CT, 0>(ar, ai, b + v, lanes, pairs, cr, accumulate);
+      amx_block<RT, CT, 0>(ar, ai, b + v, ld, pairs, cr, accumulate);
     }
     after_block(done++, count);
   };
@@ -197,13 +198,14 @@ GNOMON_INLINE void with_constant(int n, Fn&& f) {
   }
 }
 
-// C (`count` rows of `lanes` floats, lanes a whole number of vectors) in register blocks of NI
-// rows by RV lane vectors; the rows past the last whole block in one block, the vectors past the
-// last whole block one by one. kDot: A and B are bf16 pairs (uint32_t), depth and the strides
-// count pairs.
+// C (`count` rows of `lanes` floats, ld apart as B's rows are; lanes a whole number of vectors)
+// in register blocks of NI rows by RV lane vectors; the rows past the last whole block in one
+// block, the vectors past the last whole block one by one. kDot: A and B are bf16 pairs
+// (uint32_t), depth and the strides count pairs.
 template <typename V, bool kDot, int RV, int NI>
 GNOMON_INLINE void lanes_gemm(int64_t count, const void* a, int64_t ai, int64_t ak, int64_t depth,
-                              const void* b, float* c, int64_t lanes, const float* c_scale) {
+                              const void* b, float* c, int64_t lanes, int64_t ld,
+                              const float* c_scale) {
   const int64_t vectors = lanes / V::L;
   // The lambdas are always inlined: one left out of line is built for the baseline target, not
   // for the caller's (the narrow path's x86-64-v4 clone ran 32x slower so)
@@ -214,13 +216,13 @@ GNOMON_INLINE void lanes_gemm(int64_t count, const void* a, int64_t ai, int64_t 
     if constexpr (kDot) {
 #if GNOMON_HAS_WIDE_KERNELS
       gemm_lanes_bf16<kRows, kVectors>(static_cast<const uint32_t*>(a) + i * ai, ai, ak, depth,
-                                       static_cast<const uint32_t*>(b) + lane, lanes,
-                                       c + i * lanes + lane, lanes, scale);
+                                       static_cast<const uint32_t*>(b) + lane, ld,
+                                       c + i * ld + lane, ld, scale);
 #endif
     } else {
       gemm_lanes<V, kRows, kVectors>(static_cast<const float*>(a) + i * ai, ai, ak, depth,
-                                     static_cast<const float*>(b) + lane, lanes,
-                                     c + i * lanes + lane, lanes, scale);
+                                     static_cast<const float*>(b) + lane, ld,
+                                     c + i * ld + lane, ld, scale);
     }
   };
   using One = std::integral_constant<int, 1>;

@@ -185,7 +185,7 @@ GNOMON_INLINE void lanes_rows(const void* const* rows, const uint8_t* const* sca
   }
   // Wide: 8 rows x 2 vectors, 16 of 32 registers; Narrow: 4 x 2, 8 of 16.
   constexpr int NI = V::L == 16 ? kLanesRows : kLanesRows / 2;
-  lanes_gemm<V, kDot, 2, NI>(nr, panel, depth, 1, depth, b, c, lanes, nullptr);
+  lanes_gemm<V, kDot, 2, NI>(nr, panel, depth, 1, depth, b, c, lanes, lanes, nullptr);
 }
 
 }  // namespace gnomon::cpu
