@@ -459,9 +459,9 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
     packed.counts.clear();
   }
   const int64_t key_floats = kLanesKeys * d / (dot ? 2 : 1), slot_floats = 2 * key_floats;
-  const int64_t tiles = (item.k1 - item.k0 + kLanesKeys - 1) / kLanesKeys;
+  const int64_t key_tiles = (item.k1 - item.k0 + kLanesKeys - 1) / kLanesKeys;
   const int64_t kept = std::min<int64_t>(
-      tiles, kMaxPackedBytes / (heads * slot_floats * sizeof(float)));
+      key_tiles, kMaxPackedBytes / (heads * slot_floats * sizeof(float)));
   if (static_cast<int64_t>(packed.counts.size()) < kept) packed.counts.resize(kept, 0);
   packed.tiles.resize(std::max<size_t>(packed.tiles.size(), (kept + 1) * heads * slot_floats));
   auto keys_in = [&](int64_t t) {
@@ -513,7 +513,7 @@ void run_item_lanes(const Geometry& geo, const Item& item, const TensorView& out
     if (t < kept) packed.counts[t] = n;
   };
 
-  for (int64_t t = 0; t < tiles; ++t) {
+  for (int64_t t = 0; t < key_tiles; ++t) {
     const int64_t kb = item.k0 + t * kLanesKeys, n = keys_in(t);
     float* slots = packed.tiles.data() + std::min(t, kept) * heads * slot_floats;
     if (!is_packed(t)) pack(t, slots);
