@@ -111,25 +111,6 @@ GNOMON_TARGET_BF16 void lanes_tile_bf16(const LanesHead& head, const LanesTile& 
 // transposed into pairs of keys per head dim (tile.values: [d][kLanesKeys / 2] words, zero past
 // n), so both products run as tile products; the softmax between them stays in the vector lanes.
 
-// The 16 x 16 matrix of words in m, transposed: four butterfly stages, each swapping bit s of
-// the row index with bit s of the column index (one two-source permute per row).
-GNOMON_INLINE void transpose16(Wide::U* m) {
-  using U = Wide::U;
-  for (int b = 8; b > 0; b /= 2) {
-    U low, high;
-    for (int c = 0; c < 16; ++c) {
-      low[c] = (c & b) ? 16 + c - b : c;
-      high[c] = (c & b) ? 16 + c : c + b;
-    }
-    for (int i = 0; i < 16; ++i) {
-      if (i & b) continue;
-      const U a = m[i], c = m[i + b];
-      m[i] = __builtin_shuffle(a, c, low);
-      m[i + b] = __builtin_shuffle(a, c, high);
-    }
-  }
-}
-
 // Value rows (bf16, d each; row n and later read as zeros) as pairs of keys per head dim:
 // out[e][q] = rows[2q][e] | rows[2q + 1][e] << 16 for q < kLanesKeys / 2.
 GNOMON_TARGET_AMX void pair_columns_bf16(const uint16_t* const* rows, int64_t n, int64_t d,
@@ -146,26 +127,6 @@ GNOMON_TARGET_AMX void pair_columns_bf16(const uint16_t* const* rows, int64_t n,
       }
       transpose16(m);
       for (int64_t i = 0; i < 16; ++i) store(out + (e0 + i) * Q + q0, m[i]);
-    }
-  }
-}
-
-// dst[c][r] = src[r][c] for r < n and c < cols, 32-bit words in 16 x 16 blocks: src rows
-// (src_stride words apart) are read to cols rounded up to 16, and dst rows (dst_stride apart)
-// are written to n rounded up to 16, zeros past n.
-GNOMON_TARGET_WIDE void transpose_words_wide(const uint32_t* src, int64_t n, int64_t cols,
-                                             int64_t src_stride, uint32_t* dst,
-                                             int64_t dst_stride) {
-  for (int64_t r0 = 0; r0 < n; r0 += 16) {
-    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-      Wide::U m[16];
-      for (int64_t i = 0; i < 16; ++i) {
-        m[i] = r0 + i < n ? load<Wide::U>(src + (r0 + i) * src_stride + c0) : Wide::U{};
-      }
-      transpose16(m);
-      for (int64_t i = 0; i < 16 && c0 + i < cols; ++i) {
-        store(dst + (c0 + i) * dst_stride + r0, m[i]);
-      }
     }
   }
 }
@@ -246,19 +207,6 @@ void pair_values(Isa isa, bool amx_dot, const uint16_t* const* rows, int64_t n, 
   if (has_bf16_dot(isa)) return pair_rows_bf16(rows, n, d, words);
 #endif
   raise<ValueError>("pair_values: the ", isa_name(isa), " kernels have no bf16 dot products");
-}
-
-// Element by element (only to cols and n) where the kernels are narrow.
-void transpose_words(Isa isa, const void* src, int64_t n, int64_t cols, int64_t src_stride,
-                     void* dst, int64_t dst_stride) {
-  const auto* from = static_cast<const uint32_t*>(src);
-  auto* to = static_cast<uint32_t*>(dst);
-#if GNOMON_HAS_WIDE_KERNELS
-  if (isa != Isa::Narrow) return transpose_words_wide(from, n, cols, src_stride, to, dst_stride);
-#endif
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t c = 0; c < cols; ++c) to[c * dst_stride + r] = from[r * src_stride + c];
-  }
 }
 
 }  // namespace gnomon::cpu

@@ -58,9 +58,4 @@ void run_lanes_tile(Isa isa, bool amx_dot, bool dot, const LanesHead& head,
 void pair_values(Isa isa, bool amx_dot, const uint16_t* const* rows, int64_t n, int64_t d,
                  void* out);
 
-// dst[c][r] = src[r][c] for r < n and c < cols, 32-bit words. On wide kernels src rows are read
-// to cols rounded up to 16 and dst rows written to n rounded up to 16 (zeros past n).
-void transpose_words(Isa isa, const void* src, int64_t n, int64_t cols, int64_t src_stride,
-                     void* dst, int64_t dst_stride);
-
 }  // namespace gnomon::cpu

@@ -37,6 +37,29 @@ void floats_to_fp16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = math::float_to_fp16(src[i]);
 }
 
+#if GNOMON_HAS_WIDE_KERNELS
+// dst[c][r] = src[r][c] for r < n and c < cols, 32-bit words in 16 x 16 blocks: src rows
+// (src_stride words apart) are read to cols rounded up to 16, and dst rows (dst_stride apart)
+// are written to n rounded up to 16, zeros past n.
+GNOMON_TARGET_WIDE void transpose_words_wide(const uint32_t* src, int64_t n, int64_t cols,
+                                             int64_t src_stride, uint32_t* dst,
+                                             int64_t dst_stride) {
+  for (int64_t r0 = 0; r0 < n; r0 += 16) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      Wide::U m[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        m[i] = r0 + i < n ? load<Wide::U>(src + (r0 + i) * src_stride + c0) : Wide::U{};
+      }
+      transpose16(m);
+      for (int64_t i = 0; i < 16 && c0 + i < cols; ++i) {
+        store(dst + (c0 + i) * dst_stride + r0, m[i]);
+      }
+    }
+  }
+}
+
+#endif
+
 }  // namespace
 
 void load_floats(const void* src, DType dtype, float* dst, int64_t n) {
@@ -58,6 +81,19 @@ void store_floats(const float* src, DType dtype, void* dst, int64_t n) {
       float* f = static_cast<float*>(dst);
       for (int64_t i = 0; i < n; ++i) f[i] = src[i];
     }
+  }
+}
+
+// Element by element (only to cols and n) where the kernels are narrow.
+void transpose_words(Isa isa, const void* src, int64_t n, int64_t cols, int64_t src_stride,
+                     void* dst, int64_t dst_stride) {
+  const auto* from = static_cast<const uint32_t*>(src);
+  auto* to = static_cast<uint32_t*>(dst);
+#if GNOMON_HAS_WIDE_KERNELS
+  if (isa != Isa::Narrow) return transpose_words_wide(from, n, cols, src_stride, to, dst_stride);
+#endif
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < cols; ++c) to[c * dst_stride + r] = from[r * src_stride + c];
   }
 }
 

@@ -69,6 +69,11 @@ bool cpu_has_amx();
 // none); the best of runs over `seconds` (at least five).
 double peak_gflops(bool bf16_dot, double seconds);
 
+// dst[c][r] = src[r][c] for r < n and c < cols, 32-bit words. On wide kernels src rows are read
+// to cols rounded up to 16 and dst rows written to n rounded up to 16 (zeros past n).
+void transpose_words(Isa isa, const void* src, int64_t n, int64_t cols, int64_t src_stride,
+                     void* dst, int64_t dst_stride);
+
 // Storage on 64-byte boundaries for the buffers the GEMMs stream: an AMX tile row (and a
 // 64-byte vector) that straddles two cache lines loads at a fraction of the rate (tile loads
 // measured about 4x slower from 16-byte aligned rows). AlignedVector zero-fills like
@@ -362,6 +367,28 @@ GNOMON_INLINE void tile_dot() {
   GNOMON_TILE(0) GNOMON_TILE(1) GNOMON_TILE(2) GNOMON_TILE(3)
 #undef GNOMON_TILE
 }
+#endif
+
+#if GNOMON_HAS_WIDE_KERNELS
+// The 16 x 16 matrix of words in m, transposed: four butterfly stages, each swapping bit s of
+// the row index with bit s of the column index (one two-source permute per row).
+GNOMON_INLINE void transpose16(Wide::U* m) {
+  using U = Wide::U;
+  for (int b = 8; b > 0; b /= 2) {
+    U low, high;
+    for (int c = 0; c < 16; ++c) {
+      low[c] = (c & b) ? 16 + c - b : c;
+      high[c] = (c & b) ? 16 + c : c + b;
+    }
+    for (int i = 0; i < 16; ++i) {
+      if (i & b) continue;
+      const U a = m[i], c = m[i + b];
+      m[i] = __builtin_shuffle(a, c, low);
+      m[i + b] = __builtin_shuffle(a, c, high);
+    }
+  }
+}
+
 #endif
 
 // ---- MXFP4 element codes (OCP MX E2M1) ----
