@@ -57,7 +57,6 @@ GNOMON_TARGET_WIDE void transpose_words_wide(const uint32_t* src, int64_t n, int
     }
   }
 }
-
 #endif
 
 }  // namespace

@@ -388,7 +388,6 @@ GNOMON_INLINE void transpose16(Wide::U* m) {
     }
   }
 }
-
 #endif
 
 // ---- MXFP4 element codes (OCP MX E2M1) ----
