@@ -772,8 +772,11 @@ void paged_attention(const TensorView& out, const TensorView& query, const Tenso
                    [&](int64_t a, int64_t b) { return rank(a) < rank(b); });
 
   std::vector<float> partials(partial_floats);
-  parallel_for(static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) run_item(geo, items[order[i]], out, partials.data());
+  // One item at a time (ItemQueue): each thread runs its share of the groups in order, and a
+  // thread done early takes single items, not a fourth of another thread's share
+  ItemQueue queue(static_cast<int64_t>(items.size()));
+  parallel_for(queue.tickets(), 1, [&](int64_t ticket, int64_t) {
+    for (int64_t i; queue.take(ticket, i);) run_item(geo, items[order[i]], out, partials.data());
   });
   parallel_for(static_cast<int64_t>(splits.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) merge_splits(geo, splits[i], out, partials.data());
