@@ -11,7 +11,8 @@ namespace {
 
 // The online softmax of one key tile in lanes, on S^T in tile.scores (rows past n unread): masks,
 // scales and exponentiates into P^T (in place, or with kDot rounded to bf16 and paired by keys
-// in tile.p_pairs), updates each row's max and sum and leaves its rescale of O^T in tile.alpha.
+// in tile.p_pairs, the exponentials then only as exact as bf16 needs), updates each row's max
+// and sum and leaves its rescale of O^T in tile.alpha.
 // A row's max moves only when the tile's exceeds it by more than kMaxSlack: P then stays below
 // 2^8 (far from any overflow, in fp32 and in bf16), and most tiles after the first leave every
 // alpha at exactly 1, so the pass that rescales O^T is skipped.
@@ -52,7 +53,7 @@ GNOMON_INLINE void lanes_softmax(const LanesHead& head, const LanesTile& tile) {
     const F alpha = exp2_below_128<V>((old_max - shift) * kLog2e);
     const F shift2 = shift * kLog2e;
     auto p = [&](int64_t j) {
-      return exp2_below_128<V>(load<F>(tile.scores + j * ld + lane) * scale2 - shift2);
+      return exp2_below_128<V, kDot>(load<F>(tile.scores + j * ld + lane) * scale2 - shift2);
     };
     F total = F{};
     if constexpr (kDot) {

@@ -251,16 +251,35 @@ GNOMON_INLINE typename V::F exp_nonpositive(const typename V::F& x) {
 // minimax polynomial for 2^f (within 1.7e-7 relative, and exactly 1 at 0) and 2^n from the bits
 // of the rounding sum. Lanes below -127, -inf included, give 0; NaN stays NaN. Cheaper than
 // exp_nonpositive by its range reduction, for the softmaxes that fold log2(e) into their scale.
-template <typename V>
+// kForBf16: a degree-3 polynomial (within 1.1e-4 relative, still exactly 1 at 0), for values
+// that are rounded to bfloat16 next, whose half ulp is 2^-9.
+template <typename V, bool kForBf16 = false>
 GNOMON_INLINE typename V::F exp2_below_128(const typename V::F& x) {
   using F = typename V::F;
-  const F xc = select(x < -127.0f, F{} - 127.0f, x);
+  const F floor = F{} - 127.0f;
+  F xc;
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if constexpr (V::L == 16) {
+    // one vmaxps (GCC makes the select a compare and a blend); a NaN lane returns its second
+    // source, x
+    asm("vmaxps %2, %1, %0" : "=v"(xc) : "v"(floor), "v"(x));
+  } else
+#endif
+  {
+    xc = select(x < -127.0f, floor, x);
+  }
   const F shifted = xc + 12583039.0f;  // 1.5 * 2^23 + 127: its low bits hold round(x) + 127
   const F f = xc - (shifted - 12583039.0f);
-  F p = f * 1.3267117e-3f + 9.6715977e-3f;
-  p = p * f + 5.5507265e-2f;
-  p = p * f + 2.4022241e-1f;
-  p = p * f + 6.9314700e-1f;
+  F p;
+  if constexpr (kForBf16) {
+    p = f * 5.500858e-2f + 2.4221037e-1f;
+    p = p * f + 6.932829e-1f;
+  } else {
+    p = f * 1.3267117e-3f + 9.6715977e-3f;
+    p = p * f + 5.5507265e-2f;
+    p = p * f + 2.4022241e-1f;
+    p = p * f + 6.9314700e-1f;
+  }
   p = p * f + 1.0f;
   return p * bit_cast<F>(bit_cast<typename V::U>(shifted) << 23);  // exponent field n + 127
 }
