@@ -159,6 +159,24 @@ def test_prefill_reads_each_calls_cache(family, dtype, monkeypatch):
     assert not torch.equal(out, first)
 
 
+@pytest.mark.parametrize("family", ["narrow", "wide", "bf16", "best"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_after_a_nan_call_is_clean(family, dtype, monkeypatch):
+    """The kernels keep per-thread scratch from call to call (the transposed queries, P, the
+    packed key tiles); a call whose queries are all NaN must leave nothing that reaches the next
+    call's outputs. The longer sequence's keys end mid-tile, past which the AMX product reads P
+    pairs against zero values."""
+    if family != "best":
+        monkeypatch.setenv("GNOMON_CPU_KERNELS", family)
+    batch = make_batch([40, 23], [40, 250], dtype=dtype, num_heads=8, num_kv_heads=2,
+                       head_dim=64)
+    clean = ops.paged_attention(**batch)
+    assert not clean.isnan().any()
+    poisoned = dict(batch, query=torch.full_like(batch["query"], float("nan")))
+    assert ops.paged_attention(**poisoned).isnan().all()
+    torch.testing.assert_close(ops.paged_attention(**batch), clean, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_past_the_packed_tiles_a_thread_keeps(dtype):
     """A thread keeps at most 4 MiB of packed key tiles (4,096 keys of float32 K and V at head
