@@ -151,9 +151,9 @@ GNOMON_INLINE void amx_block(const uint32_t* a, int64_t ai, const uint32_t* b, i
 
 // C (+)= A . B over `pairs` pairs for `rows` rows and `lanes` lanes (multiples of 16), B's and C's
 // rows ld floats apart: blocks of 2 x 2 C tiles (each A and B tile loaded serves two products;
-// about 1.5x the rate of 2 x 1 blocks), the odd row tile and lane tile in smaller ones. after_block(i, n) runs after the
-// i-th of the n blocks is issued, while its products are still in flight: work for the vector
-// units to overlap with them.
+// about 1.5x the rate of 2 x 1 blocks), the odd row tile and lane tile in smaller ones.
+// after_block(i, n) runs after the i-th of the n blocks is issued, while its products are still
+// in flight: work for the vector units to overlap with them.
 template <typename After>
 GNOMON_INLINE void amx_gemm(int64_t rows, const uint32_t* a, int64_t ai, const uint32_t* b,
                             int64_t lanes, int64_t ld, int64_t pairs, float* c, bool accumulate,
