@@ -4,11 +4,16 @@
 set of valid arguments, corrupts one to three of them (dtype, rank, sizes, strides, token strides
 valid or overlapping, device-less objects, out-of-range index values, unknown mode names, bad
 numbers, wrong Python types) and calls the op. A crash, a hang or any other exception fails the test.
+
+Each call is made twice: as an eager caller makes it, where the C++ entry is the first to check
+the tensors, and with the wrapper's own checks first, as while torch.compile traces. The two must
+refuse the same calls with the same error, so the eager path accepts nothing the checks refuse.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
+from unittest import mock
 
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -88,9 +93,18 @@ def malformed_calls(op: Callable, make_kwargs: Callable[[], dict], *,
                 kwargs[name] = _corrupt_tensor(value, data, name in index_args)
             else:
                 kwargs[name] = _corrupt_value(value, data)
-        try:
-            op(**kwargs)
-        except (ValueError, TypeError):
-            pass
+        checked_first = _refusal(op, kwargs, checks_first=True)
+        eager = _refusal(op, kwargs, checks_first=False)
+        assert eager == checked_first, f"eager: {eager}; checks first: {checked_first}"
 
     return test
+
+
+def _refusal(op: Callable, kwargs: dict, *, checks_first: bool) -> Optional[tuple]:
+    """The (type, message) of the ValueError/TypeError `op(**kwargs)` raises, or None."""
+    with mock.patch.object(torch.compiler, "is_compiling", return_value=checks_first):
+        try:
+            op(**kwargs)
+        except (ValueError, TypeError) as error:
+            return type(error), str(error)
+    return None

@@ -1,8 +1,9 @@
 """Argument checks shared by the op wrappers, and the one way a tensor crosses into C++.
 
-The wrappers check dtype, shape, device and contiguity before the op runs (also while tracing
-under torch.compile, on fake tensors). Checks that need tensor values (indices in range) happen
-in the C++ entry, which re-checks everything else too.
+The wrappers check their scalar arguments on every call. The C++ entry checks every tensor
+(dtype, shape, layout, device, and index values) before it touches data. The wrappers' own tensor
+checks run while torch.compile traces (on fake tensors, which never reach C++) and after C++ has
+refused a call, to word the error in the caller's terms (see `call`).
 """
 
 from __future__ import annotations
@@ -159,8 +160,26 @@ def custom_op(name: str, *, mutates_args: Sequence[str] = ()):
     return register
 
 
-def call(op, *args):
-    """Runs a gnomon op: through the registered op while torch.compile traces, so graphs hold it,
-    and straight into its implementation otherwise, which skips about 17 µs of dispatcher
-    overhead per call (measured on the CI machine with a [1, 64] rms_norm)."""
-    return op(*args) if torch.compiler.is_compiling() else op.eager_impl(*args)
+def call(op, check, *args):
+    """Runs a gnomon op whose wrapper has already checked its scalar arguments.
+
+    While torch.compile traces, `check(*args)` checks the tensors (fake ones) and the registered
+    op goes into the graph. Eagerly, the op's implementation runs at once, which skips about
+    17 µs of dispatcher overhead (a [1, 64] rms_norm on the CI machine), and the C++ entry checks
+    every tensor before it reads or writes any. Only a refused call runs `check`, so that the
+    error names the argument as the caller passed it (an N-D `x`, not the rows C++ was given)."""
+    if torch.compiler.is_compiling():
+        check(*args)
+        return op(*args)
+    try:
+        return op.eager_impl(*args)
+    except Exception:
+        _raise_named(check, args)
+        raise
+
+
+def _raise_named(check, args) -> None:
+    try:
+        check(*args)
+    except (TypeError, ValueError) as named:
+        raise named from None  # the wrapper's wording replaces the refusal it explains

@@ -37,6 +37,18 @@ def _check_caches(key_cache, value_cache, dtype) -> None:
                          f"got shape {tuple(key_cache.shape)}")
 
 
+def _check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    check_tensor(key, "key", dtypes=FLOATING, dim=3, layout="rows")
+    check_tensor(value, "value", dtypes=(key.dtype,), shape=tuple(key.shape), layout="rows")
+    _check_caches(key_cache, value_cache, key.dtype)
+    if tuple(key_cache.shape[2:]) != tuple(key.shape[1:]):
+        raise ValueError(f"key_cache: expected shape (*, *, {key.shape[1]}, {key.shape[2]}) to "
+                         f"match key's heads and head dim, got {tuple(key_cache.shape)}")
+    check_tensor(slot_mapping, "slot_mapping", dtypes=(torch.int64,), shape=(key.shape[0],))
+    check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+                      slot_mapping=slot_mapping)
+
+
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                       value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Writes token t's `key`/`value` rows [T, Hkv, D] into the caches at ``slot_mapping[t]``.
@@ -49,24 +61,19 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     below ``num_blocks * block_size`` (checked in C++). If two tokens name the same slot, which
     one the slot ends up holding is unspecified.
     """
-    check_tensor(key, "key", dtypes=FLOATING, dim=3, layout="rows")
-    check_tensor(value, "value", dtypes=(key.dtype,), shape=tuple(key.shape), layout="rows")
-    _check_caches(key_cache, value_cache, key.dtype)
-    if tuple(key_cache.shape[2:]) != tuple(key.shape[1:]):
-        raise ValueError(f"key_cache: expected shape (*, *, {key.shape[1]}, {key.shape[2]}) to "
-                         f"match key's heads and head dim, got {tuple(key_cache.shape)}")
-    check_tensor(slot_mapping, "slot_mapping", dtypes=(torch.int64,), shape=(key.shape[0],))
-    check_same_device(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
-                      slot_mapping=slot_mapping)
-    call(_reshape_and_cache, key, value, key_cache, value_cache, slot_mapping)
+    call(_reshape_and_cache, _check_reshape_and_cache, key, value, key_cache, value_cache,
+         slot_mapping)
 
 
 @custom_op("paged_attention", mutates_args=())
 def _paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                     query_start_loc: torch.Tensor, scale: float, sliding_window: int,
+                     query_start_loc: torch.Tensor, scale: Optional[float], sliding_window: int,
                      sinks: Optional[torch.Tensor]) -> torch.Tensor:
     follow_torch_threads()
+    if scale is None:
+        head_dim = query.shape[2]
+        scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
     # contiguous whatever query's row stride
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     _C.paged_attention(view(out), view(query), view(key_cache), view(value_cache),
@@ -79,6 +86,28 @@ def _paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
 def _(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
       sliding_window, sinks):
     return torch.empty_like(query, memory_format=torch.contiguous_format)
+
+
+def _check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+                           scale, sliding_window, sinks) -> None:
+    check_tensor(query, "query", dtypes=FLOATING, dim=3, layout="rows")
+    _check_caches(key_cache, value_cache, query.dtype)
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    if key_cache.shape[3] != head_dim:
+        raise ValueError(f"key_cache: head dim (dim 3) {key_cache.shape[3]} does not match "
+                         f"query's {head_dim}")
+    if num_heads % key_cache.shape[2]:
+        raise ValueError(f"query: the number of query heads ({num_heads}) must be a multiple of "
+                         f"key_cache's KV heads ({key_cache.shape[2]})")
+    check_tensor(block_tables, "block_tables", dtypes=(torch.int32,), dim=2)
+    batch = block_tables.shape[0]
+    check_tensor(seq_lens, "seq_lens", dtypes=(torch.int32,), shape=(batch,))
+    check_tensor(query_start_loc, "query_start_loc", dtypes=(torch.int32,), shape=(batch + 1,))
+    if sinks is not None:
+        check_tensor(sinks, "sinks", dtypes=(torch.float32,), shape=(num_heads,))
+    check_same_device(query=query, key_cache=key_cache, value_cache=value_cache,
+                      block_tables=block_tables, seq_lens=seq_lens,
+                      query_start_loc=query_start_loc, sinks=sinks)
 
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -103,28 +132,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     wholly before the window of a sequence's first new query are never read and may be -1, the
     null block a sliding KV-cache group leaves where it released a block.
     """
-    check_tensor(query, "query", dtypes=FLOATING, dim=3, layout="rows")
-    _check_caches(key_cache, value_cache, query.dtype)
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    if key_cache.shape[3] != head_dim:
-        raise ValueError(f"key_cache: head dim (dim 3) {key_cache.shape[3]} does not match "
-                         f"query's {head_dim}")
-    if num_heads % key_cache.shape[2]:
-        raise ValueError(f"query: the number of query heads ({num_heads}) must be a multiple of "
-                         f"key_cache's KV heads ({key_cache.shape[2]})")
-    check_tensor(block_tables, "block_tables", dtypes=(torch.int32,), dim=2)
-    batch = block_tables.shape[0]
-    check_tensor(seq_lens, "seq_lens", dtypes=(torch.int32,), shape=(batch,))
-    check_tensor(query_start_loc, "query_start_loc", dtypes=(torch.int32,), shape=(batch + 1,))
-    if sinks is not None:
-        check_tensor(sinks, "sinks", dtypes=(torch.float32,), shape=(num_heads,))
-    check_same_device(query=query, key_cache=key_cache, value_cache=value_cache,
-                      block_tables=block_tables, seq_lens=seq_lens,
-                      query_start_loc=query_start_loc, sinks=sinks)
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
-    elif (not isinstance(scale, (int, float)) or isinstance(scale, bool)
-          or not math.isfinite(scale)):
+    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)
+                              or not math.isfinite(scale)):
         raise ValueError(f"scale: expected None or a finite number, got {scale!r}")
     if sliding_window is None:
         window = 0
@@ -134,5 +143,6 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                          f"{sliding_window!r}")
     else:
         window = sliding_window
-    return call(_paged_attention, query, key_cache, value_cache, block_tables, seq_lens,
-                                            query_start_loc, float(scale), window, sinks)
+    return call(_paged_attention, _check_paged_attention, query, key_cache, value_cache,
+                block_tables, seq_lens, query_start_loc, None if scale is None else float(scale),
+                window, sinks)

@@ -34,6 +34,14 @@ def _(router_logits, top_k, mode, renormalize):
             router_logits.new_empty((tokens, top_k), dtype=torch.int32))
 
 
+def _check_topk_routing(router_logits, top_k, mode, renormalize) -> None:
+    check_tensor(router_logits, "router_logits", dtypes=FLOATING, dim=2)
+    num_experts = router_logits.shape[1]
+    if not 1 <= top_k <= min(num_experts, MAX_TOP_K):
+        raise ValueError(f"top_k: expected 1 <= top_k <= min(num_experts = {num_experts}, "
+                         f"{MAX_TOP_K}), got {top_k}")
+
+
 def topk_routing(router_logits: torch.Tensor, top_k: int, *, mode: str = "softmax_topk",
                  renormalize: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """Picks `top_k` experts per token from `router_logits` [T, E] (math in float32).
@@ -43,17 +51,12 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, *, mode: str = "softma
     the softmax over those k (`renormalize` changes nothing). Ties go to the lower expert id.
     Returns ``(weights float32 [T, k], ids int32 [T, k])``, weights in descending order.
     """
-    check_tensor(router_logits, "router_logits", dtypes=FLOATING, dim=2)
     if not isinstance(top_k, int) or isinstance(top_k, bool):
         raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
-    num_experts = router_logits.shape[1]
-    if not 1 <= top_k <= min(num_experts, MAX_TOP_K):
-        raise ValueError(f"top_k: expected 1 <= top_k <= min(num_experts = {num_experts}, "
-                         f"{MAX_TOP_K}), got {top_k}")
     check_choice(mode, "mode", ROUTING_MODES)
     if not isinstance(renormalize, bool):
         raise TypeError(f"renormalize: expected a bool, got {type(renormalize).__name__}")
-    return call(_topk_routing, router_logits, top_k, mode, renormalize)
+    return call(_topk_routing, _check_topk_routing, router_logits, top_k, mode, renormalize)
 
 
 @custom_op("fused_moe", mutates_args=())
@@ -76,25 +79,8 @@ def _(hidden, w13, w2, topk_weights, topk_ids, activation, gate_up_layout, w13_b
     return torch.empty_like(hidden)
 
 
-def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-              topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, activation: str = "silu",
-              gate_up_layout: str = "concat", w13_bias: Optional[torch.Tensor] = None,
-              w2_bias: Optional[torch.Tensor] = None, w13_scales: Optional[torch.Tensor] = None,
-              w2_scales: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The MoE block's expert MLPs: ``out[t] = sum_k topk_weights[t, k] * expert(hidden[t])``
-    with expert ``topk_ids[t, k]``, accumulated in float32. Returns [T, H] in hidden's dtype.
-
-    `hidden` is [T, H]. Dense experts: `w13` [E, 2I, H] and `w2` [E, H, I] in hidden's dtype.
-    MXFP4 experts: `w13` uint8 [E, 2I, H/2] with `w13_scales` uint8 [E, 2I, H/32], and `w2`
-    uint8 [E, H, I/2] with `w2_scales` uint8 [E, H, I/32] (the layout in DESIGN.md; H and I
-    must be multiples of 32). `gate_up_layout` names where w13 keeps its gate and up rows:
-    "concat" (gate rows [0, I), up rows [I, 2I)) or "interleaved" (gpt-oss: gate even, up odd).
-    `activation` is "silu" (``silu(gate) * up``) or "swiglu_oai" (gpt-oss: gate clamped at 7, up
-    to [-7, 7], ``(up + 1) * gate * sigmoid(1.702 * gate)``). Optional biases in hidden's dtype:
-    `w13_bias` [E, 2I] (rows as in w13) and `w2_bias` [E, H], added before the activation and
-    before the routing weight respectively. `topk_weights` is float32 [T, k], `topk_ids` int32
-    [T, k] with entries in [0, E) (checked).
-    """
+def _check_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation, gate_up_layout,
+                     w13_bias, w2_bias, w13_scales, w2_scales) -> None:
     check_tensor(hidden, "hidden", dtypes=FLOATING, dim=2)
     tokens, hidden_size = hidden.shape
     check_tensor(w13, "w13", dtypes=(hidden.dtype, torch.uint8), dim=3)
@@ -139,10 +125,31 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         raise ValueError(f"topk_weights: expected {tokens} rows like hidden, got shape "
                          f"{tuple(topk_weights.shape)}")
     check_tensor(topk_ids, "topk_ids", dtypes=(torch.int32,), shape=tuple(topk_weights.shape))
-    check_choice(activation, "activation", ACTIVATIONS)
-    check_choice(gate_up_layout, "gate_up_layout", GATE_UP_LAYOUTS)
     check_same_device(hidden=hidden, w13=w13, w2=w2, topk_weights=topk_weights,
                       topk_ids=topk_ids, w13_bias=w13_bias, w2_bias=w2_bias,
                       w13_scales=w13_scales, w2_scales=w2_scales)
-    return call(_fused_moe, hidden, w13, w2, topk_weights, topk_ids, activation,
-                                      gate_up_layout, w13_bias, w2_bias, w13_scales, w2_scales)
+
+
+def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, activation: str = "silu",
+              gate_up_layout: str = "concat", w13_bias: Optional[torch.Tensor] = None,
+              w2_bias: Optional[torch.Tensor] = None, w13_scales: Optional[torch.Tensor] = None,
+              w2_scales: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The MoE block's expert MLPs: ``out[t] = sum_k topk_weights[t, k] * expert(hidden[t])``
+    with expert ``topk_ids[t, k]``, accumulated in float32. Returns [T, H] in hidden's dtype.
+
+    `hidden` is [T, H]. Dense experts: `w13` [E, 2I, H] and `w2` [E, H, I] in hidden's dtype.
+    MXFP4 experts: `w13` uint8 [E, 2I, H/2] with `w13_scales` uint8 [E, 2I, H/32], and `w2`
+    uint8 [E, H, I/2] with `w2_scales` uint8 [E, H, I/32] (the layout in DESIGN.md; H and I
+    must be multiples of 32). `gate_up_layout` names where w13 keeps its gate and up rows:
+    "concat" (gate rows [0, I), up rows [I, 2I)) or "interleaved" (gpt-oss: gate even, up odd).
+    `activation` is "silu" (``silu(gate) * up``) or "swiglu_oai" (gpt-oss: gate clamped at 7, up
+    to [-7, 7], ``(up + 1) * gate * sigmoid(1.702 * gate)``). Optional biases in hidden's dtype:
+    `w13_bias` [E, 2I] (rows as in w13) and `w2_bias` [E, H], added before the activation and
+    before the routing weight respectively. `topk_weights` is float32 [T, k], `topk_ids` int32
+    [T, k] with entries in [0, E) (checked).
+    """
+    check_choice(activation, "activation", ACTIVATIONS)
+    check_choice(gate_up_layout, "gate_up_layout", GATE_UP_LAYOUTS)
+    return call(_fused_moe, _check_fused_moe, hidden, w13, w2, topk_weights, topk_ids,
+                activation, gate_up_layout, w13_bias, w2_bias, w13_scales, w2_scales)
