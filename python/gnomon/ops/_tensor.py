@@ -114,10 +114,11 @@ def view(t: Optional[torch.Tensor]) -> Optional[tuple]:
     The tensor must outlive the call."""
     if t is None:
         return None
-    code = _DTYPE_CODES.get(t.dtype)
-    if code is None:
+    try:
+        code = _DTYPE_CODES[t.dtype]
+    except KeyError:
         raise TypeError(f"tensor of dtype {t.dtype}: gnomon's kernels take "
-                        f"{_dtype_names(_DTYPE_CODES)}")
+                        f"{_dtype_names(_DTYPE_CODES)}") from None
     if t.is_cpu:  # t.shape is a torch.Size, a tuple: C++ reads it as it is
         return (t.data_ptr(), code, t.shape, t.stride(), _CPU, 0, 0)
     if not t.is_cuda:
