@@ -42,13 +42,13 @@ def _decode_sized_calls():
     cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)
     int32 = lambda *values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
     block_tables, seq_lens, query_start_loc = int32([0]), int32(6), int32(0, 1)
+    position = slot = torch.tensor([5])
     hidden, logits = rand(1, 64), rand(1, 4)
     w13, w2 = rand(4, 128, 64), rand(4, 64, 64)
     weights, ids = ops.topk_routing(logits, 2)
     return {
-        "rotary_embedding": lambda: ops.rotary_embedding(torch.tensor([5]), q, k, cos_sin),
-        "reshape_and_cache": lambda: ops.reshape_and_cache(k, v, key_cache, value_cache,
-                                                           torch.tensor([5])),
+        "rotary_embedding": lambda: ops.rotary_embedding(position, q, k, cos_sin),
+        "reshape_and_cache": lambda: ops.reshape_and_cache(k, v, key_cache, value_cache, slot),
         "paged_attention": lambda: ops.paged_attention(q, key_cache, value_cache, block_tables,
                                                        seq_lens, query_start_loc),
         "topk_routing": lambda: ops.topk_routing(logits, 2),
