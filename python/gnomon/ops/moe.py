@@ -53,7 +53,8 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, *, mode: str = "softma
     """
     if not isinstance(top_k, int) or isinstance(top_k, bool):
         raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
-    if not 1 <= top_k <= MAX_TOP_K:  # before it sizes the outputs; _check_ has num_experts
+    # here, before top_k sizes the outputs; _check_topk_routing bounds it by the experts too
+    if not 1 <= top_k <= MAX_TOP_K:
         raise ValueError(f"top_k: expected 1 <= top_k <= min(num_experts, {MAX_TOP_K}), got "
                          f"{top_k}")
     check_choice(mode, "mode", ROUTING_MODES)
