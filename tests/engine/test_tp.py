@@ -348,3 +348,24 @@ def test_torchrun_two_ranks_join_the_group(tmp_path):
     want = [list(o.outputs[0].token_ids) for o in
             LLM("tiny-llama", random_weights=True, dtype="float32").generate(PROMPTS, greedy)]
     assert json.loads(lines[0][len("TOKENS "):]) == want
+
+
+def test_leaving_a_group_puts_back_the_excepthook_so_rank_prefixes_do_not_pile_up(capsys):
+    """torch wraps sys.excepthook on joining a group, to prefix each line of a traceback with
+    "[rank0]: ", and does not unwrap it on leaving: a process that ran several engines printed
+    one prefix per engine."""
+    from gnomon.engine.distributed import init_group, leave_group
+
+    hook = sys.excepthook
+    for _ in range(2):
+        init_group(0, 1, "cpu", free_port())
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            sys.excepthook(*sys.exc_info())
+        leave_group()
+        assert sys.excepthook is hook
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert lines and all(line.startswith("[rank0]: ") for line in lines)
+    assert not any(line.startswith("[rank0]: [rank0]:") for line in lines)
+    assert sum("ValueError: boom" in line for line in lines) == 2

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -197,8 +198,26 @@ def init_group(rank: int, size: int, device, port: Optional[int]) -> None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if str(device).startswith("cuda"):  # nccl's object collectives use the current device
         torch.cuda.set_device(local_device_index(rank))
+    global _excepthook_outside_group
+    _excepthook_outside_group = sys.excepthook
     dist.init_process_group(backend_for(device), rank=rank, world_size=size,
                             timeout=timeout())
+
+
+# init_process_group wraps sys.excepthook to prefix "[rank0]: " to each line, and
+# destroy_process_group leaves the wrapper: a process that ran several engines printed a
+# traceback with the prefix once per engine.
+_excepthook_outside_group = None
+
+
+def leave_group() -> None:
+    """Destroys the process group and puts back the excepthook that was there before it."""
+    import torch.distributed as dist
+
+    global _excepthook_outside_group
+    dist.destroy_process_group()
+    if _excepthook_outside_group is not None:
+        sys.excepthook, _excepthook_outside_group = _excepthook_outside_group, None
 
 
 def local_device_index(rank: int) -> int:
@@ -235,7 +254,7 @@ def worker_main(rank: int, size: int, port: int, device: str, serve_rank, errors
             import torch.distributed as dist
 
             if dist.is_initialized():
-                dist.destroy_process_group()
+                leave_group()
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
 
@@ -373,7 +392,7 @@ class WorkerGroup:
                     self.comm.broadcast_object(None)
             except RuntimeError:
                 pass  # a lost rank: the processes are stopped below either way
-            dist.destroy_process_group()
+            leave_group()
         self._stop_processes()
 
 
@@ -425,12 +444,10 @@ class DistributedRunner:
 def serve_torchrun_rank(serve_rank, device: str, size: int) -> None:
     """A torchrun rank other than 0: joins the group, runs ``serve_rank(shard, comm)`` until
     rank 0 closes, and leaves the group."""
-    import torch.distributed as dist
-
     rank = int(os.environ["RANK"])
     init_group(rank, size, device, None)
     try:
         shard = Shard(rank, size)
         serve_rank(shard, Collectives(shard))
     finally:
-        dist.destroy_process_group()
+        leave_group()
