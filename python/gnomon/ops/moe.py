@@ -8,7 +8,7 @@ import torch
 
 from gnomon import _C
 from gnomon.ops._tensor import (FLOATING, call, check_choice, check_same_device, check_tensor,
-                                custom_op, follow_torch_threads, view)
+                                custom_op, follow_torch_threads, view, view_like)
 
 ROUTING_MODES = ("softmax_topk", "topk_softmax")
 ACTIVATIONS = ("silu", "swiglu_oai")
@@ -71,7 +71,8 @@ def _fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                w2_scales: Optional[torch.Tensor]) -> torch.Tensor:
     follow_torch_threads()
     out = torch.empty_like(hidden)
-    _C.fused_moe(view(out), view(hidden), view(w13), view(w2), view(topk_weights),
+    hidden_view = view(hidden)
+    _C.fused_moe(view_like(out, hidden_view), hidden_view, view(w13), view(w2), view(topk_weights),
                  view(topk_ids), activation, gate_up_layout, view(w13_bias), view(w2_bias),
                  view(w13_scales), view(w2_scales))
     return out

@@ -9,7 +9,7 @@ import torch
 
 from gnomon import _C
 from gnomon.ops._tensor import (FLOATING, call, check_same_device, check_tensor, custom_op,
-                                follow_torch_threads, view)
+                                follow_torch_threads, view, view_like)
 
 
 def _check_norm(x, weight, residual) -> None:
@@ -27,7 +27,8 @@ def _normalise(x: torch.Tensor, weight: torch.Tensor, eps: float,
     follow_torch_threads()
     out = torch.empty_like(x)
     if x.dim() == 2:  # the common case: C++ sees the caller's tensors and checks them all
-        _C.rms_norm(view(out), view(x), view(weight), eps, view(residual))
+        x_view = view(x)
+        _C.rms_norm(view_like(out, x_view), x_view, view(weight), eps, view(residual))
         return out
     _check_norm(x, weight, residual)  # C++ sees rows only, blind to how x and residual split them
     shape = (math.prod(x.shape[:-1]), x.shape[-1])
