@@ -363,7 +363,8 @@ def test_leaving_a_group_puts_back_the_excepthook_so_rank_prefixes_do_not_pile_u
             raise ValueError("boom")
         except ValueError:
             sys.excepthook(*sys.exc_info())
-        leave_group()
+        finally:
+            leave_group()
         assert sys.excepthook is hook
     lines = [line for line in capsys.readouterr().err.splitlines() if line]
     assert lines and all(line.startswith("[rank0]: ") for line in lines)

@@ -131,9 +131,9 @@ def view(t: Optional[torch.Tensor]) -> Optional[tuple]:
 
 def view_like(t: torch.Tensor, like_view: tuple) -> tuple:
     """The view of `t`, made by ``torch.empty_like`` of a tensor whose view is `like_view`, from
-    its data pointer alone: empty_like gives a dense tensor its dtype, shape, strides and device.
-    Only for a `like` that the C++ entry requires dense (its checks run before any write), and
-    which it names in its refusal otherwise; a second view costs ~0.5 us a call."""
+    its data pointer alone (a second view costs ~0.5 us a call): empty_like gives a dense tensor
+    its dtype, shape, strides and device. Only for a `like` that the C++ entry requires dense,
+    so that a strided one is refused by name before `t` is written."""
     return (t.data_ptr(),) + like_view[1:]
 
 
