@@ -312,6 +312,7 @@ Projection make_projection(const TensorView& w, const TensorView* scales, const 
 
 constexpr int64_t kUpBlock = 32;     // intermediate columns per gate/up work item
 constexpr int64_t kDownBlock = 16;   // output columns per down work item
+constexpr int64_t kDownLanesCalls = 8;  // ... and lanes calls, where experts have lanes
 constexpr int64_t kChunkBytes = 64 << 20;  // float32 buffers per token chunk
 
 }  // namespace
@@ -362,10 +363,12 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
   const int64_t x_rows = b_rows(H), a_rows = b_rows(I);
 
   // Tokens go through in chunks that bound the float32 buffers (a chunk re-reads the weights):
-  // x, a, and the lanes experts' transposes of both (padded to whole vectors).
-  const int64_t chunk = std::max<int64_t>(
-      1, std::min(tokens, kChunkBytes / static_cast<int64_t>(sizeof(float) *
-                                                             (H + top_k * (2 * I + H)))));
+  // x, a, and the lanes experts' transposes of both (padded to whole vectors). The chunks are of
+  // one size, so that none has too few tokens per expert for the lanes GEMM.
+  const int64_t most_per_chunk = std::max<int64_t>(
+      1, kChunkBytes / static_cast<int64_t>(sizeof(float) * (H + top_k * (2 * I + H))));
+  const int64_t chunks = (tokens + most_per_chunk - 1) / most_per_chunk;
+  const int64_t chunk = (tokens + chunks - 1) / chunks;
   std::unique_ptr<float[]> x(new float[chunk * H]);
   std::unique_ptr<float[]> a(new float[chunk * top_k * I]);
   std::vector<int64_t> offsets(E + 1), lanes(E), b_offset(E);
@@ -527,8 +530,15 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     });
 
     // Down projection: items are blocks of output columns; each owns out[chunk, block]. With
-    // AMX lanes experts, a block is a lanes call's rows.
-    const int64_t down_block = kernel.amx && !lanes_experts.empty() ? kernel.rows : kDownBlock;
+    // lanes experts, a block is whole lanes calls' rows, as many as keep threads balanced up to
+    // about kDownLanesCalls: each call of an item re-reads the expert's B (the activations).
+    int64_t down_block = kDownBlock;
+    if (!lanes_experts.empty()) {
+      const int64_t calls = (H + kernel.rows - 1) / kernel.rows;
+      const int64_t share = (calls + num_threads() - 1) / num_threads();
+      const int64_t per_item = std::max<int64_t>(1, share / kDownLanesCalls);
+      down_block = (share + per_item - 1) / per_item * kernel.rows;
+    }
     ItemQueue down_items((H + down_block - 1) / down_block);
     parallel_for(down_items.tickets(), 1, [&](int64_t ticket, int64_t) {
       AlignedVector<float> dot(std::max(4 * most, kernel.rows * (most + kernel.width)));

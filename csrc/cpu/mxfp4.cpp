@@ -465,7 +465,7 @@ void gemm_lanes(const TensorView& out, const TensorView& a, const TensorView& w,
   const int64_t m = a.size(0), k = a.size(1), n = w.size(0), words = k / 2;
   const int64_t lanes = (m + 15) / 16 * 16, elem = dtype_size(out.dtype);
   const int64_t depth = amx ? amx_depth(k) : words, panel_rows = amx ? kAmxLanesRows : kLanesRows;
-  auto* const kernel = amx ? lanes_rows_amx<Mxfp4Rows<Wide>, true> : mxfp4_lanes_bf16;
+  auto* const kernel = amx ? lanes_rows_amx<Mxfp4Rows<Wide>> : mxfp4_lanes_bf16;
   AlignedVector<uint32_t> b(static_cast<size_t>(depth * lanes));  // zeros in the padding
   // words is a multiple of 16 (K of whole MXFP4 blocks), as the wide transpose reads rows
   transpose_words(Isa::Wide, a.data, m, words, words, b.data(), lanes);
