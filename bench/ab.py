@@ -12,8 +12,8 @@ and each build's median time, its median time ratio to the first build and the t
 baseline's speed relative to it are printed. This VM's speed drifts ~2.5x between stretches of
 seconds; only such interleaved ratios compare builds reliably.
 
-CASE: prefill (256 tokens on 2,048 cached, bench/test_attention.py), moe256 (gpt-oss-20b
-fused_moe, T=256, bench/test_moe.py) or mxfp4-M (mxfp4_gemm at M rows, N=5760, K=2880).
+CASE: prefill (256 tokens on 2,048 cached, bench/test_attention.py), moe-T (gpt-oss-20b
+fused_moe at T tokens, bench/test_moe.py) or mxfp4-M (mxfp4_gemm at M rows, N=5760, K=2880).
 """
 
 import argparse
@@ -66,16 +66,16 @@ def case_calls(case: str):
         from test_attention import CASES, PREFILL, Case
         attention = Case(PREFILL, **CASES[PREFILL])
         return attention.gnomon, attention.gather_sdpa
-    if case == "moe256":
+    if case.startswith("moe-"):
         from test_moe import GPT_OSS, MoEBlock
-        block = MoEBlock(**GPT_OSS, mxfp4=True).batch(256)
+        block = MoEBlock(**GPT_OSS, mxfp4=True).batch(int(case.removeprefix("moe-")))
         return block.gnomon(True), block.torch_loop()
     if case.startswith("mxfp4-"):
         from test_mxfp4 import gemm_call
         m = int(case.removeprefix("mxfp4-"))
         return (gemm_call("gnomon", m, 5760, 2880, True)[0],
                 gemm_call("torch-bf16", m, 5760, 2880, True)[0])
-    raise SystemExit(f"unknown case {case!r}: prefill, moe256 or mxfp4-M")
+    raise SystemExit(f"unknown case {case!r}: prefill, moe-T or mxfp4-M")
 
 
 def settled(fn):

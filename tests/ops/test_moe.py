@@ -213,15 +213,17 @@ def test_fused_moe_mxfp4_matches_reference(dtype, style, T, E, k, H, I):
 @pytest.mark.parametrize("experts, H, I", [(dense_experts, 101, 33), (mxfp4_experts, 96, 64)])
 @pytest.mark.parametrize("style", STYLES)
 def test_fused_moe_kernel_families(family, dtype, experts, H, I, style, monkeypatch):
-    """Experts with many tokens run the tokens-in-lanes GEMM (8 or more tokens), the rest the
-    dot-product tiles, in one call, on each kernel family; odd H and I leave tails and, on the
-    bf16 dot path, a half-empty last pair (see assert_close_to_reference for its tolerance)."""
+    """Experts with many tokens run the tokens-in-lanes GEMM (8 or more tokens, 4 or more on
+    AMX), the rest the dot-product tiles, in one call, on each kernel family; odd H and I leave
+    tails and, on the bf16 dot path, a half-empty last pair (see assert_close_to_reference for
+    its tolerance)."""
     if family != "best":
         monkeypatch.setenv("GNOMON_CPU_KERNELS", family)
-    T, E, k = 24, 6, 2  # about 8 tokens per expert, some above and some below
-    out, (expected, magnitude) = run_block(STYLES[style], experts, T, E, k, H, I, dtype, seed=11)
-    counts = routed(T, E, k, STYLES[style]["mode"], seed=11)[1].flatten().bincount(minlength=E)
-    assert (counts >= 8).any() and ((counts > 0) & (counts < 8)).any()
+    T, E, k = 24, 6, 2  # about 8 tokens per expert: counts on each side of 4 and of 8
+    out, (expected, magnitude) = run_block(STYLES[style], experts, T, E, k, H, I, dtype, seed=8)
+    counts = routed(T, E, k, STYLES[style]["mode"], seed=8)[1].flatten().bincount(minlength=E)
+    assert (counts >= 8).any() and ((counts >= 4) & (counts < 8)).any()
+    assert ((counts > 0) & (counts < 4)).any()
     assert_close_to_reference(out, expected, dtype, magnitude)
 
 
