@@ -35,7 +35,7 @@ void rms_norm(const TensorView& out, const TensorView& x, const TensorView& weig
       }
       const float mean_square = hidden > 0 ? sum_squares(row.data(), hidden) / hidden : 0.0f;
       const float inv_rms = 1.0f / std::sqrt(mean_square + static_cast<float>(eps));
-      for (int64_t i = 0; i < hidden; ++i) row[i] = row[i] * inv_rms * w[i];
+      scale_by(inv_rms, w.data(), row.data(), hidden);
       store_floats(row.data(), out.dtype, row_ptr(out, r), hidden);
     }
   });

@@ -46,6 +46,7 @@ float dot(const float* a, const float* b, int64_t n);
 float sum_squares(const float* x, int64_t n);
 void axpy(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
 void scale(float alpha, float* x, int64_t n);                 // x *= alpha
+void scale_by(float alpha, const float* w, float* x, int64_t n);  // x = x * alpha * w
 
 // The kernel family a call runs: Narrow (8 lanes: AVX2 or the baseline, by load-time clone),
 // Wide (16 lanes, AVX-512), Wide with the AVX512-BF16 dot product for bfloat16 data, or that
