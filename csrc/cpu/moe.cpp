@@ -178,13 +178,13 @@ GNOMON_SIMD_CLONES void activate(Activation activation, const float* gate, const
 //
 // An expert with enough tokens (kLanesMinTokens, or on AMX kAmxLanesMinTokens, where the
 // lanes GEMM ran gpt-oss-20b T=32..64 in 0.7x the tiles' time, and the vector GEMMs in 1.1-1.3x)
-// runs as GEMMs with its tokens in the vector lanes (lanes_gemm.h): its activations are transposed once per phase into B ([K][lanes] floats,
-// or [K/2][lanes] bf16 pairs on the dot path), and each block of weight rows is decoded once
-// into a panel that every token reads as broadcast scalars. The dot path (bf16 activations,
-// bf16 or MXFP4 weights) multiplies on vdpbf16ps, or on AMX tiles (lanes_rows_amx). An MXFP4
-// value times its power-of-two scale is a bf16 (scale bytes 2..252; beyond, a block underflows
-// to values the dot products read as zero, or overflows to inf as in float32), so only the down
-// projection's activations round.
+// runs as GEMMs with its tokens in the vector lanes (lanes_gemm.h): its activations are
+// transposed once per phase into B ([K][lanes] floats, or [K/2][lanes] bf16 pairs on the dot
+// path), and each block of weight rows is decoded once into a panel that every token reads as
+// broadcast scalars. The dot path (bf16 activations, bf16 or MXFP4 weights) multiplies on
+// vdpbf16ps, or on AMX tiles (lanes_rows_amx). An MXFP4 value times its power-of-two scale is a
+// bf16 (scale bytes 2..252; beyond, a block underflows to values the dot products read as zero,
+// or overflows to inf as in float32), so only the down projection's activations round.
 
 constexpr int64_t kLanesMinTokens = 8;
 constexpr int64_t kAmxLanesMinTokens = 4;
@@ -397,8 +397,9 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     for (int64_t e = 0; e < E; ++e) {
       const int64_t count = offsets[e + 1];
       if (count > 0) active.push_back(e);
-      lanes[e] = count >= kernel.lanes_min_tokens ? (count + kernel.width - 1) / kernel.width * kernel.width
-                                          : 0;
+      lanes[e] = count >= kernel.lanes_min_tokens
+                     ? (count + kernel.width - 1) / kernel.width * kernel.width
+                     : 0;
       if (lanes[e] > 0) lanes_experts.push_back(e);
       b_offset[e] = lane_count;
       lane_count += lanes[e];
