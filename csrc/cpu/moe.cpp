@@ -539,8 +539,8 @@ void fused_moe(const TensorView& out, const TensorView& hidden, const TensorView
     // about kDownLanesCalls: each call of an item re-reads the expert's B (the activations).
     int64_t down_block = kDownBlock;
     if (!lanes_experts.empty()) {
-      const int64_t calls = (H + kernel.rows - 1) / kernel.rows;
-      const int64_t share = (calls + num_threads() - 1) / num_threads();
+      const int64_t calls = (H + kernel.rows - 1) / kernel.rows, threads = num_threads();
+      const int64_t share = (calls + threads - 1) / threads;
       const int64_t per_item = std::max<int64_t>(1, share / kDownLanesCalls);
       down_block = (share + per_item - 1) / per_item * kernel.rows;
     }
