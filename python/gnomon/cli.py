@@ -247,14 +247,16 @@ def _add_serving_arguments(p, sweep: bool) -> None:  # noqa: ANN001
     p.add_argument("--num-requests", type=int, default=None,
                    help=f"requests (default {sim.DEFAULT_NUM_REQUESTS}; a trace: all rows)")
     p.add_argument("--engine", default=sim.DEFAULT_ENGINE,
-                   help=f"vllm, sglang, gnomon or a .json profile: the scheduler defaults on "
+                   help=f"vllm, sglang, trtllm, gnomon or a .json profile: the scheduler defaults on "
                         f"this GPU and the host overhead per step (default {sim.DEFAULT_ENGINE})")
     p.add_argument("--max-num-seqs", default=None,
                    help=f"sequences per step (default: the engine's){many}")
     p.add_argument("--max-num-batched-tokens", default=None,
                    help=f"tokens per step (default: the engine's){many}")
     p.add_argument("--weight-dtype", default="auto",
-                   help="auto (the config's quantization_config), bfloat16, float16 or fp8")
+                   help="auto (the config's quantization_config), bfloat16, float16, fp8, "
+                        "nvfp4 or mxfp4 (the dense linear weights; FP4 runs on the FP4 peak "
+                        "where the chip has one, weight-only elsewhere)")
     p.add_argument("--kv-dtype", default="auto", help="auto, bfloat16, float16 or fp8")
     p.add_argument("--no-hybrid-kv", action="store_true",
                    help="keep full KV on sliding-window layers (by default they keep only "
@@ -556,6 +558,94 @@ def _run_validate(args) -> int:  # noqa: ANN001
     return 0 if args.no_goal_gate or all(g["met"] for g in report["goal"].values()) else 1
 
 
+def _add_accuracy_parser(commands) -> None:  # noqa: ANN001
+    from gnomon.predict.defaults import PREDICTOR_FORMS
+
+    p = commands.add_parser(
+        "accuracy", help="gnomon simulate against measured serving runs",
+        description="Simulates every measured serving run of a points file as its benchmark "
+                    "ran and reports how far the answers are: per row, per group (model x "
+                    "hardware x engine x dtype x source), and the coverage with the refusals "
+                    "by reason.")
+    p.add_argument("--points", default="silicon", metavar="silicon|published|FILE",
+                   help="silicon: aiconfigurator-core's systems/silicon_sample.csv where that "
+                        "package is installed (pip install 'gnomon[accuracy]'); published: the "
+                        "published points gnomon ships; or a silicon_sample.csv or a CSV/JSONL "
+                        "file in gnomon's schema (gnomon.predict.measured.FIELDS) "
+                        "(default %(default)s)")
+    p.add_argument("--split", default="all", choices=("fit", "held-out", "all"),
+                   help="fit rows may tune the predictors; held-out rows are only reported "
+                        "(default %(default)s)")
+    for flag, what in (("--model", "gnomon models"), ("--hardware", "hardware names"),
+                       ("--engine", "engine profiles")):
+        p.add_argument(flag, default="", help=f"keep only these {what} (comma-separated)")
+    p.add_argument("--predictor", default="roofline", help=f"{PREDICTOR_FORMS}")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="local worker processes (default: the CPU count)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the rows as Ray tasks on the cluster at ADDRESS, or a local one")
+    p.add_argument("--max-waves", type=int, default=None,
+                   help="a closed loop simulates at most this many waves of its concurrency, "
+                        "its steady ones weighed as the benchmark ran them; 0 for every "
+                        "request (default gnomon.predict.scorecard.MAX_WAVES)")
+    p.add_argument("--out", default=None, help="write the accuracy document here (JSON)")
+    p.add_argument("--commit", default=None,
+                   help="the gnomon commit the document measures (default: the checkout's)")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="predicted against measured, log-log, a panel per metric")
+
+
+def _run_accuracy(args) -> int:  # noqa: ANN001
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from gnomon.predict import measured, scorecard
+
+    try:
+        _check_plot_dependency(args.plot)
+        refused: list = []
+        if args.points == "published":
+            points, source = measured.load_points(measured.PUBLISHED_FILE), "published points"
+        elif args.points == "silicon" or (args.points.endswith(".csv")
+                                          and os.path.exists(args.points)
+                                          and measured.is_silicon(args.points)):
+            path = measured.silicon_csv() if args.points == "silicon" else args.points
+            points, refused = measured.load_silicon(path)
+            source = f"aiconfigurator-core silicon_sample.csv ({path})"
+        else:
+            points, source = measured.load_points(args.points), args.points
+        filters = {name: [v.strip() for v in getattr(args, name).split(",") if v.strip()]
+                   for name in ("model", "hardware", "engine")}
+        points = scorecard.filter_points(points, split=args.split, models=filters["model"],
+                                         hardware=filters["hardware"],
+                                         engines=filters["engine"])
+        if any(filters.values()) or args.split != "all":
+            refused = []  # a refusal before mapping has no model, hardware or split to filter
+        if not points and not refused:
+            raise ValueError("--points: no row is left after the filters")
+        columns = (TextColumn("accuracy"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("rows", total=len(points))
+            doc = scorecard.run(
+                points, predictor=args.predictor,
+                max_waves=(scorecard.MAX_WAVES if args.max_waves is None else args.max_waves),
+                jobs=args.jobs,
+                use_ray=args.ray is not None, ray_address=args.ray or None, source=source,
+                refused=refused, commit=args.commit,
+                progress=lambda done, total: bar.update(task, completed=done, total=total))
+        if args.out:
+            scorecard.dump(doc, args.out)
+        if args.plot:
+            scorecard.plot(doc, args.plot)
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
+        return _error(error)
+    scorecard.render(doc)
+    for path in (args.out, args.plot):
+        if path:
+            print(f"wrote {path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gnomon", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -568,6 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_sweep_parser(commands)
     _add_calibrate_parser(commands)
     _add_validate_parser(commands)
+    _add_accuracy_parser(commands)
 
     args = parser.parse_args(argv)
     try:
@@ -597,6 +688,8 @@ def _dispatch(args) -> int:  # noqa: ANN001
         return _run_calibrate(args)
     elif args.command == "validate":
         return _run_validate(args)
+    elif args.command == "accuracy":
+        return _run_accuracy(args)
     return 0
 
 

@@ -54,7 +54,7 @@ def test_quantization_configs_declare_fp8(quant, kv):
 @pytest.mark.parametrize("quant, match", [
     ({"quant_method": "awq"}, "unknown quant_method 'awq'"),
     ({**CT, "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}},
-     "compressed-tensors is supported with FP8 weights"),
+     "compressed-tensors is supported with one weight format"),
     ({"quant_method": "quark", "global_quant_config": {"weight": {"dtype": "fp4"}}},
      "quark is supported with fp8_e4m3"),
     ({"quant_method": "mxfp4"}, "gpt-oss only"),
@@ -115,6 +115,13 @@ def test_hardware_file_without_the_fp8_peak_refuses_naming_the_field(tmp_path):
     RooflinePredictor(str(tmp_path / "missing.json")).predict(StepShape.of(bf16, [(16, 0)]))
 
 
-def test_the_real_engine_refuses_fp8_by_name():
-    with pytest.raises(ValueError, match="FP8 weights .*no FP8 kernel"):
-        LLMEngine(_llama({"quant_method": "fp8"}), random_weights=True)
+@pytest.mark.parametrize("quant, match", [
+    ({"quant_method": "fp8"}, "fp8 weights .*no kernel"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4 weights .*no kernel"),
+    ({**CT, "config_groups": {"g": {"weights": {"num_bits": 4, "type": "float",
+                                                 "group_size": 32}}}},
+     "mxfp4-dense weights .*no kernel"),
+])
+def test_the_real_engine_refuses_quantized_weights_by_name(quant, match):
+    with pytest.raises(ValueError, match=match):
+        LLMEngine(_llama(quant), random_weights=True)

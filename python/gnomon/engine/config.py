@@ -55,8 +55,8 @@ class ModelConfig:
     ``"softmax_topk"`` (Mixtral) or ``"topk_softmax"`` (gpt-oss), None for a dense model.
     `gate_up_layout` names how gnomon's w13 keeps gate and up rows (``"concat"`` or
     ``"interleaved"``). `quantization` is ``"mxfp4"`` when the config.json declares MXFP4
-    experts (gpt-oss hub checkpoints), ``"fp8"`` for FP8 linear weights (which only a
-    simulation runs yet), else None; the weight loader reads whichever layout the files hold.
+    experts (gpt-oss hub checkpoints), ``"fp8"``, ``"nvfp4"`` or ``"mxfp4-dense"`` for FP8 or
+    FP4 linear weights (which only a simulation runs yet), else None; the weight loader reads whichever layout the files hold.
     `kv_cache_dtype` is ``"fp8"`` when the config declares an FP8 KV cache."""
 
     architecture: str
@@ -350,8 +350,16 @@ def _parse(raw: Dict[str, Any], source: str) -> ModelConfig:
         kv_cache_dtype=kv_cache_dtype)
 
 
-QUANT_METHODS = ("mxfp4 (gpt-oss)", "fp8", "fbgemm_fp8", "compressed-tensors (fp8)",
-                 "quark (fp8_e4m3)")
+QUANT_METHODS = ("mxfp4 (gpt-oss)", "fp8", "fbgemm_fp8", "modelopt (FP8, NVFP4)",
+                 "compressed-tensors (fp8, nvfp4, mxfp4)", "quark (fp8_e4m3)")
+
+
+def _fp4_spec(spec) -> Optional[str]:
+    """"nvfp4" (16-element groups) or "mxfp4-dense" (32) for a compressed-tensors weight spec
+    of 4-bit floats, else None."""
+    if not isinstance(spec, dict) or spec.get("num_bits") != 4 or spec.get("type") != "float":
+        return None
+    return {16: "nvfp4", 32: "mxfp4-dense"}.get(spec.get("group_size"))
 
 
 def _is_fp8_spec(spec) -> bool:
@@ -364,8 +372,11 @@ def _is_fp8_spec(spec) -> bool:
 
 def _parse_quantization(r: ConfigReader, quant, mxfp4_experts: bool):
     """``(quantization, kv_cache_dtype)`` from a ``quantization_config``: "mxfp4" (gpt-oss's
-    experts) or "fp8" (the linear layers' weights), and "fp8" where the config also declares
-    an FP8 KV cache (compressed-tensors' ``kv_cache_scheme``, quark's k/v output tensors)."""
+    experts), or the linear layers' weights: "fp8", "nvfp4" (ModelOpt or compressed-tensors,
+    FP4 in 16-element groups with FP8 scales) or "mxfp4-dense" (compressed-tensors FP4 in
+    32-element groups); and "fp8" where the config also declares an FP8 KV cache
+    (compressed-tensors' ``kv_cache_scheme``, ModelOpt's ``kv_cache_quant_algo``, quark's k/v
+    output tensors)."""
     if quant is None:
         return None, None
     method = quant.get("quant_method") if isinstance(quant, dict) else None
@@ -375,13 +386,22 @@ def _parse_quantization(r: ConfigReader, quant, mxfp4_experts: bool):
         return "mxfp4", None
     if method in ("fp8", "fbgemm_fp8"):
         return "fp8", "fp8" if _is_fp8_spec(quant.get("kv_cache_scheme")) else None
+    if method == "modelopt":
+        algo = str(quant.get("quant_algo", "")).upper()
+        if algo not in ("FP8", "NVFP4"):
+            r.fail(f"quantization_config: modelopt is supported with quant_algo FP8 or "
+                   f"NVFP4, got {quant.get('quant_algo')!r}")
+        kv = str(quant.get("kv_cache_quant_algo") or "").upper()
+        return algo.lower(), "fp8" if kv == "FP8" else None
     if method == "compressed-tensors":
         groups = quant.get("config_groups") or {}
         weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)]
-        if not weights or not all(_is_fp8_spec(w) for w in weights):
-            r.fail(f"quantization_config: compressed-tensors is supported with FP8 weights "
-                   f"(num_bits 8, type float), got config_groups {groups!r}")
-        return "fp8", "fp8" if _is_fp8_spec(quant.get("kv_cache_scheme")) else None
+        kinds = {"fp8" if _is_fp8_spec(w) else _fp4_spec(w) for w in weights}
+        if len(kinds) != 1 or None in kinds:
+            r.fail(f"quantization_config: compressed-tensors is supported with one weight "
+                   f"format for every group, FP8 (num_bits 8, type float) or FP4 (num_bits 4, "
+                   f"type float, group_size 16 or 32), got config_groups {groups!r}")
+        return kinds.pop(), "fp8" if _is_fp8_spec(quant.get("kv_cache_scheme")) else None
     if method == "quark":
         weight = (quant.get("global_quant_config") or {}).get("weight")
         if not _is_fp8_spec(weight):

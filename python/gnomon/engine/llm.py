@@ -154,11 +154,13 @@ class LLMEngine:
         else:
             raise TypeError(f"model: expected a folder path or preset name, got "
                             f"{type(model).__name__}")
-        if runner is None and (config.quantization == "fp8" or config.kv_cache_dtype == "fp8"):
-            what = "FP8 weights" if config.quantization == "fp8" else "an FP8 KV cache"
-            raise ValueError(f"model: {what} (quantization_config): gnomon has no FP8 kernel "
-                             f"yet, so the real engine cannot run this model; gnomon simulate "
-                             f"can price it")
+        if runner is None and (config.quantization in ("fp8", "nvfp4", "mxfp4-dense")
+                               or config.kv_cache_dtype == "fp8"):
+            what = (f"{config.quantization} weights" if config.quantization != "mxfp4"
+                    and config.quantization else "an fp8 KV cache")
+            raise ValueError(f"model: {what} (quantization_config): gnomon has no kernel for "
+                             f"them yet, so the real engine cannot run this model; gnomon "
+                             f"simulate can price it")
         self.tensor_parallel_size = check_tp(config, tensor_parallel_size)
         distributed = launched_by_torchrun() or tensor_parallel_size > 1
         if distributed and runner is not None:

@@ -8,6 +8,13 @@ with its source, from ``data/engines.json`` or a user's JSON file of the same sh
 input preparation, output processing). An engine that overlaps it with the GPU (``overlapped``:
 SGLang's overlap scheduler, vLLM's async scheduling) adds only what exceeds the GPU's time.
 The roofline reports it as the ``overhead`` family.
+
+`ServingPath`: what a request crosses outside the step loop, between the client and the
+scheduler: the API server and tokenisation on the way in (``request_s + per_prompt_token_s *
+prompt tokens``), output processing and streaming on the way out (``response_s``), and the
+steps an engine's async scheduling puts between a step and its tokens' output
+(``output_lag_steps``). `gnomon.predict.serve.run_workload` applies it; the metrics report it
+as the ``serving`` part of TTFT.
 """
 
 from __future__ import annotations
@@ -47,6 +54,30 @@ class EngineOverhead:
 
 
 @dataclass(frozen=True)
+class ServingPath:
+    """Seconds a request spends outside the engine's steps (module docstring)."""
+
+    request_s: float = 0.0
+    per_prompt_token_s: float = 0.0
+    response_s: float = 0.0
+    output_lag_steps: int = 0
+
+    def __post_init__(self):
+        for name in ("request_s", "per_prompt_token_s", "response_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                    math.isfinite(v) and v >= 0):
+                raise ValueError(f"serving.{name}: expected seconds >= 0, got {v!r}")
+        if self.output_lag_steps not in (0, 1) or isinstance(self.output_lag_steps, bool):
+            raise ValueError(f"serving.output_lag_steps: expected 0 or 1, got "
+                             f"{self.output_lag_steps!r}")
+
+    def ingress(self, prompt_tokens: int) -> float:
+        """Seconds from the client's send to the request reaching the scheduler."""
+        return self.request_s + self.per_prompt_token_s * prompt_tokens
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """One engine's defaults and overhead, with the sources they come from."""
 
@@ -59,6 +90,7 @@ class EngineProfile:
     large_gpu_excludes: Tuple[str, ...]  # ... unless its name contains one of these
     gpu_memory_utilization: float
     sources: Dict[str, str]
+    serving: ServingPath = ServingPath()
 
     def is_large(self, hw: Hardware) -> bool:
         if any(word.lower() in hw.name.lower() for word in self.large_gpu_excludes):
@@ -84,7 +116,8 @@ def _profile(name: str, raw: dict, where: str) -> EngineProfile:
             large_gpu_gib=float(raw["large_gpu_gib"]),
             large_gpu_excludes=tuple(raw.get("large_gpu_excludes", ())),
             gpu_memory_utilization=float(raw["gpu_memory_utilization"]),
-            sources={str(k): str(v) for k, v in raw["sources"].items()})
+            sources={str(k): str(v) for k, v in raw["sources"].items()},
+            serving=ServingPath(**raw.get("serving", {})))
     except KeyError as error:
         raise ValueError(f"{where}: engine {name!r} lacks the field {error.args[0]!r}") from None
     except (TypeError, ValueError) as error:

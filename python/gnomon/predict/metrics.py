@@ -7,8 +7,13 @@ its per-family breakdown and whatever no family claims (``unattributed_s``).
 
 Definitions (times on the run's clock, seconds):
 
-- queueing = first_scheduled - arrival; prefill = first_token - first_scheduled;
-  ttft = first_token - arrival; e2e = finish - arrival.
+- arrival is the client's send; the request reaches the scheduler ``serving.ingress(prompt)``
+  later, and the client sees a token ``response_s`` after the step that made it ends (after
+  the next step, under async scheduling): the run's `ServingPath` (none by default).
+- queueing = first_scheduled - reaching the scheduler; prefill = first_token -
+  first_scheduled (both on the engine's clock); serving = the rest of the TTFT (ingress, the
+  async lag and the response path); ttft = serving + queueing + prefill, the client's first
+  token - arrival; e2e = the client's last token - arrival.
 - tpot = (finish - first_token) / (output_tokens - 1), per request; None for one-token outputs
   (left out of the TPOT summary).
 - itl: the gaps between consecutive output tokens of a request, pooled over all requests.
@@ -81,8 +86,8 @@ class _PerRequest:
         rows = np.empty((n, 4))
         self.prompt = np.empty(n, dtype=np.int64)
         self.out = np.empty(n, dtype=np.int64)
-        self.gaps: List[np.ndarray] = []
         token_times = trace.token_times
+        made: List[np.ndarray] = []  # each request's token times on the engine's clock
         for i, o in enumerate(outputs):
             m = o.metrics
             times = (m.arrival_time, m.first_scheduled_time, m.first_token_time, m.finish_time)
@@ -100,16 +105,31 @@ class _PerRequest:
             if tt.size != k:
                 raise ValueError(f"request {o.request_id!r}: token_times holds {tt.size} times "
                                  f"for {k} output tokens")
+            made.append(tt)
             self.prompt[i] = len(o.prompt_token_ids)
             self.out[i] = k
-            self.gaps.append(np.diff(tt))
-        self.arrival, sched, first, self.finish = rows.T
-        self.queueing = sched - self.arrival
+        entered, sched, first, finish = rows.T
+        path = trace.serving
+        ends = np.sort(np.fromiter((s.start + s.seconds for s in trace.steps), np.float64,
+                                   len(trace.steps)))
+
+        def seen(t):  # when the client sees what the step ending at t made
+            if path.output_lag_steps:
+                i = np.searchsorted(ends, t, side="right")
+                t = np.where(i < len(ends), ends[np.minimum(i, len(ends) - 1)], t)
+            return t + path.response_s
+
+        self.arrival = entered - (path.request_s + path.per_prompt_token_s * self.prompt)
+        first_seen, self.finish = seen(first), seen(finish)
+        self.gaps: List[np.ndarray] = [np.diff(seen(tt)) for tt in made]
+        self.queueing = sched - entered
         self.prefill = first - sched
-        self.ttft = first - self.arrival
+        self.ttft = first_seen - self.arrival
+        self.serving = self.ttft - self.queueing - self.prefill
         self.e2e = self.finish - self.arrival
         with np.errstate(divide="ignore", invalid="ignore"):
-            self.tpot = np.where(self.out > 1, (self.finish - first) / (self.out - 1), np.nan)
+            self.tpot = np.where(self.out > 1, (self.finish - first_seen) / (self.out - 1),
+                                 np.nan)
 
 
 def _opt(x: float) -> Optional[float]:
@@ -122,7 +142,7 @@ def request_metrics(trace) -> List[dict]:
     return [{"request_id": r.ids[i], "arrival": float(r.arrival[i]),
              "prompt_tokens": int(r.prompt[i]), "output_tokens": int(r.out[i]),
              "queueing_s": float(r.queueing[i]), "prefill_s": float(r.prefill[i]),
-             "ttft_s": float(r.ttft[i]), "tpot_s": _opt(r.tpot[i]),
+             "serving_s": float(r.serving[i]), "ttft_s": float(r.ttft[i]), "tpot_s": _opt(r.tpot[i]),
              "itl_s": r.gaps[i].tolist(), "e2e_s": float(r.e2e[i])}
             for i in range(len(r.ids))]
 
@@ -216,6 +236,7 @@ def compute_metrics(trace, slo: SLO = SLO(), num_gpus: int = 1) -> dict:
         "ttft": summarize(r.ttft).as_dict(),
         "queueing": summarize(r.queueing).as_dict(),
         "prefill": summarize(r.prefill).as_dict(),
+        "serving": summarize(r.serving).as_dict(),
         "tpot": tpot.as_dict(),
         "itl": summarize(itl).as_dict(),
         "e2e": summarize(r.e2e).as_dict(),
@@ -240,6 +261,7 @@ def compute_metrics(trace, slo: SLO = SLO(), num_gpus: int = 1) -> dict:
         "steps": _steps(trace),
         "per_request": {"request_id": [str(i) for i in r.ids],
                         "queueing_s": r.queueing.tolist(), "prefill_s": r.prefill.tolist(),
+                        "serving_s": r.serving.tolist(),
                         "ttft_s": r.ttft.tolist(),
                         "tpot_s": [_opt(x) for x in r.tpot.tolist()],
                         "e2e_s": r.e2e.tolist()},

@@ -4,7 +4,7 @@
 each layer's ops already multiplied by the number of layers that share their cost. Counting:
 
 - activations in the model's dtype; linear weights in `ModelSpec.linear_dtype` (FP8 one byte,
-  its math FP8), MXFP4 experts 4.25 bits per weight; embedding, router and lm_head in the
+  its math FP8; NVFP4 4.5 and MXFP4 4.25 bits, their math FP4), MXFP4 experts 4.25 bits; embedding, router and lm_head in the
   model's dtype; the KV cache in `ModelSpec.kv_bytes` per element;
 - GEMMs read their weights once and their input and output activations once;
 - attention counts each sequence's own keys: query ``j`` of ``n`` new tokens after ``c`` cached
@@ -111,7 +111,7 @@ def dense_ops(spec: ModelSpec, T: int, R: int, tp: int) -> Tuple[Op, ...]:
     steps repeat the same few)."""
     c = spec.config
     a, w = spec.dtype_bytes, spec.linear_bytes
-    linear = "fp8" if spec.linear_dtype == "fp8" else "bfloat16"
+    linear = spec.linear_compute
     L, H = c.num_layers, c.hidden_size
     q = c.q_size // tp
     kv = kv_heads_per_gpu(c, tp) * c.head_dim

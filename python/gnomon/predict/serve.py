@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from gnomon.engine.llm import LLMEngine, RequestOutput
 from gnomon.engine.sampling_params import SamplingParams
 
+from .engines import ServingPath
 from .hardware import resolve_hardware
 from .shapes import ModelSpec, check_tp
 from .simulated import (GPU_MEMORY_UTILIZATION, SimulatedRunner, StepRecord, TimedRunner,
@@ -59,6 +60,7 @@ class RunTrace:
     prefix_queried_tokens: int
     prefix_hit_tokens: int
     wall_seconds: float  # how long the run took on this machine
+    serving: ServingPath = ServingPath()  # the path outside the steps the run applied
 
 
 def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
@@ -96,14 +98,21 @@ def timed_engine(model: Union[str, ModelSpec], *, random_weights: bool = False,
 
 
 def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional[int] = None,
+                 serving: ServingPath = ServingPath(),
                  progress: Optional[Callable[[int, int], None]] = None) -> RunTrace:
     """Run `workload` to completion on `engine` (built by `simulated_engine` or
     `timed_engine`); ``progress(done, total)`` after each step.
 
     With `concurrency` N the client keeps at most N requests in flight, as ``vllm bench serve
     --max-concurrency`` does: a request is sent at its workload arrival time or, when N are in
-    flight then, the moment one of them finishes; its arrival (and so its TTFT) counts from
-    that send. With every arrival at t=0 (rate inf) this is a closed loop of N users."""
+    flight then, the moment the client sees one of them finish; its arrival (and so its TTFT)
+    counts from that send. With every arrival at t=0 (rate inf) this is a closed loop of N
+    users.
+
+    `serving` is the path outside the steps (`ServingPath`): a request reaches the scheduler
+    ``serving.ingress(prompt tokens)`` after its send, and the client sees a step's tokens
+    ``response_s`` after the step ends, or after the next step ends under async scheduling
+    (``output_lag_steps`` 1). The metrics read it back from the trace."""
     clock, runner = engine.clock, engine.runner
     if not isinstance(clock, VirtualClock) or not isinstance(runner,
                                                              (SimulatedRunner, TimedRunner)):
@@ -118,34 +127,41 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
     requests = workload.requests
     sent = 0
 
-    def send(limit: int) -> None:
+    def send(limit: int, at: float) -> None:
         nonlocal sent
-        now = clock()
         while sent < limit:
             r = requests[sent]
             engine.add_request(r.request_id, r.prompt_token_ids,
                                SamplingParams(max_tokens=r.output_len, temperature=0,
                                               ignore_eos=True),
-                               arrival_time=max(start + r.arrival_time, now))
+                               arrival_time=max(start + r.arrival_time, at)
+                               + serving.ingress(len(r.prompt_token_ids)))
             sent += 1
 
     total = workload.num_requests
     in_flight = total if concurrency is None else concurrency
-    send(min(in_flight, total))
+    send(min(in_flight, total), start)
     kv_usage: List[Tuple[float, float]] = []
     kv_group_blocks: List[Tuple[int, ...]] = []
-    done = 0
+    done = 0  # requests the client has seen finish
+    held = 0  # finished in the last step, seen by the client only after the next (async lag)
     # The requests just added live for the whole run: frozen, the collector's passes do not
     # walk their prompts again and again (a tenth of a simulation's time otherwise).
     gc.freeze()
     try:
-        while engine.has_unfinished_requests():
+        while engine.has_unfinished_requests() or held:
             executed = len(runner.steps)
+            finished = 0
             for delta in engine.step():
-                done += delta.finished
+                finished += delta.finished
+            ran = len(runner.steps) != executed
+            if serving.output_lag_steps and ran:
+                done, held = done + held, finished
+            else:
+                done, held = done + held + finished, 0
             if sent < total and sent - done < in_flight:
-                send(min(done + in_flight, total))
-            if len(runner.steps) == executed:  # nothing could run: skip to the next arrival
+                send(min(done + in_flight, total), clock() + serving.response_s)
+            if not ran:  # nothing could run: skip to the next arrival
                 arrival = engine.next_arrival_time()
                 if arrival is None:
                     break
@@ -170,4 +186,5 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
                     num_kv_blocks=engine.num_kv_blocks,
                     num_preemptions=engine.scheduler.num_preemptions,
                     prefix_queried_tokens=int(stats["queries"]),
-                    prefix_hit_tokens=int(stats["hits"]), wall_seconds=time.perf_counter() - began)
+                    prefix_hit_tokens=int(stats["hits"]), wall_seconds=time.perf_counter() - began,
+                    serving=serving)

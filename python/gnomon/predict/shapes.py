@@ -18,22 +18,30 @@ from gnomon.engine.distributed import check_tp, kv_heads_per_gpu  # noqa: F401 (
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FP8_BYTES = 1
-WEIGHT_DTYPES = ("auto", "bfloat16", "float16", "fp8")  # what --weight-dtype accepts
-KV_DTYPES = ("auto", "bfloat16", "float16", "fp8")  # what --kv-dtype accepts
 MXFP4_BYTES_PER_PARAM = 0.53125  # 4 bits + one E8M0 byte per 32 elements (OCP MX v1.0)
+NVFP4_BYTES_PER_PARAM = 0.5625  # 4 bits + one E4M3 byte per 16 elements (NVIDIA NVFP4)
+_QUANT_BYTES = {"fp8": FP8_BYTES, "nvfp4": NVFP4_BYTES_PER_PARAM, "mxfp4": MXFP4_BYTES_PER_PARAM}
+# the math a weight dtype's GEMMs run in where the chip has it (else weight-only at bf16)
+QUANT_COMPUTE = {"fp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
+WEIGHT_DTYPES = ("auto", "bfloat16", "float16", "fp8", "nvfp4", "mxfp4")  # --weight-dtype
+KV_DTYPES = ("auto", "bfloat16", "float16", "fp8")  # what --kv-dtype accepts
+_CONFIG_WEIGHTS = {"fp8": "fp8", "nvfp4": "nvfp4", "mxfp4-dense": "mxfp4"}  # quantization
 
 
-def _dtype_bytes(name: str) -> int:
-    return FP8_BYTES if name == "fp8" else _DTYPE_BYTES[name]
+def _dtype_bytes(name: str) -> float:
+    return _QUANT_BYTES.get(name) or _DTYPE_BYTES[name]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """A model as the predictors count it: `config` (the engine's), the activation `dtype`,
-    the dtype of the linear layers' weights (`weight_dtype`: the activation dtype, or "fp8"),
-    the KV cache's (`kv_dtype`) and whether the experts are MXFP4. FP8 weights cover every
-    linear layer of the decoder (attention projections, MLP and experts); the embedding,
-    lm_head, norms and router stay in `dtype`, as FP8 checkpoints keep them."""
+    the dtype of the linear layers' weights (`weight_dtype`: the activation dtype, "fp8",
+    "nvfp4" or "mxfp4"), the KV cache's (`kv_dtype`) and whether the experts are MXFP4 (as
+    gpt-oss checkpoints hold them, whatever the other weights are). Quantized weights cover
+    every linear layer of the decoder (attention projections, MLP and experts); the embedding,
+    lm_head, norms and router stay in `dtype`, as FP8 and FP4 checkpoints keep them. Bytes per
+    weight: FP8 1, NVFP4 4.5 bits (a 16-element block shares an FP8 scale), MXFP4 4.25 (32
+    share an E8M0 scale)."""
 
     name: str
     config: ModelConfig
@@ -60,7 +68,7 @@ class ModelSpec:
             raise ValueError(f"kv_dtype: expected one of {', '.join(KV_DTYPES)}, got "
                              f"{kv_dtype!r}")
         if weight_dtype == "auto":
-            weight_dtype = "fp8" if config.quantization == "fp8" else dtype
+            weight_dtype = _CONFIG_WEIGHTS.get(config.quantization, dtype)
         if kv_dtype == "auto":
             kv_dtype = config.kv_cache_dtype or dtype
         if mxfp4_experts is None:
@@ -110,20 +118,27 @@ class ModelSpec:
         return self.weight_dtype or self.dtype
 
     @property
-    def linear_bytes(self) -> int:
+    def linear_bytes(self) -> float:
         return _dtype_bytes(self.linear_dtype)
 
     @property
+    def linear_compute(self) -> str:
+        """The math of the linear layers' GEMMs: "fp8", "fp4" or "bfloat16" (the roofline runs
+        a chip without that math weight-only at its bf16 peak)."""
+        return QUANT_COMPUTE.get(self.linear_dtype, "bfloat16")
+
+    @property
     def kv_bytes(self) -> int:
-        return _dtype_bytes(self.kv_dtype or self.dtype)
+        return int(_dtype_bytes(self.kv_dtype or self.dtype))
 
     @property
     def expert_bytes_per_param(self) -> float:
         return MXFP4_BYTES_PER_PARAM if self.mxfp4_experts else self.linear_bytes
 
     @property
-    def fp8(self) -> bool:
-        return "fp8" in (self.weight_dtype, self.kv_dtype)
+    def quantized(self) -> bool:
+        """FP8 or FP4 weights or KV beyond what gnomon's real engine runs (MXFP4 experts)."""
+        return self.weight_dtype in _QUANT_BYTES or self.kv_dtype == "fp8"
 
     def weight_bytes(self, tp: int = 1) -> float:
         """Bytes of weights one of `tp` GPUs holds (embedding and lm_head split by vocab,

@@ -52,10 +52,13 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
         out.append(f"{model.name}'s sliding-window layers keep full KV (hybrid KV cache off): "
                    f"the KV capacity is smaller than an engine that keeps only "
                    f"{c.sliding_window} tokens on those layers")
-    if model.fp8:
-        out.append(f"FP8 (weights {model.linear_dtype}, KV {model.kv_dtype or model.dtype}): "
-                   f"the simulation is ahead of the kernels; gnomon's real engine has no FP8 "
-                   f"kernel yet and refuses such a model")
+    if model.quantized:
+        out.append(f"weights {model.linear_dtype}, KV {model.kv_dtype or model.dtype}: the "
+                   f"simulation is ahead of the kernels; gnomon's real engine has no kernel "
+                   f"for them yet and refuses such a model")
+        if model.linear_compute != "bfloat16" and hardware.tflops(model.linear_compute) is None:
+            out.append(f"{hardware.name} has no {model.linear_compute} math: the "
+                       f"{model.linear_dtype} GEMMs run weight-only at its bf16 peak")
     if isinstance(predictor, RooflinePredictor):
         eff = predictor.efficiencies
         if eff.curves is None:

@@ -216,11 +216,13 @@ class OutputLock:
 
 # --------------------------------------------------------------------------- executors
 
-def _local_results(base, points, jobs: int):
-    """Records as they finish: inline for one job, else a process pool of `jobs`."""
+def _local_results(base, points, jobs: int, task=None):
+    """Records as they finish, each ``task(base, point)`` (default `run_point`): inline for one
+    job, else a process pool of `jobs`."""
+    task = task or run_point
     if jobs == 1:
         for point in points:
-            yield run_point(base, point)
+            yield task(base, point)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -228,7 +230,7 @@ def _local_results(base, points, jobs: int):
     # spawn: a fresh interpreter per worker, no inherited threads or locks
     with ProcessPoolExecutor(max_workers=jobs,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(run_point, base, point) for point in points]
+        futures = [pool.submit(task, base, point) for point in points]
         for future in as_completed(futures):
             yield future.result()
 
@@ -236,9 +238,9 @@ def _local_results(base, points, jobs: int):
 RAY_CONNECT_TIMEOUT_S = 30
 
 
-def _ray_results(base, points, address: Optional[str]):
-    """Records as they finish, each point a Ray task; `address` None starts a local cluster
-    sized for this machine."""
+def _ray_results(base, points, address: Optional[str], task=None):
+    """Records as they finish, each ``task(base, point)`` (default `run_point`) a Ray task;
+    `address` None starts a local cluster sized for this machine."""
     try:
         import ray
     except ImportError:
@@ -250,8 +252,8 @@ def _ray_results(base, points, address: Optional[str]):
         else:
             ray.init(num_cpus=os.cpu_count() or 1, object_store_memory=200 * 1024 * 1024,
                      include_dashboard=False, log_to_driver=False)
-    task = ray.remote(run_point)
-    pending = [task.remote(base, point) for point in points]
+    remote = ray.remote(task or run_point)
+    pending = [remote.remote(base, point) for point in points]
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         yield ray.get(done[0])

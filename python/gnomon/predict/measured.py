@@ -1,0 +1,351 @@
+"""Measured serving points: real benchmark runs that `gnomon accuracy` compares `simulate` with.
+
+A `MeasuredPoint` is one run of a serving benchmark on real GPUs: what ran (model, hardware,
+engine and its version, parallelism, dtypes), the load (a workload, a closed loop at a
+concurrency or a rate, the number of requests), what was measured (mean TTFT and TPOT, output
+throughput where the source gives it) and where it comes from (``source``, part of a row's group).
+
+Two ways in:
+
+- **gnomon's schema**, a CSV with a header or a JSON-lines file, one point per row, the fields of
+  `FIELDS` (``FIELDS`` says each one's meaning and default). `load_points` reads it.
+- **aiconfigurator-core's** ``systems/silicon_sample.csv`` (NVIDIA AIConfigurator, PyPI
+  ``aiconfigurator-core``, Apache-2.0): `from_silicon` maps each row through the one table in
+  ``data/silicon.json`` (models and their quant labels, systems and their split, backends, the KV
+  dtype per recipe; what a blank field means). `silicon_csv()` finds it where that package is
+  installed; nothing is downloaded.
+
+A point maps to `simulate`'s arguments (`MeasuredPoint.simulate_args`), or is refused with the
+reason that names what is missing (`PointRefused`): expert or attention data parallelism, which
+the simulator does not price yet, is refused, never approximated as plain tensor parallelism.
+
+The split: ``fit`` points may tune the predictors; ``held-out`` points are only reported. A point
+of neither (``""``) counts only in ``--split all``.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Dict, Iterable, List, Optional, Tuple
+
+SPLITS = ("fit", "held-out")
+DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "silicon.json")
+PUBLISHED_FILE = os.path.join(os.path.dirname(__file__), "data", "published.jsonl")
+
+# field: (meaning, default; None: required)
+FIELDS: Dict[str, Tuple[str, Optional[str]]] = {
+    "id": ("a unique name for the run", None),
+    "source": ("where the measurement comes from (a group key)", None),
+    "model": ("a gnomon preset or a model folder", None),
+    "hardware": ("a catalogue name or a hardware file", None),
+    "engine": ("an engine profile (vllm, sglang, trtllm, gnomon) or a .json file", None),
+    "engine_version": ("the engine's version, '' when the source does not say", ""),
+    "tp": ("tensor-parallel GPUs", "1"),
+    "ep": ("expert-parallel GPUs (> 1 is refused: not priced yet)", "1"),
+    "dp": ("attention data-parallel GPUs (> 1 is refused: not priced yet)", "1"),
+    "weight_dtype": ("auto, bfloat16, fp8, nvfp4 or mxfp4: the dense linear weights", "auto"),
+    "kv_dtype": ("auto, bfloat16 or fp8", "auto"),
+    "workload": ("random, sharegpt, chat or trace:FILE", "random"),
+    "input_len": ("N or LOW:HIGH prompt tokens (random workloads)", ""),
+    "output_len": ("N or LOW:HIGH output tokens (random workloads)", ""),
+    "concurrency": ("requests in flight of a closed loop, '' for none", ""),
+    "rate": ("requests/s, or inf (all at once)", "inf"),
+    "num_requests": ("requests the benchmark sent", None),
+    "ttft_ms": ("measured mean time to first token, ms ('' if not measured)", ""),
+    "tpot_ms": ("measured mean time per output token, ms ('' if not measured)", ""),
+    "output_tokens_per_s": ("measured output throughput ('' if not measured)", ""),
+    "split": ("fit, held-out or ''", ""),
+}
+
+
+class PointRefused(ValueError):
+    """A measured point the simulator cannot answer honestly; ``reason`` names what is missing."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    """One measured run (module docstring; `FIELDS` gives each field's meaning)."""
+
+    id: str
+    source: str
+    model: str
+    hardware: str
+    engine: str
+    num_requests: int
+    engine_version: str = ""
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    weight_dtype: str = "auto"
+    kv_dtype: str = "auto"
+    workload: str = "random"
+    input_len: str = ""
+    output_len: str = ""
+    concurrency: Optional[int] = None
+    rate: float = math.inf
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    output_tokens_per_s: Optional[float] = None
+    split: str = ""
+
+    def __post_init__(self):
+        where = f"point {self.id!r}"
+        for name in ("tp", "ep", "dp", "num_requests"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{where}: {name}: expected an integer >= 1, got {v!r}")
+        if self.concurrency is not None and (isinstance(self.concurrency, bool) or not
+                                             isinstance(self.concurrency, int)
+                                             or self.concurrency < 1):
+            raise ValueError(f"{where}: concurrency: expected an integer >= 1 or blank, got "
+                             f"{self.concurrency!r}")
+        if not (isinstance(self.rate, (int, float)) and self.rate > 0):
+            raise ValueError(f"{where}: rate: expected requests/s > 0 or inf, got {self.rate!r}")
+        for name in ("ttft_ms", "tpot_ms", "output_tokens_per_s"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{where}: {name}: expected a positive number or blank, got "
+                                 f"{v!r}")
+        if self.ttft_ms is None and self.tpot_ms is None:
+            raise ValueError(f"{where}: measures neither ttft_ms nor tpot_ms")
+        if self.split not in ("",) + SPLITS:
+            raise ValueError(f"{where}: split: expected one of fit, held-out or '', got "
+                             f"{self.split!r}")
+        for name in ("id", "source", "model", "hardware", "engine"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{where}: {name}: expected a non-empty string")
+
+    @property
+    def dtype_label(self) -> str:
+        return f"w={self.weight_dtype},kv={self.kv_dtype}"
+
+    @property
+    def group(self) -> Dict[str, str]:
+        """What a group of points shares: model x hardware x engine x dtypes x source."""
+        engine = self.engine + (f" {self.engine_version}" if self.engine_version else "")
+        return {"model": self.model, "hardware": self.hardware, "engine": engine,
+                "dtype": self.dtype_label, "source": self.source}
+
+    def simulate_args(self) -> dict:
+        """`simulate`'s keyword arguments for this run, or `PointRefused`."""
+        if self.ep > 1 or self.dp > 1:
+            raise PointRefused(
+                f"expert parallelism (ep {self.ep}) and attention data parallelism (dp "
+                f"{self.dp}) are not priced yet: the simulator models tensor parallelism only")
+        args = dict(model=self.model, hardware=self.hardware, engine=self.engine, tp=self.tp,
+                    weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
+                    workload=self.workload, num_requests=self.num_requests,
+                    concurrency=self.concurrency)
+        if self.workload.startswith("trace:"):
+            args["rate"] = None
+        else:
+            args["rate"] = self.rate
+            for name in ("input_len", "output_len"):
+                if getattr(self, name):
+                    args[name] = getattr(self, name)
+        return args
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["rate"] = "inf" if math.isinf(self.rate) else self.rate
+        return out
+
+
+# --------------------------------------------------------------------------- gnomon's schema
+
+def _parse(raw: dict, where: str) -> MeasuredPoint:
+    unknown = set(raw) - set(FIELDS)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; the schema's fields are "
+                         f"{', '.join(FIELDS)}")
+    values = {}
+    for name, (_, default) in FIELDS.items():
+        text = raw.get(name)
+        text = default if text is None or text == "" else text
+        if text is None:
+            raise ValueError(f"{where}: lacks the field {name!r} ({FIELDS[name][0]})")
+        values[name] = text
+    try:
+        def number(name, kind):
+            v = values[name]
+            return None if v == "" else kind(v)
+
+        return MeasuredPoint(
+            id=str(values["id"]), source=str(values["source"]), model=str(values["model"]),
+            hardware=str(values["hardware"]), engine=str(values["engine"]),
+            engine_version=str(values["engine_version"]), tp=number("tp", int),
+            ep=number("ep", int), dp=number("dp", int),
+            weight_dtype=str(values["weight_dtype"]), kv_dtype=str(values["kv_dtype"]),
+            workload=str(values["workload"]), input_len=str(values["input_len"]),
+            output_len=str(values["output_len"]), concurrency=number("concurrency", int),
+            rate=float(values["rate"]), num_requests=number("num_requests", int),
+            ttft_ms=number("ttft_ms", float), tpot_ms=number("tpot_ms", float),
+            output_tokens_per_s=number("output_tokens_per_s", float),
+            split=str(values["split"]))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None
+
+
+def load_points(path) -> List[MeasuredPoint]:
+    """The points of a CSV (with a header) or JSON-lines file in gnomon's schema (`FIELDS`)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"points: no file {path!r}")
+    points: List[MeasuredPoint] = []
+    with open(path, encoding="utf-8", newline="") as f:
+        if path.endswith(".csv"):
+            rows: Iterable[Tuple[int, dict]] = enumerate(csv.DictReader(f), start=2)
+        elif path.endswith((".jsonl", ".json")):
+            rows = []
+            for i, line in enumerate(f, start=1):
+                if line.strip():
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as error:
+                        raise ValueError(f"{path}:{i}: not valid JSON ({error})") from None
+                    if not isinstance(obj, dict):
+                        raise ValueError(f"{path}:{i}: expected a JSON object per line")
+                    rows.append((i, {k: ("" if v is None else v) for k, v in obj.items()}))
+        else:
+            raise ValueError(f"points: {path}: expected a .csv or .jsonl file")
+        for line, raw in rows:
+            points.append(_parse(raw, f"{path}:{line}"))
+    _check_unique(points, path)
+    return points
+
+
+def _check_unique(points: List[MeasuredPoint], where: str) -> None:
+    seen = set()
+    for p in points:
+        if p.id in seen:
+            raise ValueError(f"{where}: the id {p.id!r} appears twice")
+        seen.add(p.id)
+
+
+# --------------------------------------------------------------------------- silicon_sample.csv
+
+@functools.lru_cache(maxsize=1)
+def silicon_table() -> dict:
+    with open(DATA_FILE, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def silicon_csv() -> str:
+    """aiconfigurator-core's ``systems/silicon_sample.csv`` where that package is installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("points: silicon needs aiconfigurator-core (pip install "
+                         "'gnomon[accuracy]'), or pass a silicon_sample.csv file")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "systems",
+                        "silicon_sample.csv")
+    if not os.path.exists(path):
+        raise ValueError(f"points: aiconfigurator-core has no {path}")
+    return path
+
+
+def _int(row: dict, name: str, blank: int = 1) -> int:
+    text = (row.get(name) or "").strip()
+    return blank if text == "" else int(float(text))
+
+
+def _source(row: dict) -> str:
+    """The row's source: its first field (``source_file=...`` or ``db-dump/...``), a file's
+    basename only."""
+    head = (row.get("silicon_data_source") or "").split(";")[0].strip()
+    key, _, value = head.partition("=")
+    return f"{key}={os.path.basename(value)}" if value else head
+
+
+def from_silicon(row: dict) -> MeasuredPoint:
+    """A silicon_sample.csv row as a point (module docstring), or `PointRefused` naming the
+    field the table lacks."""
+    table = silicon_table()
+    rid = row.get("id") or "?"
+    model = table["models"].get(row.get("model_path", ""))
+    if model is None:
+        raise PointRefused(f"model_path {row.get('model_path')!r}: no gnomon model for it")
+    label = row.get("gemm_quant_mode") or ""
+    moe_label = row.get("moe_quant_mode") or ""
+    if moe_label not in ("", label):
+        raise PointRefused(f"gemm_quant_mode {label!r} with moe_quant_mode {moe_label!r}: "
+                           f"mixed quant labels are not mapped")
+    quant = model["quant"].get(label)
+    if quant is None:
+        raise PointRefused(f"quant label {label!r} of {row.get('model_path')}: not mapped "
+                           f"(mapped: {', '.join(repr(k) for k in model['quant'])})")
+    system = table["systems"].get(row.get("system", ""))
+    if system is None:
+        raise PointRefused(f"system {row.get('system')!r}: no gnomon hardware for it")
+    engine = table["backends"].get(row.get("backend", ""))
+    if engine is None:
+        raise PointRefused(f"backend {row.get('backend')!r}: no gnomon engine profile for it")
+    if (row.get("mode") or "agg") != "agg":
+        raise PointRefused(f"mode {row.get('mode')!r}: disaggregated serving is not simulated")
+    if _int(row, "pp_size") > 1:
+        raise PointRefused(f"pp_size {row.get('pp_size')}: pipeline parallelism is not priced")
+    tp = _int(row, "tp_size")
+    ep = _int(row, "moe_ep_size")
+    dp = _int(row, "attention_dp_size")
+    moe_tp = _int(row, "moe_tp_size", blank=tp)
+    if ep == 1 and dp == 1 and moe_tp not in (1, tp):
+        raise PointRefused(f"moe_tp_size {moe_tp} with tp_size {tp} and no ep: inconsistent")
+    work = table["workload"]
+    isl, osl, conc = _int(row, "isl"), _int(row, "osl"), _int(row, "batch_size")
+
+    def length(x: int) -> str:
+        return f"{max(int(x * work['range_ratio']), 1)}:{x}"
+
+    def measured(name: str) -> Optional[float]:
+        text = (row.get(name) or "").strip()
+        return float(text) if text else None
+
+    return MeasuredPoint(
+        id=rid, source=_source(row), model=model["model"], hardware=system["hardware"],
+        engine=engine, engine_version=row.get("backend_version") or "", tp=tp, ep=ep, dp=dp,
+        weight_dtype=quant["weight_dtype"], kv_dtype=quant["kv_dtype"], workload="random",
+        input_len=length(isl), output_len=length(osl), concurrency=conc, rate=math.inf,
+        num_requests=work["requests_per_concurrency"] * conc,
+        ttft_ms=measured("silicon_ttft_ms"), tpot_ms=measured("silicon_tpot_ms"),
+        split=system["split"])
+
+
+def load_silicon(path: Optional[str] = None) -> Tuple[List[MeasuredPoint], List[dict]]:
+    """``(points, refusals)`` of a silicon_sample.csv (default: the installed package's). A
+    refusal is ``{"id", "row", "reason"}``: kept, never dropped."""
+    path = path or silicon_csv()
+    points, refused = [], []
+    with open(path, encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                points.append(from_silicon(row))
+            except PointRefused as refusal:
+                refused.append({"id": row.get("id") or "?", "reason": refusal.reason,
+                                "row": {k: row.get(k) for k in ("model_path", "system",
+                                                                 "backend", "mode")}})
+            except ValueError as error:
+                refused.append({"id": row.get("id") or "?", "reason": f"malformed row: {error}",
+                                "row": {}})
+    _check_unique(points, path)
+    return points, refused
+
+
+def is_silicon(path: str) -> bool:
+    """Whether a CSV file is in silicon_sample.csv's columns (rather than gnomon's schema)."""
+    with open(path, encoding="utf-8", newline="") as f:
+        header = next(csv.reader(f), [])
+    return "silicon_ttft_ms" in header
+
+
+def field_names() -> List[str]:
+    return [f.name for f in fields(MeasuredPoint)]
