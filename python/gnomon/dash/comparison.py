@@ -1,7 +1,9 @@
 """`gnomon dash compare BASE HEAD`: two commits on one machine, key by key.
 
 Kernel timings follow the rule in :mod:`gnomon.dash.stats` (`judge`); predictor accuracy
-series, one validation per commit, the noise-floor rule (`judge_accuracy`)."""
+series, one validation per commit, the noise-floor rule (`judge_accuracy`). The series of
+accuracy documents, stored under the simulation machine (`store.SIMULATION_MACHINE`), are the
+same on every machine: they are compared beside those of whichever machine is compared on."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from gnomon.dash import stats
-from gnomon.dash.store import DashError, accuracy, benchmarks, machines, results, runs
+from gnomon.dash.store import (SIMULATION, DashError, accuracy, benchmarks, machines, results,
+                               runs)
 
 
 @dataclass
@@ -49,7 +52,8 @@ def resolve_commit(conn: Connection, prefix: str) -> str:
 
 def resolve_machine(conn: Connection, machine: str | None, commits: tuple[str, ...]) -> tuple[int, str]:
     """(id, fingerprint) of the machine to compare on: ``machine`` is a fingerprint or a
-    unique prefix of one; without it, the only machine that has runs of every commit."""
+    unique prefix of one; without it, the only machine that has runs of every commit, the
+    simulation machine counting only where no other has."""
     with_all = None
     for commit in commits:
         ids = {row[0] for table in (runs, accuracy) for row in conn.execute(
@@ -74,6 +78,7 @@ def resolve_machine(conn: Connection, machine: str | None, commits: tuple[str, .
         return chosen.id, chosen.fingerprint
     if not with_all:
         raise DashError(f"no machine has runs of both commits {short}")
+    with_all = {i for i in with_all if names[i] != SIMULATION} or with_all
     if len(with_all) > 1:
         raise DashError(f"several machines have runs of both commits: "
                         f"{', '.join(sorted(names[i] for i in with_all))}; "
@@ -105,7 +110,10 @@ def compare(engine: Engine, base: str, head: str, machine: str | None = None,
         base_sha = resolve_commit(conn, base)
         head_sha = resolve_commit(conn, head)
         machine_id, fingerprint = resolve_machine(conn, machine, (base_sha, head_sha))
-        figures = accuracy_figures(conn, machine_id, (base_sha, head_sha))
+        simulation = conn.execute(sa.select(machines.c.id)
+                                  .where(machines.c.fingerprint == SIMULATION)).scalar()
+        figures = accuracy_figures(conn, {machine_id, simulation} - {None},
+                                   (base_sha, head_sha))
         a = run_medians(conn, machine_id, base_sha)
         b = run_medians(conn, machine_id, head_sha)
         ids = sorted(set(a) | set(b))
@@ -133,12 +141,14 @@ def compare(engine: Engine, base: str, head: str, machine: str | None = None,
     return Comparison(base_sha, head_sha, fingerprint, verdicts, ops, judged)
 
 
-def accuracy_figures(conn: Connection, machine_id: int, commits) -> dict:
-    """{series: {commit: [(value, noise floor), ...]}} for `commits` on one machine."""
+def accuracy_figures(conn: Connection, machine_ids, commits) -> dict:
+    """{series: {commit: [(value, noise floor), ...]}} for `commits` on the machines
+    `machine_ids` (one real machine and the simulation machine hold different series)."""
     out: dict[str, dict[str, list]] = {}
     query = (sa.select(accuracy.c.series, accuracy.c.commit, accuracy.c.value,
                        accuracy.c.noise_floor)
-             .where(accuracy.c.machine_id == machine_id, accuracy.c.commit.in_(commits))
+             .where(accuracy.c.machine_id.in_(sorted(machine_ids)),
+                    accuracy.c.commit.in_(commits))
              .order_by(accuracy.c.id))
     for series, commit, value, noise in conn.execute(query):
         out.setdefault(series, {}).setdefault(commit, []).append((value, noise))
@@ -216,7 +226,7 @@ def render_table(comparison: Comparison, console=None) -> None:  # noqa: ANN001
         console.print(table)
     if comparison.accuracy:
         figures = Table(title="predictor accuracy (lower is better; a change beyond the noise "
-                              "floor counts)")
+                              "floor, or a simulation's tolerance, counts)")
         figures.add_column("series", overflow="fold", min_width=24)
         for name in ("base", "head", "change", "noise floor", "verdict"):
             figures.add_column(name, justify="left" if name == "verdict" else "right",

@@ -20,7 +20,8 @@ Shape::
 A series point is one commit: the median of its per-run medians, the medians of its per-run
 q1 and q3, the number of runs, and throughput computed from that median. Steps are detected
 afresh (nothing is written) and carry the states and reasons stored by `history` and `ack`.
-`compare` holds the latest two commits of the first machine when both have runs there.
+`compare` holds the latest two commits of the first machine with runs (the simulation machine of
+accuracy documents has none) when both have runs there.
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ def site_data(engine: Engine) -> dict:
             value = latest[0] if latest else {}
             peaks[fingerprint] = {"memory_gbps": value.get("memory_gbps"),
                                   "tflops": dict(value.get("tflops") or {})}
+        first_machine = conn.execute(sa.select(sa.func.min(runs.c.machine_id))).scalar()
         first_machine_commits = []
-        if machine_rows:
+        if first_machine is not None:
             first_machine_commits = [row[0] for row in conn.execute(
-                sa.select(runs.c.commit).where(runs.c.machine_id == machine_rows[0].id)
+                sa.select(runs.c.commit).where(runs.c.machine_id == first_machine)
                 .group_by(runs.c.commit).order_by(sa.func.min(runs.c.commit_order).desc())
                 .limit(2))]
 
@@ -104,7 +106,7 @@ def site_data(engine: Engine) -> dict:
     comparison = None
     if len(first_machine_commits) == 2:
         head, base = first_machine_commits
-        result = compare_mod.compare(engine, base, head, machine=machine_rows[0].fingerprint)
+        result = compare_mod.compare(engine, base, head, machine=names[first_machine])
         comparison = {
             "base": result.base, "head": result.head, "machine": result.machine,
             "rows": [{"key": row.key, "base_median_ns": _finite(row.base_median),

@@ -27,9 +27,10 @@ Hochberg over that family gives each step its q, and a step is reported when ``q
 (0.01). Runs are treated as independent: a commit-to-commit jitter larger than the run noise
 inflates the evidence, which the threshold and the persistence rule guard against.
 
-Predictor accuracy series (one validation per commit) are judged by their own noise floor:
-`accuracy_steps` finds each commit whose figure moved beyond the noise floor from the commit
-before it (`stats.judge_accuracy`, the rule `compare` uses). They are reported, not stored.
+Predictor accuracy series (one validation or accuracy document per commit) are judged by their
+own noise floor, an accuracy document's being its stated tolerance: `accuracy_steps` finds each
+commit whose figure moved beyond the noise floor from the commit before it
+(`stats.judge_accuracy`, the rule `compare` uses). They are reported, not stored.
 
 States: a step is ``open`` when found, ``acknowledged`` after `gnomon dash ack KEY --reason`,
 and ``fixed`` when a later step of the same series brings the level back to within the

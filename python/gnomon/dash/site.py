@@ -30,7 +30,8 @@ runs no JavaScript. Pages:
   says so in its legend and in the page, the points are ringed, and % of roof above 100% is
   marked (!);
 - ``accuracy.html``: per predictor accuracy series, its value over commits inside the band of
-  its noise floor, a marker where it moved beyond it, and its points;
+  its noise floor (an accuracy document's: its stated tolerance), a marker where it moved beyond
+  it, and its points;
 - ``compare.html``: the rows of ``compare``, verdicts highlighted;
 - ``machines.html``: the machines and their peaks.
 
@@ -438,6 +439,8 @@ class _Site:
 
     def machine_label(self, fingerprint: str) -> str:
         m = self.machines[fingerprint]
+        if m["device"] == "simulation":  # the store's machine for simulations (no hardware)
+            return "simulation (the same on any machine)"
         what = m["gpu_name"] or m["cpu_model"]
         return f"{what} ({m['device']}, {fingerprint[:8]})"
 
@@ -734,12 +737,17 @@ class _Site:
         it (a later commit outside the band of the one before moved for real), and the
         points."""
         parts = ['<p>Predictor accuracy from <code>gnomon validate</code>, one series per '
-                 'figure, predictor, model and tp on each machine; lower is better. The band is '
-                 'the noise floor the same validation measured; a triangle marks a commit whose '
-                 'figure moved beyond it.</p>']
+                 'figure, predictor, model and tp on each machine, and from '
+                 '<code>gnomon accuracy</code> against measured serving runs, one series per '
+                 'figure, predictor, engine and hardware (TTFT and TPOT MAPE, and the share of '
+                 'rows refused); lower is better. The band is the noise floor the same '
+                 'validation measured, or for <code>gnomon accuracy</code>, a deterministic '
+                 'simulation, the stated tolerance; a triangle marks a commit whose figure '
+                 'moved beyond it.</p>']
         if not self.data["accuracy"]:
-            parts.append('<p class="muted">No validation documents are stored: '
-                         '<code>gnomon validate --out FILE</code>, then '
+            parts.append('<p class="muted">No validation or accuracy documents are stored: '
+                         '<code>gnomon validate --out FILE</code> or '
+                         '<code>gnomon accuracy --out FILE</code>, then '
                          '<code>gnomon dash ingest FILE</code>.</p>')
         for n, series in enumerate(self.data["accuracy"]):
             points = sorted(series["points"], key=lambda p: p["commit_order"])
@@ -777,7 +785,8 @@ class _Site:
         ax.set_xlim(-0.5, len(points) - 0.5)
         ax.set_ylim(0, max(v + f for v, f in zip(values, noise)) * 1.15 or 1.0)
         ax.set_xlabel("commit (in commit order)")
-        ax.set_ylabel("error (%)")
+        ax.set_ylabel("rows refused (%)" if series["series"].startswith("accuracy/refused_share[")
+                      else "error (%)")
         ax.legend(loc="best", fontsize=8)
         return self.plots.save(fig, name)
 

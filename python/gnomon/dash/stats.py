@@ -175,7 +175,9 @@ def judge_accuracy(series: str, base: Sequence[tuple[float, float]],
     """`base` and `head` are (value, noise floor) pairs, one per validation of that commit. A
     validation is one run, so no rank test applies: a change beyond the noise floor that the
     same validation measured is a REGRESSION (worse) or an IMPROVEMENT; a side with no
-    validation is AMBIGUOUS."""
+    validation is AMBIGUOUS. An accuracy document (`gnomon accuracy`) is a deterministic
+    simulation with no noise to measure: its noise floor is the stated tolerance
+    (`gnomon.predict.accuracy.MAPE_TOLERANCE`, `REFUSED_TOLERANCE`), so the same rule applies."""
     if not base or not head:
         value = median([v for v, _ in base or head])
         return AccuracyVerdict(series, value if base else math.nan,

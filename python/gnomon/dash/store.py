@@ -25,8 +25,13 @@ Tables::
     steps(benchmark, machine, commit, commit_order, ratio, q, state, reason)
          written by `gnomon dash history`; state is open, acknowledged or fixed
     accuracy(machine, commit, commit_order, content_hash, series, predictor, model, tp, figure,
-             value, noise_floor)                 one row per figure of a `gnomon validate`
-         document (`gnomon.predict.accuracy`); unique (machine, commit, content_hash, series)
+             value, noise_floor)                 one row per series of a `gnomon validate`
+         document or a `gnomon accuracy` document (`gnomon.predict.accuracy`); unique (machine,
+         commit, content_hash, series). An accuracy document's series span models and tp:
+         its rows hold model `ALL_MODELS` and tp `ALL_TP`, and as noise_floor the stated
+         tolerance. It is a simulation, the same on every machine, so its rows are stored
+         under one machine entry, `SIMULATION_MACHINE` (fingerprint ``simulation``, device
+         ``simulation``, no CPU, 0 cores and 0 GB), whatever machine ran it.
 
 Schema versions: 1 had no accuracy table; `migrate` (``gnomon dash migrate``) brings a version-1
 database to version 2 by creating it. A database at a newer version is refused.
@@ -58,6 +63,11 @@ SCHEMA_VERSION = 2
 MIGRATIONS = {2: "create the table accuracy (predictor accuracy series from gnomon validate)"}
 DEFAULT_PATH = Path(".gnomon") / "bench.sqlite"
 WRITE_LOCK = 0x676E6F6D6F6E  # "gnomon": the advisory lock key every PostgreSQL writer takes
+SIMULATION = "simulation"
+SIMULATION_MACHINE = {"fingerprint": SIMULATION, "device": SIMULATION,
+                      "cpu_model": "none: a deterministic simulation, the same on any machine",
+                      "cores": 0, "ram_gb": 0, "gpu_name": None, "driver": None, "runtime": None}
+ALL_MODELS, ALL_TP = "*", 0  # an accuracy document's series: every model and tp it holds
 
 T = TypeVar("T")
 
@@ -369,11 +379,15 @@ def run_content_hash(doc: dict, run: dict) -> str:
 
 
 def read_document(path: str | Path) -> dict:
-    """A bench results file or a validation document (`gnomon.predict.accuracy`), checked."""
+    """A bench results file, a validation document or an accuracy document
+    (`gnomon.predict.accuracy`), checked."""
     doc = documents.load_any(path, {results_file.KIND: results_file.ACCEPTED_VERSIONS,
-                                    accuracy_doc.KIND: accuracy_doc.ACCEPTED_VERSIONS})
+                                    accuracy_doc.KIND: accuracy_doc.ACCEPTED_VERSIONS,
+                                    accuracy_doc.SCORECARD_KIND: accuracy_doc.SCORECARD_VERSIONS})
     if doc["kind"] == accuracy_doc.KIND:
         return accuracy_doc.validate(doc, str(path))
+    if doc["kind"] == accuracy_doc.SCORECARD_KIND:
+        return accuracy_doc.validate_scorecard(doc, str(path))
     doc = results_file.validate(doc, str(path))
     for r, run in enumerate(doc["runs"]):
         keys = [case["key"] for case in run["cases"]]
@@ -383,11 +397,12 @@ def read_document(path: str | Path) -> dict:
 
 
 def ingest(engine: Engine, paths: Iterable[str | Path]) -> dict:
-    """Reads every file first (bench results files and validation documents; a missing,
-    truncated, malformed or unknown-version file raises DocumentError before anything is
-    written), then writes them all in one transaction.
+    """Reads every file first (bench results files, validation documents and accuracy
+    documents; a missing, truncated, malformed or unknown-version file, or an accuracy document
+    without a commit, raises DocumentError before anything is written), then writes them all in
+    one transaction.
 
-    Idempotent: a run (or a validation's figures) already stored for the same machine and
+    Idempotent: a run (or a document's figures) already stored for the same machine and
     commit with the same content is skipped. Returns counts: files, runs_added, runs_skipped,
     results_added, figures_added, figures_skipped."""
     docs = [(str(path), read_document(path)) for path in paths]
@@ -424,10 +439,12 @@ def _ingest(conn: Connection, docs: list[tuple[str, dict]]) -> dict:
     bench_ids: dict[tuple[str, str], int] = {}
     commit_orders: dict[str, int] = {}
     for _source, doc in docs:
-        machine_id = _machine_id(conn, doc["machine"], machine_ids)
+        simulated = doc["kind"] == accuracy_doc.SCORECARD_KIND
+        machine_id = _machine_id(conn, SIMULATION_MACHINE if simulated else doc["machine"],
+                                 machine_ids)
         commit = doc["commit"]
         order = _commit_order(conn, commit, commit_orders)
-        if doc["kind"] == accuracy_doc.KIND:
+        if doc["kind"] in (accuracy_doc.KIND, accuracy_doc.SCORECARD_KIND):
             _ingest_figures(conn, doc, machine_id, order, counts)
             continue
         version = str(doc["created_with"].get("version", "unknown"))
@@ -461,12 +478,25 @@ def _ingest(conn: Connection, docs: list[tuple[str, dict]]) -> dict:
     return counts
 
 
+def _figure_rows(doc: dict) -> list[dict]:
+    """The accuracy rows of a validation or accuracy document, less where they are placed."""
+    if doc["kind"] == accuracy_doc.SCORECARD_KIND:
+        return [{"series": series, "predictor": doc["predictor"], "model": ALL_MODELS,
+                 "tp": ALL_TP, "figure": figure, "value": value, "noise_floor": tolerance}
+                for series, (figure, value, tolerance)
+                in accuracy_doc.scorecard_figures(doc).items()]
+    setup = doc["setup"]
+    return [{"series": accuracy_doc.series_key(doc, figure), "predictor": setup["predictor"],
+             "model": setup["model"], "tp": setup["tp"], "figure": figure, "value": value,
+             "noise_floor": noise}
+            for figure, (value, noise) in accuracy_doc.figures(doc).items()]
+
+
 def _ingest_figures(conn: Connection, doc: dict, machine_id: int, order: int,
                     counts: dict) -> None:
     digest = _canonical_hash(doc)
-    setup = doc["setup"]
-    for figure, (value, noise) in accuracy_doc.figures(doc).items():
-        series = accuracy_doc.series_key(doc, figure)
+    for row in _figure_rows(doc):
+        series = row["series"]
         exists = conn.execute(sa.select(accuracy.c.id).where(
             accuracy.c.machine_id == machine_id, accuracy.c.commit == doc["commit"],
             accuracy.c.content_hash == digest, accuracy.c.series == series)).first()
@@ -475,9 +505,7 @@ def _ingest_figures(conn: Connection, doc: dict, machine_id: int, order: int,
             continue
         conn.execute(sa.insert(accuracy).values(
             machine_id=machine_id, commit=doc["commit"], commit_order=order,
-            content_hash=digest, series=series, predictor=setup["predictor"],
-            model=setup["model"], tp=setup["tp"], figure=figure, value=value,
-            noise_floor=noise))
+            content_hash=digest, **row))
         counts["figures_added"] += 1
 
 

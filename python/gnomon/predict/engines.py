@@ -91,6 +91,7 @@ class EngineProfile:
     gpu_memory_utilization: float
     sources: Dict[str, str]
     serving: ServingPath = ServingPath()
+    kv_memory: str = "total"  # gpu_memory_utilization of the whole HBM, or of what is "free"
 
     def is_large(self, hw: Hardware) -> bool:
         if any(word.lower() in hw.name.lower() for word in self.large_gpu_excludes):
@@ -117,11 +118,30 @@ def _profile(name: str, raw: dict, where: str) -> EngineProfile:
             large_gpu_excludes=tuple(raw.get("large_gpu_excludes", ())),
             gpu_memory_utilization=float(raw["gpu_memory_utilization"]),
             sources={str(k): str(v) for k, v in raw["sources"].items()},
-            serving=ServingPath(**raw.get("serving", {})))
+            serving=_serving(raw.get("serving", {})), kv_memory=_kv_memory(raw))
     except KeyError as error:
         raise ValueError(f"{where}: engine {name!r} lacks the field {error.args[0]!r}") from None
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: engine {name!r}: {error}") from None
+
+
+KV_MEMORY = ("total", "free")
+
+
+def _kv_memory(raw: dict) -> str:
+    value = raw.get("kv_memory", "total")
+    if value not in KV_MEMORY:
+        raise ValueError(f"kv_memory: expected 'total' (gpu_memory_utilization of the HBM) or "
+                         f"'free' (of what the weights and activations leave), got {value!r}")
+    return value
+
+
+def _serving(raw) -> ServingPath:
+    known = set(ServingPath.__dataclass_fields__)
+    if not isinstance(raw, dict) or set(raw) - known:
+        raise ValueError(f"serving: expected an object of {', '.join(sorted(known))}, got "
+                         f"{raw!r}")
+    return ServingPath(**raw)
 
 
 @functools.lru_cache(maxsize=1)
@@ -133,7 +153,8 @@ def profiles() -> Dict[str, EngineProfile]:
 
 
 def resolve_engine(spec) -> EngineProfile:
-    """A profile by name (``vllm``, ``sglang``, ``gnomon``) or from a JSON file holding one
+    """A profile by name (``vllm``, ``vllm-0.10``, ``sglang``, ``trtllm``, ``gnomon``) or from a
+    JSON file holding one
     engine entry (the fields of ``data/engines.json``'s entries, plus ``name``)."""
     if isinstance(spec, EngineProfile):
         return spec

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Dict, Iterable, List, Optional, Tuple
 
 SPLITS = ("fit", "held-out")
+MEASURES = ("ttft_ms", "tpot_ms", "output_tokens_per_s", "total_tokens_per_s")
 DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "silicon.json")
 PUBLISHED_FILE = os.path.join(os.path.dirname(__file__), "data", "published.jsonl")
 
@@ -59,6 +60,7 @@ FIELDS: Dict[str, Tuple[str, Optional[str]]] = {
     "ttft_ms": ("measured mean time to first token, ms ('' if not measured)", ""),
     "tpot_ms": ("measured mean time per output token, ms ('' if not measured)", ""),
     "output_tokens_per_s": ("measured output throughput ('' if not measured)", ""),
+    "total_tokens_per_s": ("measured prompt + output throughput ('' if not measured)", ""),
     "split": ("fit, held-out or ''", ""),
 }
 
@@ -95,6 +97,7 @@ class MeasuredPoint:
     ttft_ms: Optional[float] = None
     tpot_ms: Optional[float] = None
     output_tokens_per_s: Optional[float] = None
+    total_tokens_per_s: Optional[float] = None
     split: str = ""
 
     def __post_init__(self):
@@ -110,13 +113,13 @@ class MeasuredPoint:
                              f"{self.concurrency!r}")
         if not (isinstance(self.rate, (int, float)) and self.rate > 0):
             raise ValueError(f"{where}: rate: expected requests/s > 0 or inf, got {self.rate!r}")
-        for name in ("ttft_ms", "tpot_ms", "output_tokens_per_s"):
+        for name in MEASURES:
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{where}: {name}: expected a positive number or blank, got "
                                  f"{v!r}")
-        if self.ttft_ms is None and self.tpot_ms is None:
-            raise ValueError(f"{where}: measures neither ttft_ms nor tpot_ms")
+        if all(getattr(self, name) is None for name in MEASURES):
+            raise ValueError(f"{where}: measures none of {', '.join(MEASURES)}")
         if self.split not in ("",) + SPLITS:
             raise ValueError(f"{where}: split: expected one of fit, held-out or '', got "
                              f"{self.split!r}")
@@ -190,6 +193,7 @@ def _parse(raw: dict, where: str) -> MeasuredPoint:
             rate=float(values["rate"]), num_requests=number("num_requests", int),
             ttft_ms=number("ttft_ms", float), tpot_ms=number("tpot_ms", float),
             output_tokens_per_s=number("output_tokens_per_s", float),
+            total_tokens_per_s=number("total_tokens_per_s", float),
             split=str(values["split"]))
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None

@@ -101,8 +101,11 @@ def render_table(report: dict, console=None) -> None:
     lat.add_column("metric")
     for name in ("count", "mean", "p50", "p90", "p99", "max"):
         lat.add_column(name, justify="right")
-    for label, key in (("TTFT", "ttft"), ("  queueing", "queueing"), ("  prefill", "prefill"),
-                       ("TPOT", "tpot"), ("ITL", "itl"), ("E2E", "e2e")):
+    for label, key in (("TTFT", "ttft"), ("  serving", "serving"), ("  queueing", "queueing"),
+                       ("  prefill", "prefill"), ("TPOT", "tpot"), ("ITL", "itl"),
+                       ("E2E", "e2e")):
+        if key not in m:  # a report written before the serving path
+            continue
         s = m[key]
         lat.add_row(label, str(s["count"]), *(_ms(s[q]) for q in ("mean", "p50", "p90", "p99",
                                                                   "max")))

@@ -35,7 +35,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from gnomon import documents
 
-from .measured import SPLITS, MeasuredPoint, PointRefused
+from .measured import MEASURES, SPLITS, MeasuredPoint
 
 KIND = "gnomon.predict.accuracy"
 SCHEMA_VERSION = 1
@@ -52,8 +52,8 @@ UNDER_SPECIFIED_DROP = 0.10
 def under_specified(points: Sequence[MeasuredPoint]) -> Dict[str, str]:
     """``{id: reason}`` of points whose measurement depends on a setting they do not state: at
     concurrency >= 256, a mean TPOT more than 10% below that of the same configuration
-    (everything but the concurrency, the source and the engine's version) at a lower
-    concurrency. TPOT does not fall as the load
+    (everything but the concurrency, the source and the engine's version) at the nearest lower
+    concurrency measured. TPOT does not fall as the load
     grows; it does when the server caps its running batch (``max_num_seqs``) and the rest
     queue, which the row does not say."""
     by_config: Dict[tuple, List[MeasuredPoint]] = defaultdict(list)
@@ -61,8 +61,7 @@ def under_specified(points: Sequence[MeasuredPoint]) -> Dict[str, str]:
         if p.concurrency is not None and p.tpot_ms is not None:
             key = tuple(v for k, v in p.to_json().items()
                         if k not in ("id", "source", "engine_version", "concurrency",
-                                     "num_requests", "ttft_ms", "tpot_ms",
-                                     "output_tokens_per_s"))
+                                     "num_requests") + MEASURES)
             by_config[key].append(p)
     out = {}
     for group in by_config.values():
@@ -71,11 +70,13 @@ def under_specified(points: Sequence[MeasuredPoint]) -> Dict[str, str]:
                 continue
             lower = [q for q in group if q.concurrency < p.concurrency]
             if lower:
-                floor = min(q.tpot_ms for q in lower)
+                nearest = max(q.concurrency for q in lower)
+                below = [q.tpot_ms for q in lower if q.concurrency == nearest]
+                floor = sum(below) / len(below)
                 if p.tpot_ms < (1 - UNDER_SPECIFIED_DROP) * floor:
                     out[p.id] = (f"under-specified: TPOT {p.tpot_ms:.3g} ms at concurrency "
                                  f"{p.concurrency} is more than {UNDER_SPECIFIED_DROP:.0%} "
-                                 f"below {floor:.3g} ms at a lower concurrency of the same "
+                                 f"below {floor:.3g} ms at concurrency {nearest} of the same "
                                  f"configuration (a server cap the row does not state)")
     return out
 
@@ -136,11 +137,12 @@ def run_row(base: Mapping, point_json: Mapping) -> dict:
         ttft = closed_loop_means(per["ttft_s"], conc, point.num_requests)
         tpot = closed_loop_means(per["tpot_s"], conc, point.num_requests)
         predicted = {"ttft_ms": ttft * 1e3, "tpot_ms": None if tpot is None else tpot * 1e3,
-                     "output_tokens_per_s": m["throughput"]["output_tokens_per_s"]}
-        measured = {"ttft_ms": point.ttft_ms, "tpot_ms": point.tpot_ms,
-                    "output_tokens_per_s": point.output_tokens_per_s}
-        ratio = {k: (predicted[f"{k}_ms"] / measured[f"{k}_ms"]
-                     if measured[f"{k}_ms"] and predicted[f"{k}_ms"] else None) for k in METRICS}
+                     "output_tokens_per_s": m["throughput"]["output_tokens_per_s"],
+                     "total_tokens_per_s": m["throughput"]["total_tokens_per_s"]}
+        measured = {k: getattr(point, k) for k in MEASURES}
+        ratio = {k.replace("_ms", ""): (predicted[k] / measured[k]
+                                        if measured[k] and predicted[k] else None)
+                 for k in MEASURES}
         engine = report["setup"]["engine"]
         record.update(status=ANSWERED, predicted=predicted, measured=measured, ratio=ratio,
                       requests_simulated=args["num_requests"],

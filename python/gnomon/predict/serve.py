@@ -66,7 +66,8 @@ class RunTrace:
 def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
                      args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None,
                      keep_batches: bool = False,
-                     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> LLMEngine:
+                     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+                     kv_memory: str = "total") -> LLMEngine:
     """An `LLMEngine` over a `SimulatedRunner` on a fresh `VirtualClock` at 0 (its step records
     keep their batches only with `keep_batches`); its KV blocks fill `gpu_memory_utilization`
     of the HBM left after weights and activations, unless `num_kv_blocks` says."""
@@ -76,7 +77,7 @@ def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
             model, resolve_hardware(hardware), block_size=args.block_size, tp=tp,
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization,
-            enable_hybrid_kv=args.enable_hybrid_kv)
+            enable_hybrid_kv=args.enable_hybrid_kv, kv_memory=kv_memory)
     clock = VirtualClock()
     runner = SimulatedRunner(model, predictor, clock, tp=tp, keep_batches=keep_batches)
     return LLMEngine(model.config, clock=clock, runner=runner, dtype=model.dtype,

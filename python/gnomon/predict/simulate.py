@@ -81,7 +81,17 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
                    f"not, since {predictor.name} carries the measured host cost of its own "
                    f"engine")
     out.append("KV capacity: HBM x gpu_memory_utilization minus the weights and an estimate of "
-               "the activations (a real engine measures them with a profiling forward)")
+               "the activations (a real engine measures them with a profiling forward)"
+               if engine is None or engine.kv_memory == "total" else
+               "KV capacity: gpu_memory_utilization of what the weights and an estimate of the "
+               "activations leave free (a real engine measures them with a profiling forward)")
+    if engine is not None:
+        path = engine.serving
+        out.append(f"engine {engine.name}: TTFT adds its serving path outside the steps, "
+                   f"{path.request_s * 1e3:g} ms + {path.per_prompt_token_s * 1e6:g} us per "
+                   f"prompt token in, {path.response_s * 1e3:g} ms out"
+                   + (", and one step of async-scheduling lag" if path.output_lag_steps
+                      else "") + f" ({engine.sources.get('serving', 'no source given')})")
     out.append("generated tokens are a fixed non-EOS id; every request runs to its "
                "workload output length (ignore_eos)")
     out.append(f"hardware {hardware.name}: {hardware.bf16_tflops.source}")
@@ -139,8 +149,10 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
                            vocab_size=spec.config.vocab_size, seed=seed, input_len=input_len,
                            output_len=output_len)
     sim = simulated_engine(spec, hw, pred, tp=tp, args=args,
-                           gpu_memory_utilization=profile.gpu_memory_utilization)
-    trace: RunTrace = run_workload(sim, workload, concurrency=concurrency, progress=progress)
+                           gpu_memory_utilization=profile.gpu_memory_utilization,
+                           kv_memory=profile.kv_memory)
+    trace: RunTrace = run_workload(sim, workload, concurrency=concurrency,
+                                   serving=profile.serving, progress=progress)
     rate_shown = "inf" if synthetic_rate is not None and math.isinf(synthetic_rate) \
         else synthetic_rate
     setup = {"model": spec.name, "hardware": hw.name, "predictor": pred.name, "tp": tp,
@@ -153,8 +165,11 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
              "engine": {"profile": profile.name, "description": profile.description,
                         **args.kwargs(), "num_kv_blocks": trace.num_kv_blocks,
                         "gpu_memory_utilization": profile.gpu_memory_utilization,
+                        "kv_memory": profile.kv_memory,
+                        "kv_capacity_tokens": trace.num_kv_blocks * args.block_size,
                         "overhead": (asdict(profile.overhead)
-                                     if isinstance(pred, RooflinePredictor) else None)}}
+                                     if isinstance(pred, RooflinePredictor) else None),
+                        "serving": asdict(profile.serving)}}
     report = build_report(trace=trace, metrics=compute_metrics(trace, slo or SLO(), num_gpus=tp),
                           setup=setup,
                           limits=limits_for(spec, pred, hw, profile, args.enable_hybrid_kv))

@@ -96,9 +96,11 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
                            tp: int = 1, max_num_batched_tokens: int = 8192,
                            max_num_seqs: int = 256,
                            gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-                           enable_hybrid_kv: bool = True) -> int:
+                           enable_hybrid_kv: bool = True, kv_memory: str = "total") -> int:
     """KV blocks that fit on `hardware` (per GPU, times ``tp`` GPUs in lockstep) after the
-    weights and activations, by the engine's own budget arithmetic
+    weights and activations: ``gpu_memory_utilization`` of the HBM minus those (`kv_memory`
+    "total", vLLM's and SGLang's accounting), or of what they leave free ("free",
+    TensorRT-LLM's ``free_gpu_memory_fraction``), by the engine's own budget arithmetic
     (`gnomon.engine.kv_cache`: a block holds one token slot of every layer of one KV-cache
     group). Raises `PredictionRefused` with the bytes needed and the bytes available when the
     model does not fit."""
@@ -107,10 +109,14 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization: expected a fraction in (0, 1], got "
                          f"{gpu_memory_utilization}")
-    usable = hardware.hbm_gb.value * 1e9 * gpu_memory_utilization
+    hbm = hardware.hbm_gb.value * 1e9
     weights = model.weight_bytes(tp)
     acts = activation_bytes(model, max_num_batched_tokens=max_num_batched_tokens,
                             max_num_seqs=max_num_seqs, tp=tp)
+    if kv_memory == "free":
+        usable = weights + acts + max(hbm - weights - acts, 0.0) * gpu_memory_utilization
+    else:
+        usable = hbm * gpu_memory_utilization
     per_block = c.kv_cache_groups(enable_hybrid_kv).bytes_per_block(
         block_size=block_size, num_kv_heads=kv_heads_per_gpu(c, tp), head_dim=c.head_dim,
         dtype_size=model.kv_bytes)
@@ -121,7 +127,7 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
             f"{weights / 1e9:.2f} GB of weights + {acts / 1e9:.2f} GB of activations + at "
             f"least one {per_block / 1e6:.2f} MB KV block, and "
             f"{usable / 1e9:.2f} GB is available ({gpu_memory_utilization:.0%} of "
-            f"{hardware.hbm_gb.value:g} GB)")
+            f"{hardware.hbm_gb.value:g} GB{' left free' if kv_memory == 'free' else ''})")
     return resolve_num_blocks(kv_cache_bytes=int(budget), bytes_per_block=per_block)
 
 

@@ -1,0 +1,259 @@
+"""`gnomon accuracy`: measured points, the silicon_sample.csv mapping, the document, and a fixed
+sample of real serving runs whose MAPE must not regress.
+
+``tests/data/silicon_sample_ci.csv`` holds 32 rows of aiconfigurator-core 0.12.0's
+``systems/silicon_sample.csv`` (NVIDIA AIConfigurator, Apache-2.0, PyPI
+``aiconfigurator-core``), copied as they are: 30 fit-split rows (h100_sxm and b200_sxm; output
+lengths up to 1k and concurrency up to 16, so that they simulate in seconds) drawn round-robin
+over model x hardware x engine x dtype, and 2 rows with expert parallelism, which are refused.
+Shipped rather than installed: the package is an 81 MB wheel with its own dependencies, for 12 kB
+of rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+import pytest
+
+from gnomon.predict import measured, scorecard
+from gnomon.predict.engines import ServingPath
+from gnomon.predict.measured import MeasuredPoint, PointRefused
+
+DATA = os.path.join(os.path.dirname(__file__), os.pardir, "data", "silicon_sample_ci.csv")
+# What this build reaches on the 30 answered rows (issue 35's closing note), plus a few points:
+# a predictor change that loses more fails here.
+TTFT_MAPE_BOUND = 0.30
+TPOT_MAPE_BOUND = 0.14
+
+
+def _row(**over) -> dict:
+    row = {"id": "r1", "silicon_data_source": "source_file=/x/y/2026-04-06.csv; conc=4",
+           "backend": "vllm", "backend_version": "0.15.1", "model_path": "openai/gpt-oss-120b",
+           "system": "b200_sxm", "precision": "fp4", "mode": "agg", "isl": "1024",
+           "osl": "8192", "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4",
+           "batch_size": "16", "tp_size": "2", "pp_size": "1", "attention_dp_size": "1",
+           "moe_tp_size": "2", "moe_ep_size": "1", "silicon_ttft_ms": "50.5",
+           "silicon_tpot_ms": "4.25"}
+    row.update(over)
+    return row
+
+
+def test_a_silicon_row_maps_as_its_benchmark_ran():
+    p = measured.from_silicon(_row())
+    assert (p.model, p.hardware, p.engine, p.engine_version, p.tp) == (
+        "gpt-oss-120b", "B200", "vllm", "0.15.1", 2)
+    # the checkpoint's own MXFP4 experts and bf16 attention, whatever the label says
+    assert (p.weight_dtype, p.kv_dtype) == ("auto", "auto")
+    # each length uniform in [0.8 x, x]; 10 requests per unit of concurrency, all at once
+    assert (p.input_len, p.output_len) == ("819:1024", "6553:8192")
+    assert (p.concurrency, p.num_requests, math.isinf(p.rate)) == (16, 160, True)
+    assert (p.ttft_ms, p.tpot_ms, p.split) == (50.5, 4.25, "fit")
+    assert p.source == "source_file=2026-04-06.csv"
+    held = measured.from_silicon(_row(system="h200_sxm", model_path="meta-llama/Llama-3.1-70B",
+                                      gemm_quant_mode="nvfp4", moe_quant_mode="nvfp4"))
+    assert (held.split, held.weight_dtype, held.kv_dtype) == ("held-out", "nvfp4", "fp8")
+    blank = measured.from_silicon(_row(model_path="meta-llama/Llama-3.1-8B-Instruct",
+                                       gemm_quant_mode="", moe_quant_mode="", moe_tp_size="",
+                                       attention_dp_size="", backend_version=""))
+    assert (blank.weight_dtype, blank.dp, blank.engine_version) == ("bfloat16", 1, "")
+
+
+@pytest.mark.parametrize("over, reason", [
+    ({"model_path": "Qwen/Qwen3-32B"}, "model_path 'Qwen/Qwen3-32B': no gnomon model"),
+    ({"mode": "disagg"}, "disaggregated serving is not simulated"),
+    ({"system": "mi355x"}, "system 'mi355x'"),
+    ({"backend": "tgi"}, "backend 'tgi'"),
+    ({"gemm_quant_mode": "int4_wo", "moe_quant_mode": "int4_wo"}, "quant label 'int4_wo'"),
+    ({"gemm_quant_mode": "fp8", "moe_quant_mode": "nvfp4"}, "mixed quant labels"),
+    ({"pp_size": "2"}, "pipeline parallelism"),
+    ({"tp_size": "4", "moe_tp_size": "2", "moe_ep_size": "1"}, "inconsistent"),
+])
+def test_silicon_rows_outside_the_table_are_refused_by_name(over, reason):
+    with pytest.raises(PointRefused, match=reason):
+        measured.from_silicon(_row(**over))
+
+
+def test_expert_and_data_parallel_points_are_refused_not_approximated():
+    p = measured.from_silicon(_row(tp_size="8", moe_tp_size="1", moe_ep_size="8"))
+    assert p.ep == 8
+    with pytest.raises(PointRefused, match=r"expert parallelism \(ep 8\).*tensor parallelism only"):
+        p.simulate_args()
+
+
+def test_points_in_gnomons_schema_round_trip_csv_and_jsonl(tmp_path):
+    row = {"id": "a", "source": "mine", "model": "llama-3.1-8b", "hardware": "H100",
+           "engine": "vllm", "tp": "2", "input_len": "900:1000", "output_len": "100",
+           "concurrency": "8", "num_requests": "80", "ttft_ms": "40", "split": "fit"}
+    path = tmp_path / "points.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerow(row)
+    (p,) = measured.load_points(path)
+    assert (p.tp, p.concurrency, p.ttft_ms, p.tpot_ms, math.isinf(p.rate)) == (2, 8, 40.0,
+                                                                               None, True)
+    jl = tmp_path / "points.jsonl"
+    jl.write_text(json.dumps(p.to_json()) + "\n")
+    assert measured.load_points(jl) == [p]
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"colour": "red"}, r"unknown field\(s\) \['colour'\]"),
+    ({"model": None}, "lacks the field 'model'"),
+    ({"tp": "0"}, "tp: expected an integer >= 1"),
+    ({"ttft_ms": "-3"}, "ttft_ms: expected a positive number"),
+    ({"ttft_ms": None}, "measures none of"),
+    ({"split": "test"}, "split: expected one of fit, held-out"),
+])
+def test_a_bad_point_is_refused_with_its_line_and_field(tmp_path, change, match):
+    row = {"id": "a", "source": "s", "model": "llama-3.1-8b", "hardware": "H100",
+           "engine": "vllm", "num_requests": 4, "ttft_ms": 40}
+    row.update(change)
+    row = {k: v for k, v in row.items() if v is not None}
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=match) as info:
+        measured.load_points(path)
+    assert f"{path}:1" in str(info.value)
+
+
+def test_duplicate_ids_are_refused(tmp_path):
+    row = {"id": "a", "source": "s", "model": "m", "hardware": "H100", "engine": "vllm",
+           "num_requests": 4, "tpot_ms": 5}
+    path = tmp_path / "p.jsonl"
+    path.write_text((json.dumps(row) + "\n") * 2)
+    with pytest.raises(ValueError, match="the id 'a' appears twice"):
+        measured.load_points(path)
+
+
+def _point(i, concurrency, tpot, **over):
+    return MeasuredPoint(**{**dict(id=str(i), source=f"s{i % 2}", model="gpt-oss-120b",
+                                   hardware="H100 SXM", engine="vllm", num_requests=10,
+                                   concurrency=concurrency, tpot_ms=tpot,
+                                   engine_version=str(i)), **over})
+
+
+def test_under_specified_rows_are_those_whose_tpot_falls_at_high_load():
+    points = [_point(1, 32, 10.0), _point(2, 64, 14.0), _point(3, 512, 5.0),
+              _point(4, 512, 13.0),  # within 10% of c64's: kept
+              _point(5, 256, 5.0, tp=2),  # no lower concurrency of its configuration
+              _point(6, 128, 2.0)]  # below 256: kept
+    out = scorecard.under_specified(points)
+    assert set(out) == {"3"}
+    assert "5 ms at concurrency 512" in out["3"] and "14 ms at concurrency 64" in out["3"]
+
+
+def test_closed_loop_means_weigh_the_steady_waves_as_the_benchmark_ran_them():
+    # 3 waves of 2 simulated (6 requests) standing for 10 waves (20 requests): the first and
+    # last waves once, the middle one as the 16 requests between the ramps
+    values = [10.0, 10.0, 1.0, 1.0, 4.0, 4.0]
+    assert scorecard.closed_loop_means(values, 2, 20) == pytest.approx(
+        (2 * 10 + 16 * 1 + 2 * 4) / 20)
+    assert scorecard.closed_loop_means(values, 2, 6) == pytest.approx(sum(values) / 6)
+    assert scorecard.closed_loop_means([None, 2.0, None, 4.0, 6.0, None], 2, 6) == 4.0
+    p = _point(1, 16, 5.0, num_requests=160)
+    assert scorecard.closed_loop_waves(p, 3) == 48
+    assert scorecard.closed_loop_waves(p, 0) == 160
+    assert scorecard.closed_loop_waves(_point(1, 16, 5.0, rate=2.0, num_requests=160), 3) == 160
+
+
+def test_the_ci_sample_against_its_measurements(tmp_path):
+    points, refused = measured.load_silicon(DATA)
+    assert len(points) == 32 and not refused
+    doc = scorecard.run(points, jobs=2, source="tests/data/silicon_sample_ci.csv")
+    out = tmp_path / "accuracy.json"
+    scorecard.dump(doc, out)
+    doc = scorecard.load(out)
+    rows = {r["id"]: r for r in doc["rows"]}
+    answered = [r for r in rows.values() if r["status"] == scorecard.ANSWERED]
+    refusals = [r for r in rows.values() if r["status"] == scorecard.REFUSED]
+    assert len(answered) == 30 and len(refusals) == 2
+    for r in refusals:
+        assert "expert parallelism" in r["reason"] and "tensor parallelism only" in r["reason"]
+    for r in answered:
+        for k in ("ttft_ms", "tpot_ms"):
+            assert r["predicted"][k] > 0 and r["measured"][k] > 0
+            assert r["ratio"][k[:-3]] == pytest.approx(r["predicted"][k] / r["measured"][k])
+        assert r["kv_capacity_tokens"] > 0 and r["preemptions"] >= 0
+        assert r["split"] == "fit" and r["requests_simulated"] <= r["point"]["num_requests"]
+    # the figures are what the rows say
+    ttft = [abs(r["ratio"]["ttft"] - 1) for r in answered]
+    assert doc["overall"]["ttft"]["mape"] == pytest.approx(sum(ttft) / len(ttft))
+    assert doc["coverage"]["answered"] == 30 and doc["coverage"]["rows"] == 32
+    assert sum(g["rows"] for g in doc["groups"]) == 32
+    print(f"CI sample: TTFT MAPE {doc['overall']['ttft']['mape']:.3f}, TPOT MAPE "
+          f"{doc['overall']['tpot']['mape']:.3f}")
+    assert doc["overall"]["ttft"]["mape"] <= TTFT_MAPE_BOUND
+    assert doc["overall"]["tpot"]["mape"] <= TPOT_MAPE_BOUND
+
+
+def test_the_command_prints_the_table_and_writes_the_document_and_plot(tmp_path, capsys):
+    from gnomon.cli import main
+
+    with open(DATA, newline="") as f:
+        rows = list(csv.DictReader(f))
+    small = tmp_path / "small.csv"
+    with open(small, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows([rows[0], rows[-1]])  # one answered, one refused
+    out, png = tmp_path / "a.json", tmp_path / "a.png"
+    code = main(["accuracy", "--points", str(small), "--jobs", "1", "--out", str(out),
+                 "--plot", str(png)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "answered 1 of 2 rows" in text and "refused 1: expert parallelism" in text
+    assert scorecard.load(out)["coverage"]["answered"] == 1 and png.stat().st_size > 10_000
+    assert main(["accuracy", "--points", str(small), "--split", "held-out"]) == 2
+    assert "no row is left after the filters" in capsys.readouterr().err
+
+
+def test_the_serving_path_adds_exactly_its_parts_to_a_lone_requests_ttft():
+    from gnomon.predict.roofline import RooflinePredictor
+    from gnomon.predict.serve import EngineArgs, run_workload, simulated_engine
+    from gnomon.predict.shapes import ModelSpec
+    from gnomon.predict.metrics import compute_metrics
+    from gnomon.predict.workloads import LengthDist, SyntheticSpec, synthetic
+
+    spec = ModelSpec.from_model("llama-3.1-8b")
+    work = synthetic(SyntheticSpec(num_requests=3, rate=math.inf,
+                                   prompt_len=LengthDist.fixed(500),
+                                   output_len=LengthDist.fixed(20), arrival="fixed",
+                                   vocab_size=1000))
+
+    def run(path):
+        engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
+                                  args=EngineArgs(max_num_seqs=8))
+        trace = run_workload(engine, work, concurrency=1, serving=path)
+        return compute_metrics(trace), trace
+
+    plain, _ = run(ServingPath())
+    path = ServingPath(request_s=0.01, per_prompt_token_s=2e-6, response_s=0.003)
+    served, _ = run(path)
+    extra = 0.01 + 2e-6 * 500 + 0.003
+    for a, b in zip(plain["per_request"]["ttft_s"], served["per_request"]["ttft_s"]):
+        assert b == pytest.approx(a + extra)
+    for s in served["per_request"]["serving_s"]:
+        assert s == pytest.approx(extra)
+    # a closed loop of one: each request is sent when the client sees the last one finish
+    assert served["duration_s"] == pytest.approx(plain["duration_s"] + 3 * extra)
+    assert served["tpot"]["mean"] == pytest.approx(plain["tpot"]["mean"])
+    lagged, trace = run(ServingPath(output_lag_steps=1))
+    decode = [s.seconds for s in trace.steps if s.num_prefill_tokens == 0][0]
+    for a, b, q, p, s in zip(plain["per_request"]["ttft_s"], lagged["per_request"]["ttft_s"],
+                             lagged["per_request"]["queueing_s"],
+                             lagged["per_request"]["prefill_s"],
+                             lagged["per_request"]["serving_s"]):
+        assert b == pytest.approx(a + decode, rel=1e-6)  # one more step before it is seen
+        assert b == pytest.approx(q + p + s)
+
+
+def test_a_serving_path_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="serving.request_s"):
+        ServingPath(request_s=-1)
+    with pytest.raises(ValueError, match="output_lag_steps"):
+        ServingPath(output_lag_steps=2)
