@@ -106,7 +106,7 @@ def _add_dash_parser(commands) -> None:  # noqa: ANN001 - argparse's private sub
     thresholds.add_argument("--threshold-op", action="append", default=[], metavar="OP=T",
                             help="per-op threshold, e.g. paged_attention=10%% (repeatable)")
     ingest = sub.add_parser("ingest", parents=[common],
-                            help="store results files and validation documents")
+                            help="store results files, validation and accuracy documents")
     ingest.add_argument("files", nargs="+", metavar="FILE")
     compare = sub.add_parser("compare", parents=[common, thresholds],
                              help="compare two commits on one machine")

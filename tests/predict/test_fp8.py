@@ -125,3 +125,71 @@ def test_hardware_file_without_the_fp8_peak_refuses_naming_the_field(tmp_path):
 def test_the_real_engine_refuses_quantized_weights_by_name(quant, match):
     with pytest.raises(ValueError, match=match):
         LLMEngine(_llama(quant), random_weights=True)
+
+
+@pytest.mark.parametrize("quant, weights, kv", [
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8",
+      "group_size": 16}, "nvfp4", "fp8"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8", None),
+    ({**CT, "config_groups": {"g": {"weights": {"num_bits": 4, "type": "float",
+                                                 "group_size": 16}}}}, "nvfp4", None),
+    ({**CT, "config_groups": {"g": {"weights": {"num_bits": 4, "type": "float",
+                                                 "group_size": 32}}}}, "mxfp4", None),
+])
+def test_fp4_quantization_configs_declare_their_dense_weights(quant, weights, kv):
+    spec = ModelSpec.from_config(_llama(quant))
+    assert spec.linear_dtype == weights and (spec.kv_dtype or None) == kv
+
+
+@pytest.mark.parametrize("quant, match", [
+    ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "modelopt is supported with"),
+    ({**CT, "config_groups": {"a": {"weights": {"num_bits": 8, "type": "float"}},
+                              "b": {"weights": {"num_bits": 4, "type": "float",
+                                                "group_size": 16}}}}, "one weight format"),
+])
+def test_other_fp4_configs_are_refused_by_name(quant, match):
+    with pytest.raises(ValueError, match=match):
+        _llama(quant)
+
+
+@pytest.mark.parametrize("dtype, bits", [("nvfp4", 4.5), ("mxfp4", 4.25)])
+def test_fp4_dense_weights_are_their_bits_per_weight(dtype, bits):
+    bf16 = ModelSpec.from_model("llama-3.1-70b")
+    fp4 = ModelSpec.from_model("llama-3.1-70b", weight_dtype=dtype)
+    c = bf16.config
+    kept = 2 * c.vocab_size * c.hidden_size * 2 + c.num_layers * 2 * c.hidden_size * 2
+    linear_params = (bf16.weight_bytes() - kept) / 2
+    assert fp4.weight_bytes() == pytest.approx(kept + linear_params * bits / 8)
+
+
+def test_fp4_gemms_run_on_the_fp4_peak_where_the_chip_has_one_else_weight_only():
+    fp4 = ModelSpec.from_model("llama-3.1-70b", weight_dtype="nvfp4")
+    fp8 = ModelSpec.from_model("llama-3.1-70b", weight_dtype="fp8")
+    ops = {op.name: op for op in step_ops(StepShape.of(fp4, [(4096, 0)]))}
+    assert ops["qkv_proj"].compute == "fp4" and ops["lm_head"].compute == "bfloat16"
+    prefill = [(8192, 0)]
+    b200, h100 = RooflinePredictor("B200"), RooflinePredictor("H100")
+    # B200: FP4 math at twice the FP8 peak; compute bound, so well under FP8's time
+    assert (b200.predict(StepShape.of(fp4, prefill)).breakdown["gemm"]
+            < 0.7 * b200.predict(StepShape.of(fp8, prefill)).breakdown["gemm"])
+    # H100 has no FP4 math: bf16 math (w4a16), slower than FP8's when compute bound ...
+    assert (h100.predict(StepShape.of(fp4, prefill)).breakdown["gemm"]
+            > h100.predict(StepShape.of(fp8, prefill)).breakdown["gemm"])
+    # ... and faster when memory bound (fewer weight bytes)
+    decode = [(1, 1000)] * 4
+    assert (h100.predict(StepShape.of(fp4, decode)).breakdown["gemm"]
+            < 0.7 * h100.predict(StepShape.of(fp8, decode)).breakdown["gemm"])
+
+
+def test_kv_memory_free_takes_the_fraction_of_what_weights_and_activations_leave():
+    from gnomon.predict.simulated import activation_bytes
+
+    spec = ModelSpec.from_model("llama-3.1-70b", weight_dtype="fp8", kv_dtype="fp8")
+    hw = gpu("H200")
+    total = kv_blocks_for_hardware(spec, hw, gpu_memory_utilization=0.9)
+    free = kv_blocks_for_hardware(spec, hw, gpu_memory_utilization=0.9, kv_memory="free")
+    used = spec.weight_bytes() + activation_bytes(spec, max_num_batched_tokens=8192,
+                                                  max_num_seqs=256)
+    hbm = hw.hbm_gb.value * 1e9
+    # "total": 0.9 of the HBM less what is used; "free": 0.9 of what is left after it
+    assert free / total == pytest.approx(0.9 * (hbm - used) / (0.9 * hbm - used), rel=1e-3)
