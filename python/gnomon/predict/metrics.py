@@ -7,9 +7,10 @@ its per-family breakdown and whatever no family claims (``unattributed_s``).
 
 Definitions (times on the run's clock, seconds):
 
-- arrival is the client's send; the request reaches the scheduler ``serving.ingress(prompt)``
-  later, and the client sees a token ``response_s`` after the step that made it ends (after
-  the next step, under async scheduling): the run's `ServingPath` (none by default).
+- arrival is the client's send (the trace's ``sent``); the request reaches the scheduler
+  ``serving.ingress(prompt)`` later, or when the one sent before it did, and the client sees a
+  token ``response_s`` after the step that made it ends (after the next step, under async
+  scheduling): the run's `ServingPath` (none by default).
 - queueing = first_scheduled - reaching the scheduler; prefill = first_token -
   first_scheduled (both on the engine's clock); serving = the rest of the TTFT (ingress, the
   async lag and the response path); ttft = serving + queueing + prefill, the client's first
@@ -119,7 +120,8 @@ class _PerRequest:
                 t = np.where(i < len(ends), ends[np.minimum(i, len(ends) - 1)], t)
             return t + path.response_s
 
-        self.arrival = entered - (path.request_s + path.per_prompt_token_s * self.prompt)
+        sent = getattr(trace, "sent", None) or {}
+        self.arrival = np.array([sent.get(i, t) for i, t in zip(self.ids, entered)])
         first_seen, self.finish = seen(first), seen(finish)
         self.gaps: List[np.ndarray] = [np.diff(seen(tt)) for tt in made]
         self.queueing = sched - entered

@@ -10,8 +10,9 @@ need: every step, every token's time, KV usage after each step, preemptions and 
 from __future__ import annotations
 
 import gc
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from gnomon.engine.llm import LLMEngine, RequestOutput
@@ -61,6 +62,7 @@ class RunTrace:
     prefix_hit_tokens: int
     wall_seconds: float  # how long the run took on this machine
     serving: ServingPath = ServingPath()  # the path outside the steps the run applied
+    sent: Dict[str, float] = field(default_factory=dict)  # request id -> the client's send
 
 
 def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
@@ -111,7 +113,8 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
     users.
 
     `serving` is the path outside the steps (`ServingPath`): a request reaches the scheduler
-    ``serving.ingress(prompt tokens)`` after its send, and the client sees a step's tokens
+    ``serving.ingress(prompt tokens)`` after its send, never before one sent earlier (the API
+    server hands requests on in the order they came), and the client sees a step's tokens
     ``response_s`` after the step ends, or after the next step ends under async scheduling
     (``output_lag_steps`` 1). The metrics read it back from the trace."""
     clock, runner = engine.clock, engine.runner
@@ -128,15 +131,19 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
     requests = workload.requests
     sent = 0
 
+    sent_at: Dict[str, float] = {}
+    entered = -math.inf  # when the last request sent reached the scheduler
+
     def send(limit: int, at: float) -> None:
-        nonlocal sent
+        nonlocal sent, entered
         while sent < limit:
             r = requests[sent]
+            sent_at[r.request_id] = max(start + r.arrival_time, at)
+            entered = max(sent_at[r.request_id] + serving.ingress(len(r.prompt_token_ids)),
+                          entered)
             engine.add_request(r.request_id, r.prompt_token_ids,
                                SamplingParams(max_tokens=r.output_len, temperature=0,
-                                              ignore_eos=True),
-                               arrival_time=max(start + r.arrival_time, at)
-                               + serving.ingress(len(r.prompt_token_ids)))
+                                              ignore_eos=True), arrival_time=entered)
             sent += 1
 
     total = workload.num_requests
@@ -188,4 +195,4 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
                     num_preemptions=engine.scheduler.num_preemptions,
                     prefix_queried_tokens=int(stats["queries"]),
                     prefix_hit_tokens=int(stats["hits"]), wall_seconds=time.perf_counter() - began,
-                    serving=serving)
+                    serving=serving, sent=sent_at)
