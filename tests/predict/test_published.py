@@ -2,11 +2,13 @@
 accuracy --points published` (the points live in ``gnomon/predict/data/published.jsonl``, in
 gnomon's measured-points schema, each with its source).
 
-Each point sets only what its source states, plus the engine's defaults: ``vllm-0.10`` (vLLM 0.10's
-scheduler defaults, async scheduling off) or ``vllm`` (async scheduling on, as the sources'
-``--async-scheduling`` runs). The ratio predicted / published of each metric must stay in the band
-this build reaches (`BANDS`, set from the closing note's table with a margin); the goal bands are
-`GOAL`, reported, not asserted, where they are not met yet.
+Each point sets only what its source states, plus the engine's defaults: ``vllm-0.10`` (vLLM
+0.10's scheduler defaults, async scheduling off) or ``vllm`` (async scheduling on, as the
+sources' ``--async-scheduling`` runs). The ratio predicted / published of each metric must stay
+in the band this build reaches (`BANDS`: the closing note of issue 35's ratios, with a margin of
+about a quarter), so that a change that moves a point is seen; the goal bands of the earlier
+issue (0.8-1.25 for throughput, 0.75-1.33 for latencies) are not asserted, since several points
+miss them.
 
 Not moved: AMD's 1,500-prompt Llama-3.1-70B FP8 throughput on 8x MI300X (vLLM 0.10.1), which
 does not say whether it counts output or total tokens, and ran with ``--max-num-seqs 1500``, a
@@ -21,23 +23,22 @@ from gnomon.predict import measured, scorecard
 
 # id -> {metric: (low, high)} of predicted / published
 BANDS = {
-    "gpustack-gpt-oss-tp1-sharegpt-c4": {"ttft": (0.55, 1.5), "tpot": (0.8, 1.3),
-                                         "output_tokens_per_s": (0.75, 1.3)},
-    "gpustack-gpt-oss-tp2-sharegpt-c4-async": {"ttft": (0.55, 1.5), "tpot": (0.8, 1.35),
-                                               "output_tokens_per_s": (0.75, 1.3)},
-    "gpustack-gpt-oss-tp1-sharegpt-1000": {"ttft": (0.25, 1.8), "tpot": (0.5, 1.8),
-                                           "total_tokens_per_s": (0.6, 1.8)},
-    "gpustack-gpt-oss-tp1-random-2000-100": {"ttft": (0.5, 1.8), "tpot": (0.5, 1.8),
-                                             "total_tokens_per_s": (0.6, 1.8)},
-    "gpustack-gpt-oss-tp2-random-2000-100-async": {"ttft": (0.35, 2.2), "tpot": (0.35, 2.2),
-                                                   "total_tokens_per_s": (0.45, 2.2)},
-    "gpustack-gpt-oss-tp1-random-4000-200": {"ttft": (0.65, 1.4), "tpot": (0.65, 1.4),
-                                             "total_tokens_per_s": (0.65, 1.5)},
-    "gpustack-gpt-oss-tp1-random-32000-100": {"ttft": (0.5, 1.9), "tpot": (0.5, 1.9),
-                                              "total_tokens_per_s": (0.5, 1.9)},
+    "gpustack-gpt-oss-tp1-sharegpt-c4": {"ttft": (0.85, 1.5), "tpot": (0.65, 1.05),
+                                         "output_tokens_per_s": (0.8, 1.25)},
+    "gpustack-gpt-oss-tp2-sharegpt-c4-async": {"ttft": (1.0, 1.7), "tpot": (0.7, 1.1),
+                                               "output_tokens_per_s": (0.7, 1.15)},
+    "gpustack-gpt-oss-tp1-sharegpt-1000": {"ttft": (0.22, 0.45), "tpot": (0.6, 1.05),
+                                           "total_tokens_per_s": (1.2, 1.9)},
+    "gpustack-gpt-oss-tp1-random-2000-100": {"ttft": (0.45, 0.75), "tpot": (0.9, 1.5),
+                                             "total_tokens_per_s": (1.25, 2.0)},
+    "gpustack-gpt-oss-tp2-random-2000-100-async": {"ttft": (0.35, 0.6), "tpot": (0.4, 0.7),
+                                                   "total_tokens_per_s": (1.5, 2.5)},
+    "gpustack-gpt-oss-tp1-random-4000-200": {"ttft": (0.6, 1.0), "tpot": (0.8, 1.35),
+                                             "total_tokens_per_s": (0.95, 1.6)},
+    "gpustack-gpt-oss-tp1-random-32000-100": {"ttft": (0.45, 0.8), "tpot": (1.05, 1.75),
+                                              "total_tokens_per_s": (1.25, 2.1)},
     "amd-llama-70b-fp8-tp8-batch1": {"tpot": (0.9, 1.1)},
 }
-GOAL = {"tokens": (0.8, 1.25), "latency": (0.75, 1.33)}
 
 
 @pytest.fixture(scope="module")
