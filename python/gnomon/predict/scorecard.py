@@ -109,6 +109,14 @@ def closed_loop_waves(point: MeasuredPoint, max_waves: int) -> int:
     return min(point.num_requests, max(max_waves, 3) * point.concurrency)
 
 
+def _cost(point: MeasuredPoint, max_waves: int) -> float:
+    """A row's simulation cost, roughly: its steps (requests over concurrency, times the output
+    length) times the batch it runs."""
+    concurrency = point.concurrency or point.num_requests
+    output = int((point.output_len or "1").split(":")[-1])
+    return closed_loop_waves(point, max_waves) / concurrency * output * (1 + concurrency / 64)
+
+
 def run_row(base: Mapping, point_json: Mapping) -> dict:
     """One point's record (the document's ``rows`` entry); the executors' task."""
     from .measured import MeasuredPoint
@@ -255,7 +263,10 @@ def run(points: Sequence[MeasuredPoint], *, predictor: str = "roofline",
             "model": r["row"].get("model_path") or "?", "hardware": r["row"].get("system") or "?",
             "engine": r["row"].get("backend") or "?", "dtype": "?", "source": "?"},
             "point": None, "status": REFUSED, "reason": r["reason"]})
-    todo = [p.to_json() for p in points if p.id not in excluded]
+    # the costliest rows first, so that the workers end together rather than one of them
+    # running a long row alone at the end
+    todo = [p.to_json() for p in sorted((p for p in points if p.id not in excluded),
+                                        key=lambda p: -_cost(p, max_waves))]
     base = {"predictor": predictor, "max_waves": max_waves}
     results = (_ray_results(base, todo, ray_address, task=run_row) if use_ray
                else _local_results(base, todo, jobs, task=run_row))
