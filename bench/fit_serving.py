@@ -123,7 +123,8 @@ def write(fitted) -> None:
         groups = "; ".join(f"{n} {g}" for g, n in sorted(fig["groups"].items()))
         entry["sources"]["serving"] = (
             f"fitted by bench/fit_serving.py on {fig['rows']} fit-split rows of "
-            f"aiconfigurator-core 0.12.0's silicon_sample.csv at concurrency <= {LIGHT} ({groups}): "
+            f"aiconfigurator-core 0.12.0's silicon_sample.csv at concurrency <= {LIGHT} "
+            f"({groups}): "
             f"the TTFT a simulation without a serving path leaves, Theil-Sen against the "
             f"prompt tokens; median |TTFT left| {fig['residual_ms']['median_abs_before']:.1f} "
             f"-> {fig['residual_ms']['median_abs_after']:.1f} ms. The fixed part is all request_s: "

@@ -247,8 +247,9 @@ def _add_serving_arguments(p, sweep: bool) -> None:  # noqa: ANN001
     p.add_argument("--num-requests", type=int, default=None,
                    help=f"requests (default {sim.DEFAULT_NUM_REQUESTS}; a trace: all rows)")
     p.add_argument("--engine", default=sim.DEFAULT_ENGINE,
-                   help=f"vllm, sglang, trtllm, gnomon or a .json profile: the scheduler defaults on "
-                        f"this GPU and the host overhead per step (default {sim.DEFAULT_ENGINE})")
+                   help=f"vllm, vllm-0.10, sglang, trtllm, gnomon or a .json profile: the "
+                        f"scheduler defaults on this GPU, the host overhead per step and the "
+                        f"serving path (default {sim.DEFAULT_ENGINE})")
     p.add_argument("--max-num-seqs", default=None,
                    help=f"sequences per step (default: the engine's){many}")
     p.add_argument("--max-num-batched-tokens", default=None,
@@ -603,17 +604,7 @@ def _run_accuracy(args) -> int:  # noqa: ANN001
 
     try:
         _check_plot_dependency(args.plot)
-        refused: list = []
-        if args.points == "published":
-            points, source = measured.load_points(measured.PUBLISHED_FILE), "published points"
-        elif args.points == "silicon" or (args.points.endswith(".csv")
-                                          and os.path.exists(args.points)
-                                          and measured.is_silicon(args.points)):
-            path = measured.silicon_csv() if args.points == "silicon" else args.points
-            points, refused = measured.load_silicon(path)
-            source = f"aiconfigurator-core silicon_sample.csv ({path})"
-        else:
-            points, source = measured.load_points(args.points), args.points
+        points, refused, source = measured.resolve_points(args.points)
         filters = {name: [v.strip() for v in getattr(args, name).split(",") if v.strip()]
                    for name in ("model", "hardware", "engine")}
         points = scorecard.filter_points(points, split=args.split, models=filters["model"],

@@ -154,8 +154,8 @@ def profiles() -> Dict[str, EngineProfile]:
 
 def resolve_engine(spec) -> EngineProfile:
     """A profile by name (``vllm``, ``vllm-0.10``, ``sglang``, ``trtllm``, ``gnomon``) or from a
-    JSON file holding one
-    engine entry (the fields of ``data/engines.json``'s entries, plus ``name``)."""
+    JSON file holding one engine entry (the fields of ``data/engines.json``'s entries, plus
+    ``name``)."""
     if isinstance(spec, EngineProfile):
         return spec
     if not isinstance(spec, (str, os.PathLike)):

@@ -344,6 +344,20 @@ def load_silicon(path: Optional[str] = None) -> Tuple[List[MeasuredPoint], List[
     return points, refused
 
 
+def resolve_points(spec: str) -> Tuple[List[MeasuredPoint], List[dict], str]:
+    """``(points, refusals, source)`` of ``--points``: ``silicon`` (the installed
+    aiconfigurator-core's silicon_sample.csv), ``published`` (`PUBLISHED_FILE`), a
+    silicon_sample.csv by its columns, or a file in gnomon's schema."""
+    if spec == "published":
+        return load_points(PUBLISHED_FILE), [], "published points"
+    if spec == "silicon" or (spec.endswith(".csv") and os.path.exists(spec)
+                             and is_silicon(spec)):
+        path = silicon_csv() if spec == "silicon" else spec
+        points, refused = load_silicon(path)
+        return points, refused, f"aiconfigurator-core silicon_sample.csv ({path})"
+    return load_points(spec), [], spec
+
+
 def is_silicon(path: str) -> bool:
     """Whether a CSV file is in silicon_sample.csv's columns (rather than gnomon's schema)."""
     with open(path, encoding="utf-8", newline="") as f:

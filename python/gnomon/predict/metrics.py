@@ -144,7 +144,8 @@ def request_metrics(trace) -> List[dict]:
     return [{"request_id": r.ids[i], "arrival": float(r.arrival[i]),
              "prompt_tokens": int(r.prompt[i]), "output_tokens": int(r.out[i]),
              "queueing_s": float(r.queueing[i]), "prefill_s": float(r.prefill[i]),
-             "serving_s": float(r.serving[i]), "ttft_s": float(r.ttft[i]), "tpot_s": _opt(r.tpot[i]),
+             "serving_s": float(r.serving[i]), "ttft_s": float(r.ttft[i]),
+             "tpot_s": _opt(r.tpot[i]),
              "itl_s": r.gaps[i].tolist(), "e2e_s": float(r.e2e[i])}
             for i in range(len(r.ids))]
 

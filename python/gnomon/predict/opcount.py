@@ -4,8 +4,9 @@
 each layer's ops already multiplied by the number of layers that share their cost. Counting:
 
 - activations in the model's dtype; linear weights in `ModelSpec.linear_dtype` (FP8 one byte,
-  its math FP8; NVFP4 4.5 and MXFP4 4.25 bits, their math FP4), MXFP4 experts 4.25 bits; embedding, router and lm_head in the
-  model's dtype; the KV cache in `ModelSpec.kv_bytes` per element;
+  its math FP8; NVFP4 4.5 and MXFP4 4.25 bits, their math FP4), MXFP4 experts 4.25 bits;
+  embedding, router and lm_head in the model's dtype; the KV cache in `ModelSpec.kv_bytes` per
+  element;
 - GEMMs read their weights once and their input and output activations once;
 - attention counts each sequence's own keys: query ``j`` of ``n`` new tokens after ``c`` cached
   ones attends ``min(c + j + 1, window)`` keys (2 FLOPs per key element for QK and 2 for PV) and
