@@ -6,7 +6,8 @@ does not import gnomon.  It needs its own interpreter with
 ``aiconfigurator==0.12.0`` and ``aiconfigurator-core==0.12.0`` from PyPI
 (the versions this script was written against and run with)::
 
-    /tmp/aic/bin/python bench/peer_aiconfigurator.py --out /tmp/aic_rows.jsonl [--jobs N] [--limit N]
+    /tmp/aic/bin/python bench/peer_aiconfigurator.py --out /tmp/aic_rows.jsonl \
+        [--jobs N] [--limit N]
 
 What it does
 ------------
@@ -154,7 +155,8 @@ AGG_FIELDS = ("batch_size", *PARALLEL_FIELDS)
 _LLAMA31_INSTRUCT_EOS = {"eos_token_id": [128001, 128008, 128009]}
 STAGED_CONFIGS = {
     "meta-llama/Llama-3.1-70B": ("meta-llama/Meta-Llama-3.1-70B", {}, None),
-    "meta-llama/Llama-3.1-8B-Instruct": ("meta-llama/Meta-Llama-3.1-8B", _LLAMA31_INSTRUCT_EOS, None),
+    "meta-llama/Llama-3.1-8B-Instruct": ("meta-llama/Meta-Llama-3.1-8B", _LLAMA31_INSTRUCT_EOS,
+                                         None),
     "nvidia/Llama-3.1-8B-Instruct-FP8": (
         "meta-llama/Meta-Llama-3.1-8B",
         _LLAMA31_INSTRUCT_EOS,
@@ -174,7 +176,8 @@ def select_rows() -> list[dict[str, str]]:
 
 def resolve_versions(rows: list[dict[str, str]]) -> dict[tuple[str, str, str], str]:
     """(system, backend, row version) -> version to query, per the docstring's rule."""
-    from aiconfigurator_core.sdk.perf_database import get_latest_database_version, get_supported_databases
+    from aiconfigurator_core.sdk.perf_database import (get_latest_database_version,
+                                                       get_supported_databases)
 
     supported = get_supported_databases()
     out: dict[tuple[str, str, str], str] = {}
@@ -187,7 +190,8 @@ def resolve_versions(rows: list[dict[str, str]]) -> dict[tuple[str, str, str], s
             out[key] = r["backend_version"]
         else:
             latest = get_latest_database_version(system=r["system"], backend=r["backend"])
-            out[key] = latest or ""  # "" -> cli_estimate raises "No database found", recorded as refused
+            # "" -> cli_estimate raises "No database found", recorded as refused
+            out[key] = latest or ""
     return out
 
 
@@ -289,7 +293,8 @@ def _call(args: dict) -> tuple[dict | None, BaseException | str | None]:
     return {
         "ttft_ms": float(ttft),
         "tpot_ms": float(tpot),
-        "backend_version_used": str(getattr(result, "backend_version", None) or args["backend_version"]),
+        "backend_version_used": str(getattr(result, "backend_version", None)
+                                    or args["backend_version"]),
         "gemm_quant_used": raw.get("gemm"),
         "moe_quant_used": raw.get("moe"),
         "seconds": round(seconds, 4),
@@ -319,14 +324,17 @@ def _run_row(task: tuple[str, dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSONL output file (overwritten)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: CPU count)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="worker processes (default: CPU count)")
     ap.add_argument("--limit", type=int, default=None, help="run only the first N selected rows")
     ap.add_argument(
         "--no-stage-configs",
         action="store_true",
-        help="do not stage local configs for unbundled models; let aiconfigurator download them from HF",
+        help="do not stage local configs for unbundled models; let aiconfigurator download "
+             "them from HF",
     )
-    ap.add_argument("--log", default=None, help="aiconfigurator's own stdout/stderr (default: OUT.log)")
+    ap.add_argument("--log", default=None,
+                    help="aiconfigurator's own stdout/stderr (default: OUT.log)")
     opts = ap.parse_args()
 
     out_path = os.path.abspath(opts.out)
@@ -340,7 +348,8 @@ def main() -> None:
         rows = rows[: opts.limit]
     versions = resolve_versions(rows)
     tasks = [
-        (r["id"], estimate_args(r, versions[(r["system"], r["backend"], r["backend_version"])])) for r in rows
+        (r["id"], estimate_args(r, versions[(r["system"], r["backend"], r["backend_version"])]))
+        for r in rows
     ]
 
     workdir = None
@@ -352,7 +361,8 @@ def main() -> None:
 
     print(
         f"aiconfigurator {aic_version} / aiconfigurator-core {core_version}; "
-        f"{len(tasks)} of {n_selected} selected rows from {silicon_sample_path()}; jobs={opts.jobs}; "
+        f"{len(tasks)} of {n_selected} selected rows from {silicon_sample_path()}; "
+        f"jobs={opts.jobs}; "
         f"staged configs: {staged or 'none'}; log: {log_path}",
         file=sys.stderr,
         flush=True,
@@ -377,7 +387,8 @@ def main() -> None:
                 if i % 20 == 0 or i == len(tasks):
                     el = time.perf_counter() - t_start
                     print(
-                        f"[{i}/{len(tasks)}] answered={n_ok} (checkpoint quant: {n_ckpt}) refused={n_refused} "
+                        f"[{i}/{len(tasks)}] answered={n_ok} (checkpoint quant: {n_ckpt}) "
+                        f"refused={n_refused} "
                         f"elapsed={el:.0f}s",
                         file=sys.stderr,
                         flush=True,
