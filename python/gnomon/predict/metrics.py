@@ -123,7 +123,10 @@ class _PerRequest:
         sent = getattr(trace, "sent", None) or {}
         self.arrival = np.array([sent.get(i, t) for i, t in zip(self.ids, entered)])
         first_seen, self.finish = seen(first), seen(finish)
-        self.gaps: List[np.ndarray] = [np.diff(seen(tt)) for tt in made]
+        # every token's time as the client sees it, in one pass, then split per request
+        ends_at = np.cumsum([tt.size for tt in made])[:-1]
+        self.gaps: List[np.ndarray] = [np.diff(t) for t in np.split(
+            seen(np.concatenate(made)), ends_at)]
         self.queueing = sched - entered
         self.prefill = first - sched
         self.ttft = first_seen - self.arrival

@@ -119,9 +119,8 @@ def _cost(point: MeasuredPoint, max_waves: int) -> float:
 
 def run_row(base: Mapping, point_json: Mapping) -> dict:
     """One point's record (the document's ``rows`` entry); the executors' task."""
-    from .measured import MeasuredPoint
     from .simulate import simulate
-    from .sweep import _simulate_args
+    from .workloads import parse_length
 
     data = dict(point_json)
     data["rate"] = math.inf if data["rate"] == "inf" else data["rate"]
@@ -133,9 +132,10 @@ def run_row(base: Mapping, point_json: Mapping) -> dict:
         args = point.simulate_args()
         args["num_requests"] = closed_loop_waves(point, base.get("max_waves", MAX_WAVES))
         args["predictor"] = base.get("predictor", "roofline")
-        if args["rate"] == math.inf:
-            args["rate"] = "inf"
-        report, _ = simulate(**_simulate_args({}, args))
+        for name in ("input_len", "output_len"):
+            if name in args:
+                args[name] = parse_length(args[name], name)
+        report, _ = simulate(**args)
     except ValueError as refusal:  # PointRefused and PredictionRefused are ValueErrors
         record.update(status=REFUSED, reason=str(getattr(refusal, "reason", refusal)))
     else:
@@ -156,8 +156,8 @@ def run_row(base: Mapping, point_json: Mapping) -> dict:
                       requests_simulated=args["num_requests"],
                       kv_capacity_tokens=engine["num_kv_blocks"] * engine["block_size"],
                       preemptions=m["preemptions"],
-                      ttft_parts_ms={k: m[k]["mean"] * 1e3 for k in ("queueing", "prefill")
-                                     if m.get(k, {}).get("mean") is not None},
+                      ttft_parts_ms={k: m[k]["mean"] * 1e3
+                                     for k in ("serving", "queueing", "prefill")},
                       engine_profile=engine["profile"])
     record["wall_seconds"] = time.perf_counter() - began
     return record
@@ -237,13 +237,14 @@ def run(points: Sequence[MeasuredPoint], *, predictor: str = "roofline",
     is the gnomon commit it measures (None: the checkout's, null outside one)."""
     from gnomon.bench.machine import resolve_commit
 
+    from .sweep import _local_results, _ray_results
+
     try:
         commit = resolve_commit(commit)
     except ValueError:
         if commit is not None:
             raise
         commit = None
-    from .sweep import _local_results, _ray_results
 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs: expected a positive integer, got {jobs!r}")
