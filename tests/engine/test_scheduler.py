@@ -65,10 +65,11 @@ class FakeModel:
 
 
 def make(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=32,
-         max_model_len=1024, prefix=True, eos=()):
+         max_model_len=1024, prefix=True, eos=(), capacity_policy="max_utilization"):
     kv = KVCacheManager(num_blocks, block_size, prefix)
     return Scheduler(kv, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                     max_num_batched_tokens=max_num_batched_tokens, eos_token_ids=eos)
+                     max_num_batched_tokens=max_num_batched_tokens, eos_token_ids=eos,
+                     capacity_policy=capacity_policy)
 
 
 def run(sched, on_batch=None, max_steps=20000, model=None):
@@ -282,6 +283,51 @@ def test_preemption_under_tiny_cache_matches_unconstrained_run():
     assert outputs(sched, [r[0] for r in reqs]) == want
     assert sched.kv.num_free_blocks == sched.kv.num_blocks
     check_finished(sched, [r[0] for r in reqs])
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_guaranteed_no_evict_never_preempts_and_reserves_whole_requests(n):
+    """TensorRT-LLM's capacity policy: a request is admitted only when its prompt + max_tokens
+    (times its samples) fit beside the reservations of those admitted before it, so the cache
+    that makes max_utilization preempt makes it wait instead, with the same tokens."""
+    rng = np.random.default_rng(1)
+    reqs = workload(rng, 12, prompt_range=(4, 20), out_range=(8, 20), shared_prefix=5, n=n)
+    # the most any request reserves: 10 blocks for n=1, 30 for n=3
+    kw = dict(num_blocks=12 if n == 1 else 30, block_size=4, max_num_batched_tokens=16,
+              max_num_seqs=8)
+    _, _, want = run_workload(reqs, **kw)
+    utilize, _, _ = run_workload(reqs, **kw)
+    assert utilize.num_preemptions > 0  # the cache is short for max_utilization
+
+    sched = make(**kw, capacity_policy="guaranteed_no_evict")
+    for rid, prompt, params in reqs:
+        sched.add(rid, prompt, params)
+    need = {rid: n * -(-(len(prompt) + params.max_tokens) // 4) for rid, prompt, params in reqs}
+
+    def check(batch):
+        # the reservations of the requests still running never exceed the cache
+        running = {s.request.request_id for s in sched._running}
+        assert sum(need[rid] for rid in running) <= sched.kv.num_blocks
+        assert sched._reserved == sum(sched._reservations.values())
+
+    run(sched, on_batch=check)
+    assert sched.num_preemptions == 0
+    assert sched._reserved == 0 and not sched._reservations
+    assert outputs(sched, [r[0] for r in reqs]) == want
+    check_finished(sched, [r[0] for r in reqs])
+
+
+def test_capacity_policy_is_checked():
+    with pytest.raises(ValueError, match="capacity_policy: expected one of max_utilization, "
+                                         "guaranteed_no_evict, got 'fifo'"):
+        make(capacity_policy="fifo")
+    # a request whose samples' whole reservation exceeds the cache could never be admitted
+    sched = make(num_blocks=11, block_size=4, capacity_policy="guaranteed_no_evict")
+    with pytest.raises(ValueError, match=r"request 'x' can never run: its 3 samples reserve "
+                                         r"3 x 4 blocks \(guaranteed_no_evict\)"):
+        sched.add("x", list(range(8)), SamplingParams(max_tokens=8, n=3))
+    assert not sched.has_unfinished()
+    make(num_blocks=11, block_size=4).add("x", list(range(8)), SamplingParams(max_tokens=8, n=3))
 
 
 def test_preempted_sequence_keeps_generated_tokens_as_prompt():

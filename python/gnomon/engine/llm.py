@@ -129,7 +129,8 @@ class LLMEngine:
                  max_num_batched_tokens: int = 8192, block_size: int = 16,
                  num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
                  enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True,
-                 tensor_parallel_size: int = 1, seed: Optional[int] = 0) -> None:
+                 tensor_parallel_size: int = 1, seed: Optional[int] = 0,
+                 capacity_policy: str = "max_utilization") -> None:
         if clock is not None and not callable(clock):
             raise TypeError(f"clock: expected a callable returning seconds, got {clock!r}")
         self.clock = clock or time.monotonic
@@ -199,7 +200,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, max_model_len=self.max_model_len,
                                    max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
-                                   eos_token_ids=config.eos_token_ids)
+                                   eos_token_ids=config.eos_token_ids,
+                                   capacity_policy=capacity_policy)
         self._sample: Optional[_SamplerAdapter] = None  # the engine's own runner samples here
         self.is_driver = True
         if runner is None:

@@ -20,11 +20,15 @@ cdef class Scheduler:
     cdef public long long _next_seq_id
     cdef public long long _order
     cdef public long long num_preemptions
+    cdef public str capacity_policy
+    cdef public dict _reservations
+    cdef public long long _reserved
 
     @cython.locals(seq=Sequence, req=Request, k=cython.longlong, c=cython.longlong,
                    budget=cython.longlong, start=cython.longlong, ok=cython.longlong,
                    slots=cython.longlong, num_prefill=cython.longlong,
-                   num_decode=cython.longlong, cached=cython.longlong, i=cython.longlong)
+                   num_decode=cython.longlong, cached=cython.longlong, i=cython.longlong,
+                   need=cython.longlong, reserve=cython.bint)
     cpdef schedule(self, double now=*)
 
     @cython.locals(seq=Sequence, req=Request, i=cython.longlong, context_len=cython.longlong)

@@ -24,6 +24,14 @@ Policy
   in the step that evicted it), unless nothing else is left to run. Admissions never preempt:
   a request that does not fit waits. The oldest running sequence can always make
   progress, because every admitted request fits the cache alone (checked at ``add``).
+- **Capacity policy.** ``capacity_policy="max_utilization"`` (the default, vLLM's way) admits
+  a request when its first chunk's blocks are free now, and preempts when the running
+  sequences outgrow the cache. ``"guaranteed_no_evict"`` (TensorRT-LLM's default
+  ``CapacitySchedulerPolicy``) admits a request only when the most blocks it can ever hold
+  (its prompt plus ``max_tokens``, ``KVCacheManager.max_blocks``, times its samples) fit
+  beside the reservations of the sequences admitted before it; a reservation ends when its
+  sequence finishes. Running sequences then never outgrow the cache, so nothing is evicted:
+  a request that would not fit to its end waits instead.
 - **Arrivals.** ``add(request_id, prompt_token_ids, params, arrival_time)``; ``schedule(now)``
   moves the requests with ``arrival_time <= now`` to the back of the waiting queue, in
   (arrival_time, add order). ``next_arrival_time()`` tells a virtual clock where to jump when a
@@ -41,7 +49,8 @@ Policy
 - **Requests that can never fit are refused at ``add``** with a ValueError naming the request:
   the most blocks it holds at once exceed ``num_blocks`` (``KVCacheManager.max_blocks``: a
   full group's table, ``ceil((prompt + max_tokens) / block_size)``, plus for a sliding group
-  at most its window and one step's tokens, so a lone long sequence never livelocks),
+  at most its window and one step's tokens, so a lone long sequence never livelocks; under
+  ``guaranteed_no_evict``, that times its samples),
   ``prompt + max_tokens > max_model_len``, or ``n > max_num_seqs``. Nothing else changes, so
   the scheduler never loops on one.
 - ``finished_seq_ids`` in a batch lists sequences finished (or aborted) since the previous batch;
@@ -72,6 +81,11 @@ from .sequence import (FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Sample
                        Sequence, SequenceStatus)
 
 
+MAX_UTILIZATION = "max_utilization"
+GUARANTEED_NO_EVICT = "guaranteed_no_evict"
+CAPACITY_POLICIES = (MAX_UTILIZATION, GUARANTEED_NO_EVICT)
+
+
 def _check_int(name: str, value, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
@@ -84,7 +98,8 @@ class Scheduler:
     step's loops run on C integers; the same code runs interpreted."""
 
     def __init__(self, kv_cache: KVCacheManager, *, max_model_len: int, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, eos_token_ids: Iterable[int] = ()) -> None:
+                 max_num_batched_tokens: int = 8192, eos_token_ids: Iterable[int] = (),
+                 capacity_policy: str = MAX_UTILIZATION) -> None:
         if not isinstance(kv_cache, KVCacheManager):
             raise TypeError(f"kv_cache: expected a KVCacheManager, got {type(kv_cache).__name__}")
         self.kv = kv_cache
@@ -100,6 +115,12 @@ class Scheduler:
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in eos):
             raise ValueError(f"eos_token_ids: expected non-negative integers, got {eos!r}")
         self.eos_token_ids = frozenset(eos)
+        if capacity_policy not in CAPACITY_POLICIES:
+            raise ValueError(f"capacity_policy: expected one of {', '.join(CAPACITY_POLICIES)}, "
+                             f"got {capacity_policy!r}")
+        self.capacity_policy = capacity_policy
+        self._reservations: Dict[int, int] = {}  # seq_id -> blocks reserved (guaranteed_no_evict)
+        self._reserved = 0
         self._requests: Dict[RequestId, Request] = {}
         self._live: Dict[int, Sequence] = {}                   # seq_id -> unfinished sequence
         self._arrivals: List[Tuple[float, int, Request]] = []   # heap of (arrival, order, req)
@@ -144,6 +165,10 @@ class Scheduler:
                              f"max_tokens ({params.max_tokens}) = {total} tokens need {blocks} "
                              f"blocks of {self.kv.block_size} at once (over the KV-cache "
                              f"groups), the KV cache has {self.kv.num_blocks}")
+        if self.capacity_policy == GUARANTEED_NO_EVICT and params.n * blocks > self.kv.num_blocks:
+            raise ValueError(f"request {request_id!r} can never run: its {params.n} samples "
+                             f"reserve {params.n} x {blocks} blocks ({GUARANTEED_NO_EVICT}), the "
+                             f"KV cache has {self.kv.num_blocks}")
         if params.n > self.max_num_seqs:
             raise ValueError(f"request {request_id!r} can never run: n={params.n} samples "
                              f"exceed max_num_seqs={self.max_num_seqs}")
@@ -261,14 +286,26 @@ class Scheduler:
         admitted: List[List] = []
         slots = self._free_slots() if self._waiting else 0
         preempted = self.num_preemptions != preemptions_before and bool(plan)
+        reserve = self.capacity_policy == GUARANTEED_NO_EVICT
         while self._waiting and budget > 0 and not preempted:
             seq = self._waiting[0]
             if seq.width > slots:
                 break
+            need = 0
+            if reserve:
+                req = seq.request
+                need = seq.width * self.kv.max_blocks(
+                    len(req.prompt_token_ids) + req.params.max_tokens,
+                    self.max_num_batched_tokens)
+                if self._reserved + need > self.kv.num_blocks:
+                    break
             cached = self.kv.lookup(seq.token_ids)
             k = min(seq.prefill_target - cached, budget)
             if not self.kv.allocate_new(seq.seq_id, seq.token_ids, k):
                 break
+            if reserve:
+                self._reservations[seq.seq_id] = need
+                self._reserved += need
             self._waiting.popleft()
             seq.num_known = len(seq.token_ids)
             seq.num_computed_tokens = cached
@@ -410,12 +447,20 @@ class Scheduler:
             req.sequences.append(child)
             self._live[child.seq_id] = child
             children.append(child)
+        share = self._reservations.get(parent.seq_id, 0) // req.params.n
+        if share:  # the parent reserved for all n samples: each now holds its own part
+            for seq in [parent] + children:
+                self._reservations[seq.seq_id] = share
         pos = self._running.index(parent) + 1
         self._running[pos:pos] = children
         return [parent] + children
 
+    def _release(self, seq: Sequence) -> None:
+        self._reserved -= self._reservations.pop(seq.seq_id, 0)
+
     def _preempt(self, seq: Sequence) -> None:
         self._running.remove(seq)
+        self._release(seq)
         self.kv.free(seq.seq_id)
         seq.reset_for_recompute()
         self._waiting.appendleft(seq)
@@ -423,6 +468,7 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self._live.pop(seq.seq_id, None)
+        self._release(seq)
         if seq.seq_id in self.kv:
             self.kv.free(seq.seq_id)
         seq.status = SequenceStatus.FINISHED

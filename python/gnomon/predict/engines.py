@@ -1,7 +1,7 @@
 """Engine profiles: the serving engine a simulation stands for (vLLM, SGLang, gnomon's own).
 
 A profile gives the engine's scheduler defaults on a GPU (``max_num_seqs``,
-``max_num_batched_tokens``, the share of HBM it takes) and its host overhead per step, each
+``max_num_batched_tokens``, the capacity policy, the share of HBM it takes) and its host overhead per step, each
 with its source, from ``data/engines.json`` or a user's JSON file of the same shape.
 
 `EngineOverhead`: ``per_step_s + per_seq_s * sequences in the step`` of host work (scheduling,
@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
+from gnomon.engine.scheduler import CAPACITY_POLICIES, MAX_UTILIZATION
 from gnomon.hardware import Hardware
 
 DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "engines.json")
@@ -92,6 +93,7 @@ class EngineProfile:
     sources: Dict[str, str]
     serving: ServingPath = ServingPath()
     kv_memory: str = "total"  # gpu_memory_utilization of the whole HBM, or of what is "free"
+    capacity_policy: str = "max_utilization"  # the scheduler's (gnomon.engine.scheduler)
 
     def is_large(self, hw: Hardware) -> bool:
         if any(word.lower() in hw.name.lower() for word in self.large_gpu_excludes):
@@ -99,10 +101,12 @@ class EngineProfile:
         return hw.hbm_gb.value * 1e9 >= self.large_gpu_gib * GIB
 
     def scheduler_defaults(self, hw: Hardware) -> Dict[str, int]:
-        """``max_num_seqs`` and ``max_num_batched_tokens`` this engine picks on `hw`."""
+        """``max_num_seqs``, ``max_num_batched_tokens`` and the capacity policy this engine
+        picks on `hw`."""
         i = 0 if self.is_large(hw) else 1
         return {"max_num_seqs": self.max_num_seqs[i],
-                "max_num_batched_tokens": self.max_num_batched_tokens[i]}
+                "max_num_batched_tokens": self.max_num_batched_tokens[i],
+                "capacity_policy": self.capacity_policy}
 
 
 def _profile(name: str, raw: dict, where: str) -> EngineProfile:
@@ -118,7 +122,8 @@ def _profile(name: str, raw: dict, where: str) -> EngineProfile:
             large_gpu_excludes=tuple(raw.get("large_gpu_excludes", ())),
             gpu_memory_utilization=float(raw["gpu_memory_utilization"]),
             sources={str(k): str(v) for k, v in raw["sources"].items()},
-            serving=_serving(raw.get("serving", {})), kv_memory=_kv_memory(raw))
+            serving=_serving(raw.get("serving", {})), kv_memory=_kv_memory(raw),
+            capacity_policy=_capacity_policy(raw))
     except KeyError as error:
         raise ValueError(f"{where}: engine {name!r} lacks the field {error.args[0]!r}") from None
     except (TypeError, ValueError) as error:
@@ -133,6 +138,14 @@ def _kv_memory(raw: dict) -> str:
     if value not in KV_MEMORY:
         raise ValueError(f"kv_memory: expected 'total' (gpu_memory_utilization of the HBM) or "
                          f"'free' (of what the weights and activations leave), got {value!r}")
+    return value
+
+
+def _capacity_policy(raw: dict) -> str:
+    value = raw.get("capacity_policy", MAX_UTILIZATION)
+    if value not in CAPACITY_POLICIES:
+        raise ValueError(f"capacity_policy: expected one of {', '.join(CAPACITY_POLICIES)}, "
+                         f"got {value!r}")
     return value
 
 

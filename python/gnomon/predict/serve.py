@@ -36,13 +36,15 @@ class EngineArgs:
     max_model_len: Optional[int] = None
     enable_prefix_caching: bool = True
     enable_hybrid_kv: bool = True
+    capacity_policy: str = "max_utilization"  # or "guaranteed_no_evict" (engine.scheduler)
 
     def kwargs(self) -> dict:
         return dict(block_size=self.block_size, max_num_seqs=self.max_num_seqs,
                     max_num_batched_tokens=self.max_num_batched_tokens,
                     max_model_len=self.max_model_len,
                     enable_prefix_caching=self.enable_prefix_caching,
-                    enable_hybrid_kv=self.enable_hybrid_kv)
+                    enable_hybrid_kv=self.enable_hybrid_kv,
+                    capacity_policy=self.capacity_policy)
 
 
 @dataclass
