@@ -27,11 +27,15 @@ Policy
 - **Capacity policy.** ``capacity_policy="max_utilization"`` (the default, vLLM's way) admits
   a request when its first chunk's blocks are free now, and preempts when the running
   sequences outgrow the cache. ``"guaranteed_no_evict"`` (TensorRT-LLM's default
-  ``CapacitySchedulerPolicy``) admits a request only when the most blocks it can ever hold
-  (its prompt plus ``max_tokens``, ``KVCacheManager.max_blocks``, times its samples) fit
+  ``CapacitySchedulerPolicy``) admits a request only when the blocks it needs to its end fit
   beside the reservations of the sequences admitted before it; a reservation ends when its
-  sequence finishes. Running sequences then never outgrow the cache, so nothing is evicted:
-  a request that would not fit to its end waits instead.
+  sequence finishes. A request needs, times its samples, one block per ``block_size`` of
+  its prompt plus ``max_tokens`` in a full group, and in a sliding group those its window
+  spans (``KVCacheManager.max_blocks(tokens, 0)``), as TensorRT-LLM counts them
+  (``KVCacheManager::getRemainingBlocksToCompletion`` per window size, which leaves the
+  prefill chunk out). Running sequences then do not outgrow the cache, and a request that
+  would not fit to its end waits instead; only a sliding group's prefill chunk, which that
+  count leaves out, can still make one preempt.
 - **Arrivals.** ``add(request_id, prompt_token_ids, params, arrival_time)``; ``schedule(now)``
   moves the requests with ``arrival_time <= now`` to the back of the waiting queue, in
   (arrival_time, add order). ``next_arrival_time()`` tells a virtual clock where to jump when a
@@ -165,10 +169,11 @@ class Scheduler:
                              f"max_tokens ({params.max_tokens}) = {total} tokens need {blocks} "
                              f"blocks of {self.kv.block_size} at once (over the KV-cache "
                              f"groups), the KV cache has {self.kv.num_blocks}")
-        if self.capacity_policy == GUARANTEED_NO_EVICT and params.n * blocks > self.kv.num_blocks:
+        reserved = self.kv.max_blocks(total, 0)
+        if self.capacity_policy == GUARANTEED_NO_EVICT and params.n * reserved > self.kv.num_blocks:
             raise ValueError(f"request {request_id!r} can never run: its {params.n} samples "
-                             f"reserve {params.n} x {blocks} blocks ({GUARANTEED_NO_EVICT}), the "
-                             f"KV cache has {self.kv.num_blocks}")
+                             f"reserve {params.n} x {reserved} blocks ({GUARANTEED_NO_EVICT}), "
+                             f"the KV cache has {self.kv.num_blocks}")
         if params.n > self.max_num_seqs:
             raise ValueError(f"request {request_id!r} can never run: n={params.n} samples "
                              f"exceed max_num_seqs={self.max_num_seqs}")
@@ -295,8 +300,7 @@ class Scheduler:
             if reserve:
                 req = seq.request
                 need = seq.width * self.kv.max_blocks(
-                    len(req.prompt_token_ids) + req.params.max_tokens,
-                    self.max_num_batched_tokens)
+                    len(req.prompt_token_ids) + req.params.max_tokens, 0)
                 if self._reserved + need > self.kv.num_blocks:
                     break
             cached = self.kv.lookup(seq.token_ids)
