@@ -1,9 +1,10 @@
-"""A fourth architecture is one new module and one registry line: this file is that module.
+"""A new architecture is one new module and one registry line: this file is that module.
 
 It defines ``GeluLlamaForCausalLM``, Llama with a tanh-approximated GELU gate instead of SiLU (as
 transformers' Llama runs with ``hidden_act="gelu_pytorch_tanh"``), registers it from inside the
-test, and runs a transformers checkpoint of it through `gnomon.LLM`, with no edit to any other
-gnomon file. The tokens must match transformers' own generation.
+test, runs a transformers checkpoint of it through `gnomon.LLM` and simulates it, with no edit
+to any other gnomon file. The tokens must match transformers' own generation, and the
+simulation must price the module's own ops.
 """
 
 import json
@@ -19,7 +20,7 @@ from hf_checkpoints import hf_greedy
 
 transformers = pytest.importorskip("transformers")
 
-# ---- the architecture module: its config.json mapping, weight names and layer forward ------
+# ---- the architecture module: its config.json mapping, weight names, cost and layer forward -
 
 ARCHITECTURE = "GeluLlamaForCausalLM"
 DEFAULTS = llama.DEFAULTS
@@ -37,6 +38,16 @@ def config_fields(r, base):
     return dict(head_dim=r.head_dim(), attention_bias=False, num_experts=0, top_k=0,
                 routing=None, layer_types=("full",) * base["num_layers"], sliding_window=None,
                 has_sinks=False, activation="gelu_pytorch_tanh", gate_up_layout="concat")
+
+
+def step_ops(ops):
+    def mlp():  # a dense gated MLP whose activation is GELU, priced as its own op
+        c, inter = ops.config, ops.config.intermediate_size // ops.tp
+        ops.gemm("gemm", "gate_up_proj", c.hidden_size, 2 * inter)
+        ops.elementwise("gelu_tanh_and_mul", 3 * ops.T * inter * ops.pricing.activation_bytes, 1)
+        ops.gemm("gemm", "down_proj", inter, c.hidden_size)
+
+    ops.decoder(mlp)
 
 
 def _gelu(x):
@@ -86,6 +97,24 @@ def test_a_registered_architecture_runs_through_llm(tmp_path, registered):
     assert llm.engine.config.architecture == ARCHITECTURE
     got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
     assert got == hf_greedy(hf, prompts, 12)
+
+
+def test_a_registered_architecture_is_priced_from_its_module(tmp_path, registered):
+    from gnomon.predict.opcount import step_ops as priced
+    from gnomon.predict.shapes import ModelSpec, StepShape
+    from gnomon.predict.simulate import simulate
+    from gnomon.predict.workloads import LengthDist
+
+    _checkpoint(tmp_path)
+    spec = ModelSpec.from_model(str(tmp_path))
+    ops = {op.name: op for op in priced(StepShape.of(spec, [(5, 0), (1, 9)], tp=2))}
+    # its own activation op: 3 passes over T x I/tp float32 values per layer, 2 layers
+    assert ops["gelu_tanh_and_mul"].bytes == 2 * 3 * 6 * 64 * 4
+    assert "silu_and_mul" not in ops
+    report, _ = simulate(str(tmp_path), "H100 SXM", "random", num_requests=4, rate=10.0,
+                         input_len=LengthDist.fixed(32), output_len=LengthDist.fixed(8))
+    assert report["setup"]["model"] == tmp_path.name
+    assert report["metrics"]["requests"] == 4 and report["metrics"]["ttft"]["mean"] > 0
 
 
 def test_an_unregistered_architecture_is_refused_by_name(tmp_path):

@@ -23,10 +23,11 @@ import torch
 
 from gnomon.engine import models
 from gnomon.engine.config import ModelConfig, preset_json
-from gnomon.engine.distributed import Shard, check_tp, free_port
+from gnomon.engine.distributed import free_port
 from gnomon.engine.kv_cache import max_blocks_held
 from gnomon.engine.llm import LLM
 from gnomon.engine.models import llama
+from gnomon.engine.parallel import Shard, check_tp
 from gnomon.engine.sampling_params import SamplingParams
 from gnomon.engine.weights import load_weights, random_weights, shard_weights
 from hf_checkpoints import hf_greedy
@@ -144,15 +145,20 @@ def test_shards_are_the_rows_of_the_tp1_weights(name):
         assert torch.equal(s["norm"], full["norm"])
 
 
-def _hf_checkpoint(kind, folder):
+def _hf_checkpoint(kind, folder, *, spread=False, sliding_window=8):
     """A small transformers checkpoint of `kind` in `folder` (gpt-oss MXFP4 kinds in the hub's
-    *_blocks / *_scales layout); returns the folder gnomon loads."""
+    *_blocks / *_scales layout); returns the folder gnomon loads. `spread`: weights drawn with
+    ``initializer_range`` 0.1 and every norm, bias and sink perturbed (as in test_hf_parity), so
+    that greedy argmax is not a matter of rounding and the biases and sinks matter."""
     transformers = pytest.importorskip("transformers")
     from hf_checkpoints import write_mxfp4_checkpoint
 
     common = dict(vocab_size=250, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   tie_word_embeddings=False)
+    if spread:
+        common.update(initializer_range=0.1, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)
     torch.manual_seed(0)
     if kind == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
@@ -165,8 +171,13 @@ def _hf_checkpoint(kind, folder):
         inter = 96 if kind.endswith("padded") else 64
         model = transformers.GptOssForCausalLM(transformers.GptOssConfig(
             **{**common, "intermediate_size": inter}, num_local_experts=4,
-            num_experts_per_tok=2, sliding_window=8,
+            num_experts_per_tok=2, sliding_window=sliding_window,
             layer_types=["sliding_attention", "full_attention"]))
+    if spread:
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if p.dim() == 1 or pname.endswith(("bias", "sinks")):
+                    p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder / "dense", safe_serialization=True)
     if "mxfp4" in kind:
         write_mxfp4_checkpoint(folder / "dense", folder / "mxfp4")
@@ -178,7 +189,7 @@ def _hf_checkpoint(kind, folder):
                                   "gpt-oss-mxfp4-padded"])
 def test_a_rank_loads_only_its_rows_of_a_checkpoint(kind, tmp_path):
     """load_weights with a shard (reading its rows through get_slice) gives what shard_weights
-    cuts from the whole load."""
+    cuts from the whole load, every tensor contiguous."""
     folder = _hf_checkpoint(kind, tmp_path)
     c = ModelConfig.from_pretrained(folder)
     whole = load_weights(folder, c, dtype=torch.float32)
@@ -188,6 +199,7 @@ def test_a_rank_loads_only_its_rows_of_a_checkpoint(kind, tmp_path):
         assert part.keys() == cut.keys()
         for name in part:
             assert torch.equal(part[name], cut[name]), name
+            assert part[name].is_contiguous(), name  # get_slice of a non-leading dim: strided
         assert part["embed"].shape == (125, 64)  # 250 rows: no padding needed at 2
 
 
@@ -261,19 +273,38 @@ def test_tp2_generates_what_tp1_does(name):
     assert _no_children()
 
 
-def test_tp2_matches_transformers(tmp_path):
+@pytest.mark.parametrize("kind", ["llama", "mixtral", "gpt-oss"])
+def test_tp2_matches_transformers(kind, tmp_path):
+    """A checkpoint transformers saved, loaded at TP=2, greedy-decodes what transformers does:
+    plain, and with chunked prefill and preemption (asserted to happen). Every architecture's
+    shards split non-leading dimensions of the file (``o``'s columns; Mixtral's ``w2``;
+    gpt-oss's ``gate_up_proj`` / ``down_proj`` and ``gate_up_proj_bias``): strided slices that
+    the load must make contiguous."""
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.1,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-        attn_implementation="eager")).float().eval()
-    hf.save_pretrained(tmp_path, safe_serialization=True)
+    folder = _hf_checkpoint(kind, tmp_path, spread=True, sliding_window=10)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager").eval()
     want = hf_greedy(hf, PROMPTS, 10)
     greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-    with LLM(str(tmp_path), dtype="float32", num_kv_blocks=64, tensor_parallel_size=2) as llm:
-        assert [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy)] == want
+
+    def tokens(llm):
+        out = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy)]
+        assert llm.num_free_blocks == llm.num_kv_blocks
+        return out
+
+    with LLM(str(folder), dtype="float32", num_kv_blocks=64, tensor_parallel_size=2) as llm:
+        assert tokens(llm) == want
+    # a 12-token budget chunks the prompts; room for the longest request and two blocks more
+    # cannot hold them all at once: preemption
+    config = ModelConfig.from_pretrained(folder)
+    blocks = max_blocks_held(config.kv_cache_groups().windows, max(map(len, PROMPTS)) + 10,
+                             block_size=4, max_step_tokens=12) + 2
+    assert max(map(len, PROMPTS)) > 12
+    with LLM(str(folder), dtype="float32", block_size=4, num_kv_blocks=blocks,
+             max_num_batched_tokens=12, max_num_seqs=4, tensor_parallel_size=2) as llm:
+        assert tokens(llm) == want
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert _no_children()
 
 
 def test_a_worker_that_raises_is_named(tmp_path):

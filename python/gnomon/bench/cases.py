@@ -23,18 +23,20 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Tuple, Union
 
+from gnomon.formats import E8M0_BIAS, MXFP4_BITS, MXFP4_BLOCK
+
 Scalar = Union[int, float, str]
 
-MXFP4_BITS_PER_WEIGHT = 4.25  # 4-bit E2M1 code + an 8-bit E8M0 scale per 32 (OCP MX v1.0)
+MXFP4_BITS_PER_WEIGHT = MXFP4_BITS  # 4.25 (gnomon.formats)
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _mxfp4_bytes(weights: int) -> int:
     """Bytes of `weights` MXFP4 weights (a multiple of 32): weights * 4.25 / 8."""
-    if weights % 32:
-        raise ValueError(f"MXFP4 weights come in blocks of 32, got {weights}")
-    return weights * 17 // 32
+    if weights % MXFP4_BLOCK:
+        raise ValueError(f"MXFP4 weights come in blocks of {MXFP4_BLOCK}, got {weights}")
+    return weights // 2 + weights // MXFP4_BLOCK  # a 4-bit code each, an E8M0 byte a block
 
 
 @dataclass(frozen=True)
@@ -293,8 +295,8 @@ def _fused_moe_build(p, d, device, seed):
     if d["weights"] == "mxfp4":  # random codes; scales 2^-9..2^0 keep values moderate
         w13 = torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8, generator=g)
         w2 = torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8, generator=g)
-        s13 = torch.randint(118, 128, (e, 2 * i, h // 32), dtype=torch.uint8, generator=g)
-        s2 = torch.randint(118, 128, (e, h, i // 32), dtype=torch.uint8, generator=g)
+        s13 = _random_scales((e, 2 * i, h // MXFP4_BLOCK), g)
+        s2 = _random_scales((e, h, i // MXFP4_BLOCK), g)
         w13, w2, s13, s2 = (x.to(device) for x in (w13, w2, s13, s2))
     else:
         w13 = _randn((e, 2 * i, h), d["weights"], device, g, scale=h ** -0.5)
@@ -332,8 +334,14 @@ def _mxfp4_quantize_build(p, d, device, seed):
 def _random_mxfp4(n, k, device, g):
     torch = _torch()
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g).to(device)
-    s = torch.randint(118, 128, (n, k // 32), dtype=torch.uint8, generator=g).to(device)
+    s = _random_scales((n, k // MXFP4_BLOCK), g).to(device)
     return w, s
+
+
+def _random_scales(shape, g):
+    """E8M0 scales 2^-9..2^0, which keep random codes' values moderate."""
+    return _torch().randint(E8M0_BIAS - 9, E8M0_BIAS + 1, shape, dtype=_torch().uint8,
+                            generator=g)
 
 
 def _mxfp4_dequantize_build(p, d, device, seed):
@@ -425,13 +433,13 @@ def _no_flops(p, d) -> int:
 
 
 # --- communication ----------------------------------------------------------------------------
-# A collective's bytes are what one rank sends in a ring (`opcount.ring_bytes`), so its gbps is
+# A collective's bytes are what one rank sends in a ring (`gnomon.engine.cost.ring_bytes`), so its gbps is
 # the link's bus bandwidth; it counts no FLOPs (a link bounds it, not the adds). The case runs
 # the engine's own `Collectives` over the process group `gnomon.bench.comm` starts.
 
 def _ring(collective: str, payload_elements) -> Callable:
     def count(p, d) -> int:
-        from gnomon.predict.opcount import ring_bytes
+        from gnomon.engine.cost import ring_bytes
 
         dtype = d["act"] if collective == "all_reduce" else d["logits"]
         return int(ring_bytes(collective, payload_elements(p) * _ITEMSIZE[dtype], p["world"]))
@@ -442,7 +450,8 @@ def _collectives(p):
     """The engine's `Collectives` for this rank, and the rank; the group must exist."""
     import torch.distributed as dist
 
-    from gnomon.engine.distributed import Collectives, Shard
+    from gnomon.engine.distributed import Collectives
+    from gnomon.engine.parallel import Shard
 
     if not dist.is_initialized() or dist.get_world_size() != p["world"]:
         raise RuntimeError(f"a comm case runs in a process group of {p['world']} ranks "

@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
+from gnomon.formats import MXFP4_BLOCK, NVFP4_BLOCK
+
 from . import models
 from .kv_cache import KVCacheGroups
 
@@ -359,7 +361,7 @@ def _fp4_spec(spec) -> Optional[str]:
     of 4-bit floats, else None."""
     if not isinstance(spec, dict) or spec.get("num_bits") != 4 or spec.get("type") != "float":
         return None
-    return {16: "nvfp4", 32: "mxfp4-dense"}.get(spec.get("group_size"))
+    return {NVFP4_BLOCK: "nvfp4", MXFP4_BLOCK: "mxfp4-dense"}.get(spec.get("group_size"))
 
 
 def _is_fp8_spec(spec) -> bool:

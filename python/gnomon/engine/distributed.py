@@ -1,17 +1,6 @@
-"""Tensor parallelism over `torch.distributed`: the shard arithmetic every rank and the predictor
-share, and the process layout of a tensor-parallel engine.
-
-Sharding (Megatron style; `gnomon.engine.weights.shard_weights` applies it)
-  Each of ``N`` ranks holds its ``1/N`` of the query heads (Q rows of ``qkv``, their ``sinks``,
-  their columns of ``o``), of the KV heads (replicated when ``N`` exceeds them: rank ``r`` holds
-  KV head ``r // (N / num_kv_heads)``), of the intermediate size (gate and up rows of ``w13``,
-  columns of ``w2``; experts are split on their intermediate dimension, not across ranks) and of
-  the vocabulary, padded to a multiple of ``N`` (rows of ``embed`` and ``lm_head``). The router and
-  the norms are replicated. A row-parallel bias (``o_bias``, ``w2_bias``) is added once: rank 0
-  keeps it, the others hold zeros. MXFP4 experts whose intermediate slice is not a whole number
-  of 32-element scale blocks are padded with zero codes to ``ceil(I / 32N) * 32N``, as vLLM pads.
-  After ``o`` and after the MLP one all-reduce sums the ranks' partial outputs; the embedding is
-  a masked lookup plus an all-reduce; the logits are all-gathered and the vocabulary padding cut.
+"""Tensor parallelism over `torch.distributed`: the process layout of a tensor-parallel engine,
+its process group and its collectives. What each rank holds is `gnomon.engine.parallel`'s (no
+torch); how a rank builds its runner and which runner an engine gets, `gnomon.engine.launch`'s.
 
 Processes
   Rank 0 holds the one scheduler and the one `BlockAllocator`, and drives the engine; every rank
@@ -36,83 +25,12 @@ import os
 import socket
 import sys
 import traceback
-from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Optional
+from typing import Callable, Optional
+
+from gnomon.engine import parallel
 
 DEFAULT_TIMEOUT_S = 300.0
-MXFP4_BLOCK = 32  # elements per E8M0 scale (OCP MX v1.0)
-
-
-# ---- the arithmetic (no torch) ---------------------------------------------------------------
-
-def check_tp(config, tensor_parallel_size, arg: str = "tensor_parallel_size") -> int:
-    """`tensor_parallel_size` if it can shard `config`: it must divide the query heads and the
-    MLP/expert intermediate size, and divide the KV heads or be a multiple of them (which are
-    then replicated). ValueError naming `arg` and the dimension otherwise. The engine and the
-    predictor (``arg="tp"``) both check with it."""
-    n = tensor_parallel_size
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{arg}: expected a positive int, got {n!r}")
-    for what, size in (("attention heads (num_attention_heads)", config.num_heads),
-                       ("intermediate size (intermediate_size)", config.intermediate_size)):
-        if size % n:
-            raise ValueError(f"{arg}: {n} does not divide the {size} {what}")
-    kv = config.num_kv_heads
-    if kv % n and n % kv:
-        raise ValueError(f"{arg}: {n} neither divides nor is a multiple of the {kv} KV heads "
-                         f"(num_key_value_heads)")
-    return n
-
-
-def kv_heads_per_gpu(config, tp: int) -> int:
-    """KV heads one of `tp` ranks holds: split when tp divides them, replicated beyond."""
-    return max(config.num_kv_heads // tp, 1)
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Rank `rank` of `size` tensor-parallel ranks, and what of a model it holds."""
-
-    rank: int = 0
-    size: int = 1
-
-    def span(self, n: int) -> slice:
-        """This rank's part of a dimension of `n` (which `size` divides)."""
-        step = n // self.size
-        return slice(self.rank * step, (self.rank + 1) * step)
-
-    def kv_heads(self, config) -> slice:
-        """The KV heads this rank holds (one replicated head when `size` exceeds them)."""
-        kv = config.num_kv_heads
-        if self.size <= kv:
-            return self.span(kv)
-        head = self.rank // (self.size // kv)
-        return slice(head, head + 1)
-
-    def vocab(self, config) -> int:
-        """The vocabulary padded to a multiple of `size`."""
-        return -(-config.vocab_size // self.size) * self.size
-
-    def intermediate(self, config, mxfp4: bool) -> int:
-        """The intermediate size sharded: padded to whole MXFP4 scale blocks per rank when the
-        experts are MXFP4."""
-        size = config.intermediate_size
-        if mxfp4 and size % (MXFP4_BLOCK * self.size):
-            block = MXFP4_BLOCK * self.size
-            size = -(-size // block) * block
-        return size
-
-    def local_config(self, config, mxfp4: bool = False):
-        """`config` as this rank sees it: its heads, KV heads, intermediate size and vocabulary
-        (what its weights and KV cache are shaped by)."""
-        if self.size == 1:
-            return config
-        kv = self.kv_heads(config)
-        return replace(config, num_heads=config.num_heads // self.size,
-                       num_kv_heads=kv.stop - kv.start,
-                       intermediate_size=self.intermediate(config, mxfp4) // self.size,
-                       vocab_size=self.vocab(config) // self.size)
 
 
 # ---- the process group -----------------------------------------------------------------------
@@ -157,7 +75,7 @@ class Collectives:
     charges their time to the ``communication`` family). On rank 0 a collective that fails
     raises what `on_error` makes of the error: a RuntimeError naming the lost rank."""
 
-    def __init__(self, shard: Shard, on_error=None):
+    def __init__(self, shard: parallel.Shard, on_error=None):
         import torch.distributed as dist
 
         self.shard, self._dist, self.on_error = shard, dist, on_error
@@ -243,7 +161,7 @@ def worker_main(rank: int, size: int, port: int, device: str, serve_rank, errors
         import torch
 
         torch.set_num_threads(threads_per_rank(size))
-        shard = Shard(rank, size)
+        shard = parallel.Shard(rank, size)
         init_group(rank, size, device, port)
         serve_rank(shard, Collectives(shard))
     except BaseException:  # noqa: BLE001 - everything reaches rank 0, then the process ends
@@ -261,56 +179,6 @@ def worker_main(rank: int, size: int, port: int, device: str, serve_rank, errors
 
 # ---- rank 0 ----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class RunnerBuilder:
-    """What every rank needs to build its shard of the engine's runner (picklable: spawned
-    workers get it). `module` is the architecture's module path, which a worker registers
-    again, so an architecture registered from a user's module works there too."""
-
-    config: object
-    folder: Optional[str]
-    random_weights: bool
-    dtype: str
-    num_kv_blocks: int
-    block_size: int
-    max_position: int
-    kv_groups: object
-    device: str
-    module: str
-
-    def __call__(self, shard: Shard, comm: Optional[Collectives], sample=None):
-        import torch
-
-        from . import models
-        from .config import torch_dtype
-        from .runner import ModelRunner
-        from .weights import load_weights, random_weights, shard_weights
-
-        if self.config.architecture not in models.architectures():
-            models.register(self.config.architecture, self.module)
-        dtype = torch_dtype(self.dtype, "dtype")
-        if self.random_weights:
-            weights = shard_weights(random_weights(self.config, dtype), self.config, shard)
-        else:
-            weights = load_weights(self.folder, self.config, dtype=dtype, shard=shard)
-        device = torch.device(self.device)
-        if device.type == "cuda" and shard.size > 1:
-            device = torch.device("cuda", local_device_index(shard.rank))
-        # a group of one (torchrun with one process) runs as one rank, without collectives
-        comm = comm if shard.size > 1 else None
-        runner = ModelRunner(self.config, weights, num_kv_blocks=self.num_kv_blocks,
-                             block_size=self.block_size, device=device, dtype=dtype,
-                             sample=sample, max_position=self.max_position,
-                             kv_groups=self.kv_groups, shard=shard, comm=comm)
-        if comm is not None:  # every rank built: a failed build surfaces here, by rank
-            comm.all_reduce(torch.zeros(1, device=device))
-        return runner
-
-    def serve(self, shard: Shard, comm: Collectives) -> None:
-        """A rank other than 0: builds its shard, then serves the step loop."""
-        serve(self(shard, comm), comm)
-
-
 class WorkerGroup:
     """Rank 0's side of a group of `size` ranks on `device`: the spawned workers, each running
     ``serve_rank(shard, comm)`` (none under torchrun, whose ranks are already running), the
@@ -323,7 +191,7 @@ class WorkerGroup:
             init_group(int(os.environ["RANK"]), size, device, None)
         else:
             self._spawn(size, device, serve_rank)
-        self.comm = Collectives(Shard(0, size), on_error=self.failure)
+        self.comm = Collectives(parallel.Shard(0, size), on_error=self.failure)
 
     def _spawn(self, size: int, device: str, serve_rank) -> None:
         import torch.multiprocessing as mp
@@ -398,13 +266,13 @@ class WorkerGroup:
 
 class DistributedRunner:
     """Rank 0's runner under tensor parallelism: sends each batch to the other ranks of
-    `group`, then runs its own shard (built by `build`; it samples). Its ``communication``
-    family includes the broadcast."""
+    `group`, then runs its own shard, ``build(shard, comm, sample)`` (it samples). Its
+    ``communication`` family includes the broadcast."""
 
-    def __init__(self, group: WorkerGroup, build: RunnerBuilder, sample=None) -> None:
+    def __init__(self, group: WorkerGroup, build: Callable, sample=None) -> None:
         self.group = group
         try:
-            self.runner = build(Shard(0, group.size), group.comm, sample)
+            self.runner = build(parallel.Shard(0, group.size), group.comm, sample)
         except BaseException:
             group.close()
             raise
@@ -447,7 +315,7 @@ def serve_torchrun_rank(serve_rank, device: str, size: int) -> None:
     rank = int(os.environ["RANK"])
     init_group(rank, size, device, None)
     try:
-        shard = Shard(rank, size)
+        shard = parallel.Shard(rank, size)
         serve_rank(shard, Collectives(shard))
     finally:
         leave_group()

@@ -40,8 +40,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .batch import ScheduledBatch, ScheduledSequence, StepOutput
 from .config import DTYPE_BYTES, PRESETS, ModelConfig, torch_dtype
-from .distributed import check_tp, kv_heads_per_gpu, launched_by_torchrun
+from .distributed import launched_by_torchrun
 from .kv_cache import KVCacheManager, max_blocks_held
+from .parallel import check_tp, kv_heads_per_gpu
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Request, SampleDelta
@@ -205,23 +206,18 @@ class LLMEngine:
         self._sample: Optional[_SamplerAdapter] = None  # the engine's own runner samples here
         self.is_driver = True
         if runner is None:
-            from .sampler import Sampler
-            from . import distributed as dist
             from . import models
+            from .launch import RunnerBuilder, start_runner
+            from .sampler import Sampler
 
             self._sample = _SamplerAdapter(Sampler(seed))
-            build = dist.RunnerBuilder(
+            build = RunnerBuilder(
                 config, folder, bool(random_weights), self.dtype_name, self.kv.num_blocks,
                 self.block_size, self.max_model_len, self.kv_groups, str(device),
                 models.module_path(config.architecture))
-            if not distributed:
-                runner = build(dist.Shard(), None, self._sample)
-            elif launched_by_torchrun() and int(os.environ["RANK"]) != 0:
-                self.is_driver = False  # this rank serves rank 0's step loop, then returns
-                dist.serve_torchrun_rank(build.serve, build.device, tensor_parallel_size)
-            else:
-                group = dist.WorkerGroup(tensor_parallel_size, build.device, build.serve)
-                runner = dist.DistributedRunner(group, build, self._sample)
+            runner = start_runner(build, tensor_parallel_size, self._sample)
+            # None: a torchrun rank other than 0, which served rank 0's step loop
+            self.is_driver = runner is not None
         self.runner = runner
         self._requests: Dict[object, Request] = {}
         self.detokenize: Optional[Callable[[Sequence[int]], str]] = None

@@ -34,10 +34,11 @@ dense MLP and lm_head), ``moe`` (router, topk_routing, fused_moe), ``elementwise
 norms, rotary, activation), ``communication`` (a tensor-parallel shard's all-reduces and
 gathers, and rank 0's broadcast of the batch; 0 on one rank) and ``sampling``.
 
-Tensor parallelism (`gnomon.engine.distributed`): given a `Shard` and its `Collectives`, the
-runner holds one rank's weights and KV heads (``local``: the config as the rank sees it) and
-runs the same forward, reducing after the row-parallel projections and gathering the logits. Each op group is timed with the host clock as it
-returns, which is its run time on the CPU; on an asynchronous device it would be launch time.
+Tensor parallelism: given a `Shard` (`gnomon.engine.parallel`) and its `Collectives`
+(`gnomon.engine.distributed`), the runner holds one rank's weights and KV heads (``local``: the
+config as the rank sees it) and runs the same forward, reducing after the row-parallel
+projections and gathering the logits. Each op group is timed with the host clock as it returns,
+which is its run time on the CPU; on an asynchronous device it would be launch time.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ from gnomon.engine import models
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from gnomon.engine.block_tables import BlockTables
 from gnomon.engine.config import ModelConfig
-from gnomon.engine.distributed import Shard
 from gnomon.engine.kv_cache import KVCacheGroups
+from gnomon.engine.parallel import Shard
 from gnomon.engine.rope import cos_sin_cache
 from gnomon.engine.weights import weight_shapes
 
@@ -131,7 +132,8 @@ class ModelRunner:
     `kv_groups` lays out the cache (default: one full group, as a default `KVCacheManager`;
     ``config.kv_cache_groups()`` for the hybrid cache); it must match the groups of the
     allocator that schedules the batches. `shard` and `comm` make it one tensor-parallel rank
-    (`gnomon.engine.distributed`): `weights` are then that rank's (`shard_weights`).
+    (`gnomon.engine.parallel`, `gnomon.engine.distributed`): `weights` are then that rank's
+    (`shard_weights`).
     """
 
     def __init__(self, config: ModelConfig, weights: Dict[str, torch.Tensor], *,

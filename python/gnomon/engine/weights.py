@@ -73,7 +73,8 @@ from safetensors import SafetensorError, safe_open
 
 from gnomon.engine import models
 from gnomon.engine.config import ModelConfig, torch_dtype
-from gnomon.engine.distributed import MXFP4_BLOCK, Shard
+from gnomon.engine.parallel import Shard
+from gnomon.formats import MXFP4_BLOCK
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -329,6 +330,9 @@ class _ShardReader:
         return (slice(None),) * dim + (s.span(shape[dim]),), None
 
     def _read(self, name, shape, split, uint8: bool) -> torch.Tensor:
+        """This rank's part of tensor `name`, always contiguous: a slice of a non-leading
+        dimension (``("span", dim)`` with dim > 0) comes back from ``get_slice`` as a strided
+        view, which the kernels refuse."""
         index, extra = self._index(shape, split)
         if extra == "zeros":
             self.ckpt.used.add(name)  # rank 0 reads it; here it is known to be all zeros
@@ -338,7 +342,7 @@ class _ShardReader:
             t = t.to(self.dtype)
         if isinstance(extra, int) and extra > t.shape[0]:  # the vocabulary's padding rows
             t = torch.cat([t, t.new_zeros((extra - t.shape[0],) + tuple(t.shape[1:]))])
-        return t
+        return t.contiguous()
 
     def dense(self, name: str, shape: Tuple[int, ...], split=None) -> torch.Tensor:
         """A floating tensor, in the load's dtype."""
@@ -351,7 +355,7 @@ class _ShardReader:
 
 # ---- tensor-parallel shards -------------------------------------------------------------------
 
-# How the architecture-independent weights split (`gnomon.engine.distributed` states the rules).
+# How the architecture-independent weights split (`gnomon.engine.parallel` states the rules).
 _SHARDING = {"embed": ("vocab", 0), "lm_head": ("vocab", 0), "norm": ("replicate", None),
              "attn_norm": ("replicate", None), "mlp_norm": ("replicate", None),
              "qkv": ("qkv", 0), "qkv_bias": ("qkv", 0), "o": ("row", -1),
@@ -362,7 +366,7 @@ _PAD = {"_scales": 127}  # an MXFP4 scale that pads: 2**0; padded codes are 0, s
 def shard_weights(weights: Dict[str, torch.Tensor], config: ModelConfig, shard: Shard, *,
                   mxfp4: Optional[bool] = None) -> Dict[str, torch.Tensor]:
     """Rank ``shard.rank``'s part of gnomon-named `weights` (all of a model's, or any subset),
-    by the sharding rules of `gnomon.engine.distributed` and the architecture's ``MLP_SHARDING``:
+    by the sharding rules of `gnomon.engine.parallel` and the architecture's ``MLP_SHARDING``:
     each fused tensor is split per component (Q, K and V heads of ``qkv``; gate and up rows of
     ``w13``), never as one contiguous slice. `mxfp4` defaults to whether `weights` hold scales."""
     if shard.size == 1:

@@ -7,6 +7,7 @@ from typing import Optional, Tuple
 import torch
 
 from gnomon import _C
+from gnomon.formats import MXFP4_BLOCK
 from gnomon.ops._tensor import (FLOATING, call, check_choice, check_same_device, check_tensor,
                                 custom_op, follow_torch_threads, view, view_like)
 
@@ -97,16 +98,17 @@ def _check_fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation, gate_u
         raise ValueError(f"w13, w2: expected at least one expert and I >= 1, got w13 "
                          f"{tuple(w13.shape)} and w2 {tuple(w2.shape)}")
     if mxfp4:
-        if hidden_size % 32 or intermediate % 32:
-            raise ValueError(f"w13, w2: MXFP4 experts need H and I divisible by 32, got "
-                             f"H = {hidden_size}, I = {intermediate}")
+        if hidden_size % MXFP4_BLOCK or intermediate % MXFP4_BLOCK:
+            raise ValueError(f"w13, w2: MXFP4 experts need H and I divisible by {MXFP4_BLOCK}, "
+                             f"got H = {hidden_size}, I = {intermediate}")
         check_tensor(w13, "w13", dtypes=(torch.uint8,),
                      shape=(num_experts, 2 * intermediate, hidden_size // 2))
         check_tensor(w2, "w2", dtypes=(torch.uint8,),
                      shape=(num_experts, hidden_size, intermediate // 2))
+        nb_h, nb_i = hidden_size // MXFP4_BLOCK, intermediate // MXFP4_BLOCK  # scale blocks
         for name, scales, shape in (
-                ("w13_scales", w13_scales, (num_experts, 2 * intermediate, hidden_size // 32)),
-                ("w2_scales", w2_scales, (num_experts, hidden_size, intermediate // 32))):
+                ("w13_scales", w13_scales, (num_experts, 2 * intermediate, nb_h)),
+                ("w2_scales", w2_scales, (num_experts, hidden_size, nb_i))):
             if scales is None:
                 raise ValueError(f"{name}: required (uint8 E8M0 {shape}) when the expert "
                                  f"weights are MXFP4 (uint8)")

@@ -14,10 +14,10 @@ from typing import Optional, Tuple
 import torch
 
 from gnomon import _C
+from gnomon.formats import MXFP4_BLOCK
 from gnomon.ops._tensor import (FLOATING, call, check_choice, check_same_device, check_tensor,
                                 custom_op, follow_torch_threads, view)
 
-BLOCK_SIZE = 32
 SCALE_RULES = ("floor", "ceil")
 
 
@@ -27,8 +27,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_k(k: int, name: str) -> None:
-    if k % BLOCK_SIZE:
-        raise ValueError(f"{name}: K (the last dim) must be a multiple of {BLOCK_SIZE}, got {k}")
+    if k % MXFP4_BLOCK:
+        raise ValueError(f"{name}: K (the last dim) must be a multiple of {MXFP4_BLOCK}, got {k}")
 
 
 def _check_quantize(x, scale_rule) -> None:
@@ -43,7 +43,7 @@ def _mxfp4_quantize(x: torch.Tensor, scale_rule: str) -> Tuple[torch.Tensor, tor
     follow_torch_threads()
     k = x.shape[-1]
     packed = x.new_empty((*x.shape[:-1], k // 2), dtype=torch.uint8)
-    scales = x.new_empty((*x.shape[:-1], k // BLOCK_SIZE), dtype=torch.uint8)
+    scales = x.new_empty((*x.shape[:-1], k // MXFP4_BLOCK), dtype=torch.uint8)
     if x.numel() == 0:  # nothing to do (and a view with no elements may carry any strides)
         _check_quantize(x, scale_rule)  # what C++ would have checked
         return packed, scales
@@ -55,7 +55,7 @@ def _mxfp4_quantize(x: torch.Tensor, scale_rule: str) -> Tuple[torch.Tensor, tor
 def _(x, scale_rule):
     k = x.shape[-1]
     return (x.new_empty((*x.shape[:-1], k // 2), dtype=torch.uint8),
-            x.new_empty((*x.shape[:-1], k // BLOCK_SIZE), dtype=torch.uint8))
+            x.new_empty((*x.shape[:-1], k // MXFP4_BLOCK), dtype=torch.uint8))
 
 
 def mxfp4_quantize(x: torch.Tensor, *,
@@ -76,11 +76,11 @@ def _check_dequantize(packed, scales, dtype) -> None:
     check_tensor(packed, "packed", dtypes=(torch.uint8,))
     if packed.dim() < 1:
         raise ValueError("packed: expected at least 1 dim [..., K/2], got a scalar")
-    if packed.shape[-1] % (BLOCK_SIZE // 2):
-        raise ValueError(f"packed: the last dim (K/2) must be a multiple of {BLOCK_SIZE // 2}, "
+    if packed.shape[-1] % (MXFP4_BLOCK // 2):
+        raise ValueError(f"packed: the last dim (K/2) must be a multiple of {MXFP4_BLOCK // 2}, "
                          f"got {packed.shape[-1]}")
     check_tensor(scales, "scales", dtypes=(torch.uint8,),
-                 shape=(*packed.shape[:-1], packed.shape[-1] // (BLOCK_SIZE // 2)))
+                 shape=(*packed.shape[:-1], packed.shape[-1] // (MXFP4_BLOCK // 2)))
     check_same_device(packed=packed, scales=scales)
 
 
@@ -125,7 +125,7 @@ def _check_gemm(a, w, w_scales, bias, out_dtype) -> None:
         raise ValueError(f"w: expected shape (N, {k // 2}) for K = {k} (two codes a byte), got "
                          f"{tuple(w.shape)}")
     check_tensor(w_scales, "w_scales", dtypes=(torch.uint8,),
-                 shape=(w.shape[0], k // BLOCK_SIZE))
+                 shape=(w.shape[0], k // MXFP4_BLOCK))
     if bias is not None:
         check_tensor(bias, "bias", dtypes=FLOATING, shape=(w.shape[0],))
     check_same_device(a=a, w=w, w_scales=w_scales, bias=bias)

@@ -148,8 +148,7 @@ def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True,
     suite) plus the calibration workload (default: `calibration_workload` of `num_requests`)
     through the real engine at `tp`; returns the fitted predictor."""
     from gnomon.bench.runner import run_bench
-
-    from .shapes import check_tp
+    from gnomon.engine.parallel import check_tp
 
     spec = ModelSpec.from_model(model)
     check_tp(spec.config, tp, "tp")

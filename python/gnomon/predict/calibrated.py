@@ -36,9 +36,10 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from gnomon import documents
+from gnomon.engine.cost import COLLECTIVES
 
 from .cost import FAMILIES, PredictionRefused, StepCost
-from .opcount import COLLECTIVES, step_ops
+from .opcount import step_ops
 from .shapes import StepShape
 
 SCHEMA_VERSION = 1

@@ -13,7 +13,7 @@ w4a16, FP8 on Ampere or CDNA2 w8a16, both at bf16 peak). Attention takes its com
 read efficiencies from its own curves. Hardware of no generation (``host``, made-up units)
 has no curves: its factors are 1.
 
-Communication is each collective's ring traffic (`opcount.ring_bytes`) at the per-direction
+Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`) at the per-direction
 interconnect bandwidth plus ``allreduce_latency_s`` per collective. The engine's host work is
 the ``overhead`` family, from an `EngineOverhead` (`gnomon.predict.engines`; none by default).
 

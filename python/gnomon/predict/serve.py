@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from gnomon.engine.llm import LLMEngine, RequestOutput
+from gnomon.engine.parallel import check_tp
 from gnomon.engine.sampling_params import SamplingParams
 
 from .engines import ServingPath
 from .hardware import resolve_hardware
-from .shapes import ModelSpec, check_tp
+from .shapes import ModelSpec
 from .simulated import (GPU_MEMORY_UTILIZATION, SimulatedRunner, StepRecord, TimedRunner,
                         VirtualClock, kv_blocks_for_hardware)
 from .workloads import Workload

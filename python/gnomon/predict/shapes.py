@@ -14,12 +14,14 @@ from typing import Optional, Tuple, Union
 
 from gnomon.engine.batch import ScheduledBatch
 from gnomon.engine.config import ModelConfig
-from gnomon.engine.distributed import check_tp, kv_heads_per_gpu  # noqa: F401 (one check, shared)
+from gnomon.engine.cost import Pricing
+from gnomon.engine.parallel import kv_heads_per_gpu
+from gnomon.formats import MXFP4_BITS, NVFP4_BITS
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FP8_BYTES = 1
-MXFP4_BYTES_PER_PARAM = 0.53125  # 4 bits + one E8M0 byte per 32 elements (OCP MX v1.0)
-NVFP4_BYTES_PER_PARAM = 0.5625  # 4 bits + one E4M3 byte per 16 elements (NVIDIA NVFP4)
+MXFP4_BYTES_PER_PARAM = MXFP4_BITS / 8  # 0.53125 (gnomon.formats)
+NVFP4_BYTES_PER_PARAM = NVFP4_BITS / 8  # 0.5625 (gnomon.formats)
 _QUANT_BYTES = {"fp8": FP8_BYTES, "nvfp4": NVFP4_BYTES_PER_PARAM, "mxfp4": MXFP4_BYTES_PER_PARAM}
 # the math a weight dtype's GEMMs run in where the chip has it (else weight-only at bf16)
 QUANT_COMPUTE = {"fp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
@@ -134,6 +136,12 @@ class ModelSpec:
     @property
     def expert_bytes_per_param(self) -> float:
         return MXFP4_BYTES_PER_PARAM if self.mxfp4_experts else self.linear_bytes
+
+    @functools.cached_property
+    def pricing(self) -> Pricing:
+        """What the architecture's ops are counted in (`gnomon.engine.cost`)."""
+        return Pricing(self.dtype_bytes, self.linear_bytes, self.linear_compute,
+                       self.expert_bytes_per_param, self.mxfp4_experts)
 
     @property
     def quantized(self) -> bool:

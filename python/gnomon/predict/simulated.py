@@ -22,10 +22,11 @@ from typing import Dict, List, Optional, Sequence, Set
 from gnomon.engine.batch import ScheduledBatch, StepOutput
 from gnomon.engine.block_tables import stale_delta
 from gnomon.engine.kv_cache import resolve_num_blocks
+from gnomon.engine.parallel import check_tp, kv_heads_per_gpu
 from gnomon.hardware import Hardware
 
 from .cost import PredictionRefused
-from .shapes import ModelSpec, StepShape, check_tp, kv_heads_per_gpu
+from .shapes import ModelSpec, StepShape
 
 GPU_MEMORY_UTILIZATION = 0.9  # the share of HBM the engine may use, as vLLM's default
 

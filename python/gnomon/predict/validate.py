@@ -31,6 +31,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from gnomon import documents
+from gnomon.engine.parallel import check_tp
 
 from . import accuracy
 from .accuracy import KIND, SCHEMA_VERSION
@@ -41,7 +42,7 @@ from .cost import PredictionRefused
 from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
 from .metrics import compute_metrics
 from .serve import RunTrace, run_workload, simulated_engine
-from .shapes import ModelSpec, check_tp
+from .shapes import ModelSpec
 from .workloads import LengthDist, SyntheticSpec, synthetic
 
 GOAL = 0.05

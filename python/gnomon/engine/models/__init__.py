@@ -1,7 +1,7 @@
 """The model architectures: one module per architecture, found by its Hugging Face
 ``architectures`` name.
 
-An architecture module holds exactly three things, and imports torch only inside its forward, so
+An architecture module holds exactly four things, and imports torch only inside its forward, so
 that a simulation (which parses configs and counts weights) runs without torch:
 
 1. **Its config.json mapping.** ``ARCHITECTURE`` (the HF name), ``DEFAULTS`` (transformers'
@@ -19,12 +19,15 @@ that a simulation (which parses configs and counts weights) runs without torch:
    ``MLP_SHARDING``: how tensor parallelism splits each (``gate_up``, ``row``, ``once`` or
    ``replicate``, and the dim). The attention's names, fusion (``qkv``) and sharding are the same
    for every architecture here (`gnomon.engine.weights`).
-3. **Its per-layer forward.** ``forward_layer(runner, i, h, residual, inputs, tick)`` returns
+3. **Its cost.** ``step_ops(ops)``: the ops of one step per GPU, as its forward runs them,
+   from the blocks of `gnomon.engine.cost.StepOps` (the predictors price them; the attention
+   over the KV cache is counted per step by `gnomon.predict.opcount`).
+4. **Its per-layer forward.** ``forward_layer(runner, i, h, residual, inputs, tick)`` returns
    ``(h, residual)`` after layer ``i``, built only from `gnomon.ops` and torch matmuls (the
    shared pieces are in `gnomon.engine.models.layers`).
 
 `register` adds an architecture by its module path, so a model defined in a user's own module
-works wherever gnomon looks architectures up; a fourth architecture is one new file and one
+works wherever gnomon looks architectures up; a new architecture is one new file and one
 `register` call (or one line in ``_BUILTIN``).
 """
 
@@ -41,7 +44,7 @@ _BUILTIN = {
 }
 _registry: Dict[str, str] = dict(_BUILTIN)
 _REQUIRED = ("ARCHITECTURE", "DEFAULTS", "ROPE_SCALING", "MXFP4_TENSOR", "config_fields",
-             "mlp_shapes", "MLP_SHARDING", "load_mlp", "forward_layer")
+             "mlp_shapes", "MLP_SHARDING", "load_mlp", "step_ops", "forward_layer")
 
 
 def register(architecture: str, module: Union[str, ModuleType]) -> None:

@@ -4,7 +4,7 @@ sinks and biases, a top-k-then-softmax Mixture of Experts with biases and the cl
 
 from __future__ import annotations
 
-from ..distributed import MXFP4_BLOCK
+from gnomon.formats import MXFP4_BLOCK
 
 ARCHITECTURE = "GptOssForCausalLM"
 
@@ -78,11 +78,12 @@ def load_mlp(read, config, i: int, mxfp4: bool) -> dict:
            "router_bias": read.dense(hf + "router.bias", (E,))}
     if mxfp4:
         nb_h, nb_i = H // MXFP4_BLOCK, I // MXFP4_BLOCK
-        w13 = read.codes(ex + "gate_up_proj_blocks", (E, 2 * I, nb_h, 16), ("span", 1))
+        nbytes = MXFP4_BLOCK // 2  # a block's codes, two to a byte
+        w13 = read.codes(ex + "gate_up_proj_blocks", (E, 2 * I, nb_h, nbytes), ("span", 1))
         out["w13"] = w13.reshape(E, w13.shape[1], H // 2)
         out["w13_scales"] = read.codes(ex + "gate_up_proj_scales", (E, 2 * I, nb_h), ("span", 1))
-        w2 = read.codes(ex + "down_proj_blocks", (E, H, nb_i, 16), ("span", 2))
-        out["w2"] = w2.reshape(E, H, w2.shape[2] * 16)
+        w2 = read.codes(ex + "down_proj_blocks", (E, H, nb_i, nbytes), ("span", 2))
+        out["w2"] = w2.reshape(E, H, w2.shape[2] * nbytes)
         out["w2_scales"] = read.codes(ex + "down_proj_scales", (E, H, nb_i), ("span", 2))
     else:
         out["w13"] = read.dense(ex + "gate_up_proj", (E, H, 2 * I),
@@ -91,6 +92,13 @@ def load_mlp(read, config, i: int, mxfp4: bool) -> dict:
     out["w13_bias"] = read.dense(ex + "gate_up_proj_bias", (E, 2 * I), ("span", 1))
     out["w2_bias"] = read.dense(ex + "down_proj_bias", (E, H), "once")
     return out
+
+
+# ---- cost ----------------------------------------------------------------------------------
+
+def step_ops(ops) -> None:
+    """The step's ops as the forward runs them (`gnomon.engine.cost.StepOps`)."""
+    ops.decoder(ops.moe)
 
 
 # ---- forward -------------------------------------------------------------------------------

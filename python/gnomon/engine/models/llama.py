@@ -42,6 +42,13 @@ def load_mlp(read, config, i: int, mxfp4: bool) -> dict:
             "w2": read.dense(hf + "down_proj.weight", (H, I), columns)}
 
 
+# ---- cost ----------------------------------------------------------------------------------
+
+def step_ops(ops) -> None:
+    """The step's ops as the forward runs them (`gnomon.engine.cost.StepOps`)."""
+    ops.decoder(ops.gated_mlp)
+
+
 # ---- forward -------------------------------------------------------------------------------
 
 def forward_layer(runner, i, h, residual, inputs, tick):

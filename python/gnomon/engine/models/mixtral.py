@@ -54,6 +54,13 @@ def load_mlp(read, config, i: int, mxfp4: bool) -> dict:
     return {"router": router, "w13": w13, "w2": w2}
 
 
+# ---- cost ----------------------------------------------------------------------------------
+
+def step_ops(ops) -> None:
+    """The step's ops as the forward runs them (`gnomon.engine.cost.StepOps`)."""
+    ops.decoder(ops.moe)
+
+
 # ---- forward -------------------------------------------------------------------------------
 
 def forward_layer(runner, i, h, residual, inputs, tick):

@@ -1,0 +1,185 @@
+"""The cost vocabulary: the ops of one step as the predictors price them, and the blocks an
+architecture module (`gnomon.engine.models`) composes its step from. Torch-free, so that the
+engine's model modules own their cost without importing `gnomon.predict`, which only prices
+the ops.
+
+An architecture's ``step_ops(ops)`` calls the blocks of `StepOps` in the order its runner
+runs them, for T tokens of which R sample; the blocks count per GPU of ``tp`` and multiply
+each layer's op by the layers that share its cost. Counting:
+
+- activations in the model's dtype; linear weights in the pricing's linear dtype (FP8 one byte,
+  its math FP8; NVFP4 4.5 and MXFP4 4.25 bits, their math FP4), MXFP4 experts 4.25 bits;
+  embedding, router and lm_head in the model's dtype;
+- GEMMs read their weights once and their input and output activations once;
+- MoE reads the expected number of distinct experts under uniform routing,
+  ``E (1 - (1 - k/E)^T)`` for T tokens, and computes ``k`` experts per token, in two grouped
+  GEMMs (w13 with K = hidden, w2 with K = intermediate / tp);
+- lm_head, the final norm and sampling run only on the sequences that sample;
+- with ``tp > 1`` what the runner does: an all-reduce of the hidden states after the
+  vocab-parallel embedding and two per layer (after the attention and after the MLP), and an
+  all-gather of the sampled rows' float32 logits (the vocabulary padded to a multiple of tp),
+  each counted as the bytes one rank sends in a ring (`ring_bytes`, `Op.comm_bytes`).
+
+The attention itself (the KV write and paged attention over each window's layers) depends on
+every sequence's context, so `gnomon.predict.opcount` counts it per step.
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple
+
+from .parallel import kv_heads_per_gpu
+
+LOGITS_BYTES = 4  # lm_head's output is float32
+COLLECTIVES = ("all_reduce", "all_gather")
+
+
+class Op(NamedTuple):  # a tuple: attention builds a few per step, 6x faster than a dataclass
+    family: str  # one of gnomon.predict.cost.FAMILIES
+    name: str
+    flops: float
+    bytes: float
+    launches: int
+    compute: str = "bfloat16"  # the math the FLOPs run in: "bfloat16", "fp8" or "fp4"
+    comm_bytes: float = 0.0  # bytes one rank sends (communication ops only; `ring_bytes`)
+    collectives: int = 0
+    rows: int = 0  # what the kernel's efficiency depends on: a GEMM's M, the tokens per expert
+    # of a grouped MoE GEMM, the keys per query of attention; 0 where nothing does
+    depth: int = 0  # a GEMM's K (attention: the head dim)
+
+
+def ring_bytes(collective: str, payload: float, ranks: int) -> float:
+    """The bytes one of `ranks` sends in a ring `collective` of `payload` bytes (all-reduce: the
+    tensor each rank holds, ``2 (n - 1) / n`` of it; all-gather: the gathered tensor,
+    ``(n - 1) / n``), what a link's bandwidth bounds (nccl-tests' bus bandwidth)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective: expected one of {', '.join(COLLECTIVES)}, got "
+                         f"{collective!r}")
+    share = (ranks - 1) / ranks
+    return (2 * share if collective == "all_reduce" else share) * payload
+
+
+class Pricing(NamedTuple):
+    """The bytes and math a step's ops are counted in (`gnomon.predict.shapes.ModelSpec` makes
+    one): activations, linear weights, their GEMMs' math, experts' bytes per parameter, and
+    whether the experts are MXFP4 (FP4 math)."""
+
+    activation_bytes: int
+    linear_bytes: float
+    linear_compute: str
+    expert_bytes: float
+    mxfp4_experts: bool
+
+
+class StepOps:
+    """Collects the ops of one step of `config` for T tokens, R of which sample, on one GPU of
+    `tp`; an architecture module's ``step_ops`` calls its blocks in its runner's order."""
+
+    def __init__(self, config, pricing: Pricing, tp: int, T: int, R: int) -> None:
+        self.config, self.pricing, self.tp, self.T, self.R = config, pricing, tp, T, R
+        self.ops: List[Op] = []
+
+    # ---- primitives ----------------------------------------------------------------------
+
+    def gemm(self, family: str, name: str, k: int, n: int, *, m=None, layers=None,
+             weight_bytes=None, compute=None) -> None:
+        """``layers`` GEMMs of ``[m, k] x [k, n]`` (m: the step's tokens)."""
+        p = self.pricing
+        m = self.T if m is None else m
+        layers = self.config.num_layers if layers is None else layers
+        w = p.linear_bytes if weight_bytes is None else weight_bytes
+        a = p.activation_bytes
+        self.ops.append(Op(family, name, layers * 2.0 * m * k * n,
+                           layers * (k * n * w + m * k * a + m * n * a), layers,
+                           p.linear_compute if compute is None else compute, rows=m, depth=k))
+
+    def elementwise(self, name: str, nbytes: float, launches: int, layers=None) -> None:
+        """An op that moves ``nbytes`` per layer in ``launches`` kernels per layer."""
+        layers = self.config.num_layers if layers is None else layers
+        self.ops.append(Op("elementwise", name, 0.0, layers * nbytes, layers * launches))
+
+    # ---- the blocks every decoder here shares --------------------------------------------
+
+    @property
+    def q_width(self) -> int:
+        return self.config.q_size // self.tp
+
+    @property
+    def kv_width(self) -> int:
+        return kv_heads_per_gpu(self.config, self.tp) * self.config.head_dim
+
+    def embedding(self) -> None:
+        a, H = self.pricing.activation_bytes, self.config.hidden_size
+        self.elementwise("embedding", 2 * self.T * H * a, 1, layers=1)
+
+    def attention_block(self, after_qkv=None) -> None:
+        """A pre-norm decoder layer's non-attention ops around its attention: the two rms_norms
+        (the residual add fused), the QKV projection, ``after_qkv(self)`` where an
+        architecture transforms Q and K before RoPE, the rotary embedding and the O
+        projection."""
+        c, a = self.config, self.pricing.activation_bytes
+        q, kv = self.q_width, self.kv_width
+        self.elementwise("rms_norm", 2 * 4 * self.T * c.hidden_size * a, 2)
+        self.gemm("gemm", "qkv_proj", c.hidden_size, q + 2 * kv)
+        if after_qkv is not None:
+            after_qkv(self)
+        self.elementwise("rotary_embedding", 2 * self.T * (q + kv) * a, 1)
+        self.gemm("gemm", "o_proj", q, c.hidden_size)
+
+    def gated_mlp(self) -> None:
+        """The dense gated MLP: gate/up, the activation, down."""
+        c, a = self.config, self.pricing.activation_bytes
+        inter = c.intermediate_size // self.tp
+        self.gemm("gemm", "gate_up_proj", c.hidden_size, 2 * inter)
+        self.elementwise("silu_and_mul", 3 * self.T * inter * a, 1)
+        self.gemm("gemm", "down_proj", inter, c.hidden_size)
+
+    def moe(self) -> None:
+        """Router, top-k routing and the fused MoE's two grouped GEMMs over the experts."""
+        c, p, T, L = self.config, self.pricing, self.T, self.config.num_layers
+        a, H = p.activation_bytes, c.hidden_size
+        E, k, inter = c.num_experts, c.top_k, c.intermediate_size // self.tp
+        self.gemm("moe", "router", H, E, weight_bytes=a, compute="bfloat16")
+        self.ops.append(Op("moe", "topk_routing", L * 5.0 * T * E,
+                           L * (T * E * a + 2 * T * k * 4), L))
+        distinct = E * (1.0 - (1.0 - k / E) ** T) if T else 0.0
+        weights = distinct * H * inter * p.expert_bytes
+        experts = "fp4" if p.mxfp4_experts else p.linear_compute
+        per_expert = round(T * k / distinct) if T else 0  # the grouped GEMMs' M
+        self.ops.append(Op("moe", "fused_moe[w13]", L * 2.0 * T * k * 2 * inter * H,
+                           L * (2 * weights + T * H * a + T * k * 2 * inter * a), L, experts,
+                           rows=per_expert, depth=H))
+        self.ops.append(Op("moe", "fused_moe[w2]", L * 2.0 * T * k * inter * H,
+                           L * (weights + T * k * inter * a + T * H * a), L, experts,
+                           rows=per_expert, depth=inter))
+
+    def decoder(self, mlp, after_qkv=None) -> None:
+        """A pre-norm decoder's step: the embedding, every layer's `attention_block` (with
+        ``after_qkv``) and ``mlp()`` (`gated_mlp` or `moe`), then the `tail`."""
+        self.embedding()
+        self.attention_block(after_qkv)
+        mlp()
+        self.tail()
+
+    def tail(self) -> None:
+        """The all-reduces of a tensor-parallel step, then the sampled rows' final norm,
+        lm_head, sampling and the logits' all-gather."""
+        c, a, T, R, tp = self.config, self.pricing.activation_bytes, self.T, self.R, self.tp
+        H, L = c.hidden_size, c.num_layers
+        if tp > 1:
+            reduces = 2 * L + 1
+            self.ops.append(Op("communication", "all_reduce", 0.0, 0.0, reduces,
+                               comm_bytes=reduces * ring_bytes("all_reduce", T * H * a, tp),
+                               collectives=reduces))
+        if not R:
+            return
+        self.elementwise("final_norm", 4 * R * H * a, 1, layers=1)
+        V = c.vocab_size // tp
+        self.ops.append(Op("gemm", "lm_head", 2.0 * R * H * V,
+                           H * V * a + R * H * a + R * V * LOGITS_BYTES, 1, rows=R, depth=H))
+        self.ops.append(Op("sampling", "sample", 5.0 * R * c.vocab_size,
+                           3 * R * c.vocab_size * LOGITS_BYTES, 2))
+        if tp > 1:
+            self.ops.append(Op("communication", "all_gather", 0.0, 0.0, 1, comm_bytes=ring_bytes(
+                "all_gather", R * -(-c.vocab_size // tp) * tp * LOGITS_BYTES, tp),
+                collectives=1))

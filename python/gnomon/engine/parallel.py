@@ -1,0 +1,91 @@
+"""Tensor parallelism's arithmetic, without torch: which part of a model each rank holds, and
+`check_tp`, the one check of a tensor-parallel size (the engine's and the predictor's).
+
+Sharding (Megatron style; `gnomon.engine.weights.shard_weights` applies it)
+  Each of ``N`` ranks holds its ``1/N`` of the query heads (Q rows of ``qkv``, their ``sinks``,
+  their columns of ``o``), of the KV heads (replicated when ``N`` exceeds them: rank ``r`` holds
+  KV head ``r // (N / num_kv_heads)``), of the intermediate size (gate and up rows of ``w13``,
+  columns of ``w2``; experts are split on their intermediate dimension, not across ranks) and of
+  the vocabulary, padded to a multiple of ``N`` (rows of ``embed`` and ``lm_head``). The router and
+  the norms are replicated. A row-parallel bias (``o_bias``, ``w2_bias``) is added once: rank 0
+  keeps it, the others hold zeros. MXFP4 experts whose intermediate slice is not a whole number
+  of 32-element scale blocks are padded with zero codes to ``ceil(I / 32N) * 32N``, as vLLM pads.
+  After ``o`` and after the MLP one all-reduce sums the ranks' partial outputs; the embedding is
+  a masked lookup plus an all-reduce; the logits are all-gathered and the vocabulary padding cut.
+  The processes and collectives that run the shards are `gnomon.engine.distributed`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from gnomon.formats import MXFP4_BLOCK
+
+
+def check_tp(config, tensor_parallel_size, arg: str = "tensor_parallel_size") -> int:
+    """`tensor_parallel_size` if it can shard `config`: it must divide the query heads and the
+    MLP/expert intermediate size, and divide the KV heads or be a multiple of them (which are
+    then replicated). ValueError naming `arg` and the dimension otherwise. The engine and the
+    predictor (``arg="tp"``) both check with it."""
+    n = tensor_parallel_size
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{arg}: expected a positive int, got {n!r}")
+    for what, size in (("attention heads (num_attention_heads)", config.num_heads),
+                       ("intermediate size (intermediate_size)", config.intermediate_size)):
+        if size % n:
+            raise ValueError(f"{arg}: {n} does not divide the {size} {what}")
+    kv = config.num_kv_heads
+    if kv % n and n % kv:
+        raise ValueError(f"{arg}: {n} neither divides nor is a multiple of the {kv} KV heads "
+                         f"(num_key_value_heads)")
+    return n
+
+
+def kv_heads_per_gpu(config, tp: int) -> int:
+    """KV heads one of `tp` ranks holds: split when tp divides them, replicated beyond."""
+    return max(config.num_kv_heads // tp, 1)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rank `rank` of `size` tensor-parallel ranks, and what of a model it holds."""
+
+    rank: int = 0
+    size: int = 1
+
+    def span(self, n: int) -> slice:
+        """This rank's part of a dimension of `n` (which `size` divides)."""
+        step = n // self.size
+        return slice(self.rank * step, (self.rank + 1) * step)
+
+    def kv_heads(self, config) -> slice:
+        """The KV heads this rank holds (one replicated head when `size` exceeds them)."""
+        kv = config.num_kv_heads
+        if self.size <= kv:
+            return self.span(kv)
+        head = self.rank // (self.size // kv)
+        return slice(head, head + 1)
+
+    def vocab(self, config) -> int:
+        """The vocabulary padded to a multiple of `size`."""
+        return -(-config.vocab_size // self.size) * self.size
+
+    def intermediate(self, config, mxfp4: bool) -> int:
+        """The intermediate size sharded: padded to whole MXFP4 scale blocks per rank when the
+        experts are MXFP4."""
+        size = config.intermediate_size
+        if mxfp4 and size % (MXFP4_BLOCK * self.size):
+            block = MXFP4_BLOCK * self.size
+            size = -(-size // block) * block
+        return size
+
+    def local_config(self, config, mxfp4: bool = False):
+        """`config` as this rank sees it: its heads, KV heads, intermediate size and vocabulary
+        (what its weights and KV cache are shaped by)."""
+        if self.size == 1:
+            return config
+        kv = self.kv_heads(config)
+        return replace(config, num_heads=config.num_heads // self.size,
+                       num_kv_heads=kv.stop - kv.start,
+                       intermediate_size=self.intermediate(config, mxfp4) // self.size,
+                       vocab_size=self.vocab(config) // self.size)
