@@ -26,9 +26,10 @@ ARCHITECTURE = "GeluLlamaForCausalLM"
 DEFAULTS = llama.DEFAULTS
 ROPE_SCALING = llama.ROPE_SCALING
 MXFP4_TENSOR = None
-mlp_shapes = llama.mlp_shapes
-MLP_SHARDING = llama.MLP_SHARDING
-load_mlp = llama.load_mlp  # the same HF names as Llama's
+PRESETS = {}
+layer_shapes = llama.layer_shapes
+SHARDING = llama.SHARDING
+load_layer = llama.load_layer  # the same HF names as Llama's
 
 
 def config_fields(r, base):

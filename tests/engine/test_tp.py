@@ -36,8 +36,9 @@ from hf_checkpoints import hf_greedy
 
 ARCHITECTURE = "FailingLlamaForCausalLM"
 DEFAULTS, ROPE_SCALING, MXFP4_TENSOR = llama.DEFAULTS, llama.ROPE_SCALING, None
-config_fields, mlp_shapes, MLP_SHARDING, load_mlp = (llama.config_fields, llama.mlp_shapes,
-                                                     llama.MLP_SHARDING, llama.load_mlp)
+config_fields, layer_shapes, SHARDING, load_layer = (llama.config_fields, llama.layer_shapes,
+                                                     llama.SHARDING, llama.load_layer)
+PRESETS, step_ops = {}, llama.step_ops
 POISON = 255
 
 

@@ -316,7 +316,7 @@ def _parse(raw: Dict[str, Any], source: str) -> ModelConfig:
     if heads % kv_heads:
         r.fail(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads "
                f"({kv_heads})")
-    fields = model.config_fields(r, base)
+    fields = model.config_fields(r, base)  # may replace a base field (MoE: the experts' width)
     head_dim = fields["head_dim"]
     if head_dim < 2 or head_dim % 2:
         r.fail(f"head_dim must be even and >= 2, got {head_dim}")
@@ -346,7 +346,7 @@ def _parse(raw: Dict[str, Any], source: str) -> ModelConfig:
     _check_dtype(dtype, f"{source}: torch_dtype")
 
     return ModelConfig(
-        architecture=arch, **base, **fields, rms_norm_eps=eps, rope_theta=theta,
+        architecture=arch, **{**base, **fields}, rms_norm_eps=eps, rope_theta=theta,
         rope_scaling=scaling, max_position_embeddings=max_pos, tie_word_embeddings=tie,
         eos_token_ids=eos_ids, torch_dtype=dtype, quantization=quantization,
         kv_cache_dtype=kv_cache_dtype)
@@ -465,92 +465,8 @@ def _parse_rope_scaling(r: ConfigReader, raw, arch: str,
 
 # ---- presets ---------------------------------------------------------------------------------
 
-def _gpt_oss(layers: int, experts: int) -> Dict[str, Any]:
-    return {
-        "architectures": ["GptOssForCausalLM"], "vocab_size": 201088, "hidden_size": 2880,
-        "intermediate_size": 2880, "num_hidden_layers": layers, "num_attention_heads": 64,
-        "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 150000,
-        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
-                         "beta_slow": 1.0, "original_max_position_embeddings": 4096,
-                         "truncate": False},
-        "max_position_embeddings": 131072, "tie_word_embeddings": False,
-        "num_local_experts": experts, "experts_per_token": 4, "num_experts_per_tok": 4,
-        "sliding_window": 128, "swiglu_limit": 7.0, "attention_bias": True,
-        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
-                        for i in range(layers)],
-        "eos_token_id": 200002, "pad_token_id": 199999, "torch_dtype": "bfloat16",
-        "quantization_config": {"quant_method": "mxfp4"},
-    }
-
-
-def _llama31(layers: int, hidden: int, heads: int, inter: int) -> Dict[str, Any]:
-    return {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        "max_position_embeddings": 131072, "tie_word_embeddings": False,
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-        "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16",
-    }
-
-
-def _tiny(arch: str) -> Dict[str, Any]:
-    """2 layers, hidden 64, 4 query / 2 KV heads of 16, vocab 256; hidden and intermediate are
-    multiples of 32 so MXFP4 experts fit. float32, for tests."""
-    base = {"architectures": [arch], "vocab_size": 256, "hidden_size": 64,
-            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
-            "max_position_embeddings": 512, "tie_word_embeddings": False, "hidden_act": "silu",
-            "eos_token_id": 2, "bos_token_id": 1, "torch_dtype": "float32"}
-    if arch == "LlamaForCausalLM":
-        base.update(rope_theta=10000.0, attention_bias=False,
-                    # wavelengths span 2pi..~2e4 positions, so all three llama3 bands occur
-                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                  "high_freq_factor": 4.0,
-                                  "original_max_position_embeddings": 64})
-    elif arch == "MixtralForCausalLM":
-        base.update(rope_theta=1e6, num_local_experts=4, num_experts_per_tok=2,
-                    sliding_window=None)
-    else:
-        base.update(intermediate_size=64, rope_theta=150000.0, num_local_experts=4,
-                    experts_per_token=2, num_experts_per_tok=2, sliding_window=8,
-                    swiglu_limit=7.0, attention_bias=True,
-                    layer_types=["sliding_attention", "full_attention"],
-                    # max_position = factor * original, as in the real gpt-oss config
-                    rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
-                                  "beta_slow": 1.0, "original_max_position_embeddings": 128,
-                                  "truncate": False})
-    return base
-
-
+# Every built-in architecture's presets (its module's ``PRESETS``): real models' config.json
+# contents (no weights) and tiny test configs.
 PRESETS: Dict[str, Dict[str, Any]] = {
-    # meta-llama/Llama-3.1-8B config.json (Hugging Face hub).
-    "llama-3.1-8b": _llama31(layers=32, hidden=4096, heads=32, inter=14336),
-    # meta-llama/Llama-3.1-70B config.json (Hugging Face hub).
-    "llama-3.1-70b": _llama31(layers=80, hidden=8192, heads=64, inter=28672),
-    # mistralai/Mixtral-8x7B-v0.1 config.json (Hugging Face hub).
-    "mixtral-8x7b": {
-        "architectures": ["MixtralForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
-        "max_position_embeddings": 32768, "tie_word_embeddings": False,
-        "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None,
-        "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
-    },
-    # openai/gpt-oss-20b config.json (Hugging Face hub).
-    "gpt-oss-20b": _gpt_oss(layers=24, experts=32),
-    # openai/gpt-oss-120b config.json (Hugging Face hub).
-    "gpt-oss-120b": _gpt_oss(layers=36, experts=128),
-    # A CPU-sized Llama (21M parameters) that `gnomon calibrate` / `validate` run for real.
-    "small-llama": {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 8192, "hidden_size": 512,
-        "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
-        "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "max_position_embeddings": 4096, "tie_word_embeddings": False, "hidden_act": "silu",
-        "eos_token_id": 2, "bos_token_id": 1, "torch_dtype": "float32"},
-    "tiny-llama": _tiny("LlamaForCausalLM"),
-    "tiny-mixtral": _tiny("MixtralForCausalLM"),
-    "tiny-gpt-oss": _tiny("GptOssForCausalLM"),
-}
+    name: raw for arch in SUPPORTED_ARCHITECTURES
+    for name, raw in models.model_module(arch).PRESETS.items()}

@@ -3,60 +3,15 @@
 ``safetensors.safe_open``, which memory-maps each file; `random_weights` builds the same dict
 with random values. Both return a plain ``dict`` from gnomon's names to tensors.
 
-gnomon's names (`weight_shapes` gives every name's shape for a config; ``D`` = head_dim,
-``Hq``/``Hkv`` query/KV heads, ``H`` hidden, ``I`` intermediate, ``E`` experts, ``V`` vocab):
-
-==========================  ==================================  ================================
-name                        shape                               from (HF name, under
-                                                                ``model.layers.{i}.`` per layer)
-==========================  ==================================  ================================
-``embed``                   [V, H]                              ``model.embed_tokens.weight``
-``norm``                    [H]                                 ``model.norm.weight``
-``lm_head``                 [V, H]                              ``lm_head.weight``; with tied
-                                                                embeddings the ``embed`` tensor
-``layers.{i}.attn_norm``    [H]                                 ``input_layernorm.weight``
-``layers.{i}.qkv``          [(Hq + 2 Hkv) D, H]                 ``self_attn.{q,k,v}_proj.weight``
-                                                                concatenated (q, then k, then v)
-``layers.{i}.qkv_bias``     [(Hq + 2 Hkv) D]                    ``self_attn.{q,k,v}_proj.bias``
-                                                                (attention_bias only)
-``layers.{i}.o``            [H, Hq D]                           ``self_attn.o_proj.weight``
-``layers.{i}.o_bias``       [H]                                 ``self_attn.o_proj.bias``
-                                                                (attention_bias only)
-``layers.{i}.sinks``        [Hq]                                ``self_attn.sinks`` (gpt-oss)
-``layers.{i}.mlp_norm``     [H]                                 ``post_attention_layernorm``
-``layers.{i}.w13``          dense MLP: [2I, H]                  Llama ``mlp.gate_proj`` rows,
-                                                                then ``mlp.up_proj`` rows
-                            MoE: [E, 2I, H]                     Mixtral ``block_sparse_moe.
-                                                                experts.{e}.w1`` (gate) rows
-                                                                then ``w3`` (up) rows, stacked;
-                                                                gpt-oss dense
-                                                                ``mlp.experts.gate_up_proj``
-                                                                [E, H, 2I] transposed (gate/up
-                                                                interleaved)
-                            MXFP4: uint8 [E, 2I, H/2]           gpt-oss ``gate_up_proj_blocks``
-                                                                [E, 2I, H/32, 16], a view
-``layers.{i}.w13_scales``   MXFP4: uint8 [E, 2I, H/32]          ``gate_up_proj_scales``
-``layers.{i}.w13_bias``     [E, 2I]                             ``gate_up_proj_bias`` (gpt-oss)
-``layers.{i}.w2``           dense MLP: [H, I]                   Llama ``mlp.down_proj``
-                            MoE: [E, H, I]                      Mixtral ``experts.{e}.w2``
-                                                                stacked; gpt-oss dense
-                                                                ``down_proj`` [E, I, H]
-                                                                transposed
-                            MXFP4: uint8 [E, H, I/2]            ``down_proj_blocks``
-                                                                [E, H, I/32, 16], a view
-``layers.{i}.w2_scales``    MXFP4: uint8 [E, H, I/32]           ``down_proj_scales``
-``layers.{i}.w2_bias``      [E, H]                              ``down_proj_bias`` (gpt-oss)
-``layers.{i}.router``       [E, H]                              Mixtral ``block_sparse_moe.
-                                                                gate.weight``, gpt-oss
-                                                                ``mlp.router.weight``
-``layers.{i}.router_bias``  [E]                                 ``mlp.router.bias`` (gpt-oss)
-==========================  ==================================  ================================
-
-The attention's names (``qkv``: q, then k, then v rows) are the same for every architecture and
-read here; each architecture's module (`gnomon.engine.models`) declares its MLP's names and
-shapes (``mlp_shapes``) and how its HF tensors fuse into them (``load_mlp``). The w13/w2
-layouts, gate/up orders (`ModelConfig.gate_up_layout`) and MXFP4 format are DESIGN.md's. Floating tensors are converted to the requested dtype; MXFP4 codes and scales stay
-uint8. The checkpoint must hold exactly the tensors the config calls for (besides
+gnomon's names (`weight_shapes` gives every name's shape for a config): ``embed`` [V, H]
+(``model.embed_tokens.weight``), ``norm`` [H] (``model.norm.weight``) and ``lm_head`` [V, H]
+(``lm_head.weight``; with tied embeddings the ``embed`` tensor), then each layer's weights under
+``layers.{i}.``, which the architecture's module (`gnomon.engine.models`) names, shapes, reads
+from the checkpoint and shards (``layer_shapes``, ``load_layer``, ``SHARDING``; the attention
+the modules share, ``qkv`` fused from q, k and v rows, is `gnomon.engine.models.common`'s).
+The w13/w2 layouts, gate/up orders (`ModelConfig.gate_up_layout`) and MXFP4 format are
+DESIGN.md's. Floating tensors are converted to the requested dtype; MXFP4 codes and scales
+stay uint8. The checkpoint must hold exactly the tensors the config calls for (besides
 ``*.rotary_emb.inv_freq`` and an ``lm_head.weight`` that tied embeddings make redundant): a
 missing, misshaped, unreadable or unexpected tensor raises `WeightsError` naming the tensor and
 the file.
@@ -74,7 +29,7 @@ from safetensors import SafetensorError, safe_open
 from gnomon.engine import models
 from gnomon.engine.config import ModelConfig, torch_dtype
 from gnomon.engine.parallel import Shard
-from gnomon.formats import MXFP4_BLOCK
+from gnomon.formats import E8M0_BIAS, MXFP4_BLOCK
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -92,24 +47,12 @@ def weight_shapes(config: ModelConfig, *, mxfp4: bool = False) -> Dict[str, Tupl
     codes and scales when `mxfp4`)."""
     if mxfp4:
         _check_mxfp4_ok(config)
-    c = config
-    H, D = c.hidden_size, c.head_dim
+    c, H = config, config.hidden_size
     shapes: Dict[str, Tuple[int, ...]] = {"embed": (c.vocab_size, H), "norm": (H,),
                                           "lm_head": (c.vocab_size, H)}
-    qkv = (c.num_heads + 2 * c.num_kv_heads) * D
-    mlp = models.model_module(c.architecture).mlp_shapes(c, mxfp4)
+    layer = models.model_module(c.architecture).layer_shapes(c, mxfp4)
     for i in range(c.num_layers):
-        p = f"layers.{i}."
-        shapes[p + "attn_norm"] = (H,)
-        shapes[p + "qkv"] = (qkv, H)
-        shapes[p + "o"] = (H, c.num_heads * D)
-        if c.attention_bias:
-            shapes[p + "qkv_bias"] = (qkv,)
-            shapes[p + "o_bias"] = (H,)
-        if c.has_sinks:
-            shapes[p + "sinks"] = (c.num_heads,)
-        shapes[p + "mlp_norm"] = (H,)
-        shapes.update((p + name, shape) for name, shape in mlp.items())
+        shapes.update((f"layers.{i}.{name}", shape) for name, shape in layer.items())
     return shapes
 
 
@@ -248,8 +191,7 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
         raise TypeError(f"config: expected a ModelConfig or None, got {type(config).__name__}")
     dtype = _resolve_dtype(dtype, config)
     ckpt = _Checkpoint(folder)
-    c = config
-    H, D = c.hidden_size, c.head_dim
+    c, H = config, config.hidden_size
     model = models.model_module(c.architecture)
     mxfp4 = model.MXFP4_TENSOR is not None and model.MXFP4_TENSOR in ckpt
     if mxfp4:
@@ -271,30 +213,13 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
     else:
         out["lm_head"] = f("lm_head.weight", (c.vocab_size, H), "vocab")
 
-    q, kv = c.num_heads * D, c.num_kv_heads * D
     for i in range(c.num_layers):
-        hf, g = f"model.layers.{i}.", f"layers.{i}."
-        attn = hf + "self_attn."
-        layer = {"attn_norm": f(hf + "input_layernorm.weight", (H,)),
-                 "mlp_norm": f(hf + "post_attention_layernorm.weight", (H,)),
-                 "qkv": torch.cat([f(attn + "q_proj.weight", (q, H), ("span", 0)),
-                                   f(attn + "k_proj.weight", (kv, H), "kv"),
-                                   f(attn + "v_proj.weight", (kv, H), "kv")]),
-                 "o": f(attn + "o_proj.weight", (H, q), ("span", 1))}
-        if c.attention_bias:
-            layer["qkv_bias"] = torch.cat([f(attn + "q_proj.bias", (q,), ("span", 0)),
-                                           f(attn + "k_proj.bias", (kv,), "kv"),
-                                           f(attn + "v_proj.bias", (kv,), "kv")])
-            layer["o_bias"] = f(attn + "o_proj.bias", (H,), "once")
-        if c.has_sinks:
-            layer["sinks"] = f(attn + "sinks", (c.num_heads,), ("span", 0))
         if whole_mlp:
-            mlp = shard_weights(model.load_mlp(_ShardReader(ckpt, c, Shard(), dtype), c, i,
-                                               mxfp4), c, shard, mxfp4=mxfp4)
+            layer = shard_weights(model.load_layer(_ShardReader(ckpt, c, Shard(), dtype), c, i,
+                                                   mxfp4), c, shard, mxfp4=mxfp4)
         else:
-            mlp = model.load_mlp(read, c, i, mxfp4)
-        layer.update(mlp)
-        out.update((g + name, t) for name, t in layer.items())
+            layer = model.load_layer(read, c, i, mxfp4)
+        out.update((f"layers.{i}.{name}", t) for name, t in layer.items())
     ckpt.check_all_used(ignorable)
 
     expected = weight_shapes(shard.local_config(c, mxfp4), mxfp4=mxfp4)
@@ -355,26 +280,24 @@ class _ShardReader:
 
 # ---- tensor-parallel shards -------------------------------------------------------------------
 
-# How the architecture-independent weights split (`gnomon.engine.parallel` states the rules).
-_SHARDING = {"embed": ("vocab", 0), "lm_head": ("vocab", 0), "norm": ("replicate", None),
-             "attn_norm": ("replicate", None), "mlp_norm": ("replicate", None),
-             "qkv": ("qkv", 0), "qkv_bias": ("qkv", 0), "o": ("row", -1),
-             "o_bias": ("once", None), "sinks": ("heads", 0)}
-_PAD = {"_scales": 127}  # an MXFP4 scale that pads: 2**0; padded codes are 0, so values are 0
+# How the weights outside the layers split (`gnomon.engine.parallel` states the rules); each
+# architecture's module gives its layers' (``SHARDING``).
+_SHARDING = {"embed": ("vocab", 0), "lm_head": ("vocab", 0), "norm": ("replicate", None)}
+_PAD = {"_scales": E8M0_BIAS}  # an MXFP4 scale that pads: 2**0; padded codes are 0
+INTERMEDIATE_SPLITS = ("gate_up", "down")  # the MLP's splits along its intermediate dimension
 
 
 def shard_weights(weights: Dict[str, torch.Tensor], config: ModelConfig, shard: Shard, *,
                   mxfp4: Optional[bool] = None) -> Dict[str, torch.Tensor]:
     """Rank ``shard.rank``'s part of gnomon-named `weights` (all of a model's, or any subset),
-    by the sharding rules of `gnomon.engine.parallel` and the architecture's ``MLP_SHARDING``:
+    by the sharding rules of `gnomon.engine.parallel` and the architecture's ``SHARDING``:
     each fused tensor is split per component (Q, K and V heads of ``qkv``; gate and up rows of
     ``w13``), never as one contiguous slice. `mxfp4` defaults to whether `weights` hold scales."""
     if shard.size == 1:
         return dict(weights)
     if mxfp4 is None:
         mxfp4 = any(n.endswith("_scales") for n in weights)
-    mlp = models.model_module(config.architecture).MLP_SHARDING
-    rules = {**_SHARDING, **mlp}
+    rules = {**_SHARDING, **models.model_module(config.architecture).SHARDING}
     padded = shard.intermediate(config, mxfp4)
     out: Dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
@@ -383,7 +306,7 @@ def shard_weights(weights: Dict[str, torch.Tensor], config: ModelConfig, shard: 
             out[name] = out["embed"]
             continue
         kind, dim = rules[leaf]
-        if leaf in mlp and kind in ("gate_up", "row") and padded != config.intermediate_size:
+        if kind in INTERMEDIATE_SPLITS and padded != config.intermediate_size:
             fill = next((v for suffix, v in _PAD.items() if leaf.endswith(suffix)), 0)
             tensor = _pad_intermediate(tensor, dim, padded / config.intermediate_size,
                                        fill, kind == "gate_up" and
@@ -418,7 +341,7 @@ def _split(t: torch.Tensor, kind: str, dim, config: ModelConfig, shard: Shard) -
         part = shard.span(n // 2)
         return torch.cat([gate.narrow(dim, part.start, part.stop - part.start),
                           up.narrow(dim, part.start, part.stop - part.start)], dim=dim)
-    part = shard.span(n)  # row, or gate/up interleaved: contiguous pairs
+    part = shard.span(n)  # row, down, or gate/up interleaved: contiguous pairs
     return t.narrow(dim, part.start, part.stop - part.start).contiguous()
 
 
@@ -474,7 +397,7 @@ def random_weights(config: ModelConfig, dtype: Union[None, str, torch.dtype] = N
         leaf = name.rsplit(".", 1)[-1]
         if name == "lm_head" and config.tie_word_embeddings:
             out[name] = out["embed"]
-        elif leaf in ("norm", "attn_norm", "mlp_norm"):
+        elif leaf.endswith("norm"):
             out[name] = randn(shape, 0.1, 1.0)
         elif leaf == "sinks":
             out[name] = randn(shape, 1.0)

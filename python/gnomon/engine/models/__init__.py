@@ -11,14 +11,16 @@ that a simulation (which parses configs and counts weights) runs without torch:
    ``config_fields(r, base)``: its own `ModelConfig` fields (head dim, attention bias, experts and
    routing, layer types and window, sinks, activation, gate/up layout) read through the
    `ConfigReader` ``r``, given the architecture-independent ``base`` fields.
-2. **Its weight names and sharding.** ``mlp_shapes(config, mxfp4)``: gnomon's names and shapes
-   under ``layers.{i}.`` for its MLP; ``load_mlp(read, config, i, mxfp4)``: which HF tensors of
-   layer ``i`` become those weights, how they are fused (``w13``) and how each splits across
+   ``PRESETS``: its presets' config.json contents (real models and a tiny test config), which
+   `gnomon.engine.config.PRESETS` gathers.
+2. **Its weight table.** ``layer_shapes(config, mxfp4)``: gnomon's names and shapes under
+   ``layers.{i}.``; ``load_layer(read, config, i, mxfp4)``: which HF tensors of layer ``i``
+   become those weights, how they are fused (``qkv``, ``w13``) and how each splits across
    tensor-parallel ranks (``read.dense`` / ``read.codes`` take the split, and read only the
-   rank's rows);
-   ``MLP_SHARDING``: how tensor parallelism splits each (``gate_up``, ``row``, ``once`` or
-   ``replicate``, and the dim). The attention's names, fusion (``qkv``) and sharding are the same
-   for every architecture here (`gnomon.engine.weights`).
+   rank's rows); ``SHARDING``: how `gnomon.engine.weights.shard_weights` splits each
+   (``qkv``, ``gate_up``, ``down``, ``row``, ``heads``, ``once`` or ``replicate``, and the dim).
+   The pieces several architectures share (a pre-norm layer's norms and attention, stacked
+   experts, the tiny test config) are `gnomon.engine.models.common`'s.
 3. **Its cost.** ``step_ops(ops)``: the ops of one step per GPU, as its forward runs them,
    from the blocks of `gnomon.engine.cost.StepOps` (the predictors price them; the attention
    over the KV cache is counted per step by `gnomon.predict.opcount`).
@@ -44,7 +46,7 @@ _BUILTIN = {
 }
 _registry: Dict[str, str] = dict(_BUILTIN)
 _REQUIRED = ("ARCHITECTURE", "DEFAULTS", "ROPE_SCALING", "MXFP4_TENSOR", "config_fields",
-             "mlp_shapes", "MLP_SHARDING", "load_mlp", "step_ops", "forward_layer")
+             "PRESETS", "layer_shapes", "SHARDING", "load_layer", "step_ops", "forward_layer")
 
 
 def register(architecture: str, module: Union[str, ModuleType]) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from gnomon.formats import MXFP4_BLOCK
 
+from . import common
+
 ARCHITECTURE = "GptOssForCausalLM"
 
 # ---- config.json ---------------------------------------------------------------------------
@@ -43,6 +45,38 @@ def config_fields(r, base) -> dict:
                 activation="swiglu_oai", gate_up_layout="interleaved")
 
 
+def _gpt_oss(layers: int, experts: int) -> dict:
+    return {
+        "architectures": [ARCHITECTURE], "vocab_size": 201088, "hidden_size": 2880,
+        "intermediate_size": 2880, "num_hidden_layers": layers, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 150000,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "original_max_position_embeddings": 4096,
+                         "truncate": False},
+        "max_position_embeddings": 131072, "tie_word_embeddings": False,
+        "num_local_experts": experts, "experts_per_token": 4, "num_experts_per_tok": 4,
+        "sliding_window": 128, "swiglu_limit": 7.0, "attention_bias": True,
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
+                        for i in range(layers)],
+        "eos_token_id": 200002, "pad_token_id": 199999, "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "mxfp4"},
+    }
+
+
+PRESETS = {
+    # openai/gpt-oss-20b config.json (Hugging Face hub).
+    "gpt-oss-20b": _gpt_oss(layers=24, experts=32),
+    # openai/gpt-oss-120b config.json (Hugging Face hub).
+    "gpt-oss-120b": _gpt_oss(layers=36, experts=128),
+    # max_position = factor * original, as in the real gpt-oss config
+    "tiny-gpt-oss": common.tiny(
+        ARCHITECTURE, intermediate_size=64, rope_theta=150000.0, num_local_experts=4,
+        experts_per_token=2, num_experts_per_tok=2, sliding_window=8, swiglu_limit=7.0,
+        attention_bias=True, layer_types=["sliding_attention", "full_attention"],
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                      "original_max_position_embeddings": 128, "truncate": False}),
+}
+
 # ---- weights -------------------------------------------------------------------------------
 
 def mlp_shapes(config, mxfp4: bool) -> dict:
@@ -61,8 +95,17 @@ def mlp_shapes(config, mxfp4: bool) -> dict:
 # MXFP4 codes and scales split along N for w13 and along K for w2; w2's bias is added once.
 MLP_SHARDING = {"router": ("replicate", None), "router_bias": ("replicate", None),
                 "w13": ("gate_up", -2), "w13_scales": ("gate_up", -2),
-                "w13_bias": ("gate_up", -1), "w2": ("row", -1), "w2_scales": ("row", -1),
+                "w13_bias": ("gate_up", -1), "w2": ("down", -1), "w2_scales": ("down", -1),
                 "w2_bias": ("once", None)}
+SHARDING = {**common.ATTENTION_SHARDING, **MLP_SHARDING}
+
+
+def layer_shapes(config, mxfp4: bool) -> dict:
+    return {**common.attention_shapes(config), **mlp_shapes(config, mxfp4)}
+
+
+def load_layer(read, config, i: int, mxfp4: bool) -> dict:
+    return {**common.load_attention(read, config, i), **load_mlp(read, config, i, mxfp4)}
 
 
 def load_mlp(read, config, i: int, mxfp4: bool) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from . import common
+
 ARCHITECTURE = "LlamaForCausalLM"
 
 # ---- config.json ---------------------------------------------------------------------------
@@ -19,6 +21,39 @@ def config_fields(r, base) -> dict:
                 sliding_window=None, has_sinks=False, activation="silu", gate_up_layout="concat")
 
 
+
+def _llama31(layers: int, hidden: int, heads: int, inter: int) -> dict:
+    return {
+        "architectures": [ARCHITECTURE], "vocab_size": 128256, "hidden_size": hidden,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "max_position_embeddings": 131072, "tie_word_embeddings": False,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+        "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16",
+    }
+
+
+PRESETS = {
+    # meta-llama/Llama-3.1-8B config.json (Hugging Face hub).
+    "llama-3.1-8b": _llama31(layers=32, hidden=4096, heads=32, inter=14336),
+    # meta-llama/Llama-3.1-70B config.json (Hugging Face hub).
+    "llama-3.1-70b": _llama31(layers=80, hidden=8192, heads=64, inter=28672),
+    # A CPU-sized Llama (21M parameters) that `gnomon calibrate` / `validate` run for real.
+    "small-llama": {
+        "architectures": [ARCHITECTURE], "vocab_size": 8192, "hidden_size": 512,
+        "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False, "hidden_act": "silu",
+        "eos_token_id": 2, "bos_token_id": 1, "torch_dtype": "float32"},
+    # wavelengths span 2pi..~2e4 positions, so all three llama3 bands occur
+    "tiny-llama": common.tiny(ARCHITECTURE, rope_theta=10000.0, attention_bias=False,
+                              rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 64}),
+}
+
 # ---- weights -------------------------------------------------------------------------------
 
 def mlp_shapes(config, mxfp4: bool) -> dict:
@@ -27,7 +62,16 @@ def mlp_shapes(config, mxfp4: bool) -> dict:
 
 
 # How tensor parallelism splits them (`gnomon.engine.weights.shard_weights`): kind and dim.
-MLP_SHARDING = {"w13": ("gate_up", -2), "w2": ("row", -1)}
+MLP_SHARDING = {"w13": ("gate_up", -2), "w2": ("down", -1)}
+SHARDING = {**common.ATTENTION_SHARDING, **MLP_SHARDING}
+
+
+def layer_shapes(config, mxfp4: bool) -> dict:
+    return {**common.attention_shapes(config), **mlp_shapes(config, mxfp4)}
+
+
+def load_layer(read, config, i: int, mxfp4: bool) -> dict:
+    return {**common.load_attention(read, config, i), **load_mlp(read, config, i, mxfp4)}
 
 
 def load_mlp(read, config, i: int, mxfp4: bool) -> dict:

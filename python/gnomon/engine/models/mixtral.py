@@ -3,6 +3,8 @@ window on every layer when the config sets one."""
 
 from __future__ import annotations
 
+from . import common
+
 ARCHITECTURE = "MixtralForCausalLM"
 
 # ---- config.json ---------------------------------------------------------------------------
@@ -25,33 +27,36 @@ def config_fields(r, base) -> dict:
                 gate_up_layout="concat")
 
 
+PRESETS = {
+    # mistralai/Mixtral-8x7B-v0.1 config.json (Hugging Face hub).
+    "mixtral-8x7b": {
+        "architectures": [ARCHITECTURE], "vocab_size": 32000, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None,
+        "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
+    },
+    "tiny-mixtral": common.tiny(ARCHITECTURE, rope_theta=1e6, num_local_experts=4,
+                                num_experts_per_tok=2, sliding_window=None),
+}
+
 # ---- weights -------------------------------------------------------------------------------
 
-def mlp_shapes(config, mxfp4: bool) -> dict:
-    H, I, E = config.hidden_size, config.intermediate_size, config.num_experts
-    return {"router": (E, H), "w13": (E, 2 * I, H), "w2": (E, H, I)}
+SHARDING = {**common.ATTENTION_SHARDING, **common.STACKED_EXPERT_SHARDING}
 
 
-# How tensor parallelism splits them (`gnomon.engine.weights.shard_weights`): kind and dim.
-# Experts are split on their intermediate dimension, not across ranks; the router is replicated.
-MLP_SHARDING = {"router": ("replicate", None), "w13": ("gate_up", -2), "w2": ("row", -1)}
+def layer_shapes(config, mxfp4: bool) -> dict:
+    return {**common.attention_shapes(config), **common.stacked_expert_shapes(config)}
 
 
-def load_mlp(read, config, i: int, mxfp4: bool) -> dict:
+def load_layer(read, config, i: int, mxfp4: bool) -> dict:
     """``router``: ``block_sparse_moe.gate``; ``w13[e]``: expert e's ``w1`` (gate) rows, then its
-    ``w3`` (up) rows; ``w2[e]``: its ``w2``. A rank reads its rows of w1 and w3 and its columns
-    of w2, for every expert."""
-    import torch
-
-    H, I, E = config.hidden_size, config.intermediate_size, config.num_experts
+    ``w3`` (up) rows; ``w2[e]``: its ``w2``."""
     moe = f"model.layers.{i}.block_sparse_moe."
-    experts = [moe + f"experts.{e}." for e in range(E)]
-    rows, columns = ("span", 0), ("span", 1)
-    router = read.dense(moe + "gate.weight", (E, H))
-    w13 = torch.stack([torch.cat([read.dense(x + "w1.weight", (I, H), rows),
-                                  read.dense(x + "w3.weight", (I, H), rows)]) for x in experts])
-    w2 = torch.stack([read.dense(x + "w2.weight", (H, I), columns) for x in experts])
-    return {"router": router, "w13": w13, "w2": w2}
+    return {**common.load_attention(read, config, i),
+            **common.load_stacked_experts(read, config, moe + "gate.weight", moe + "experts.",
+                                          ("w1", "w3", "w2"))}
 
 
 # ---- cost ----------------------------------------------------------------------------------
