@@ -2,10 +2,9 @@
 presets. Importing it needs no torch (the simulation reads configs); the RoPE tables live in
 `gnomon.engine.rope`.
 
-The architectures are those `gnomon.engine.models` registers: ``LlamaForCausalLM``,
-``MixtralForCausalLM`` and ``GptOssForCausalLM`` built in. This module reads the fields every
-architecture shares and asks the architecture's module for the rest (`ConfigReader` is what it
-reads them with). Anything else is refused with a ValueError that lists them. A key the
+The architectures are those `gnomon.engine.models` registers (`SUPPORTED_ARCHITECTURES`: the
+built-in ones). This module reads the fields every architecture shares and asks the
+architecture's module for the rest (`ConfigReader` is what it reads them with). Anything else is refused with a ValueError that lists them. A key the
 model cannot be built without (``hidden_size``, ...) is required; a missing one raises a KeyError
 naming the key and the file. Optional keys default to the values of the matching transformers
 config class (for example ``rms_norm_eps`` 1e-6 for Llama, 1e-5 for Mixtral and gpt-oss).

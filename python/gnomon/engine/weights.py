@@ -27,6 +27,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from gnomon.engine import models
+from gnomon.engine.models import check_mxfp4, weight_shapes
 from gnomon.engine.config import ModelConfig, torch_dtype
 from gnomon.engine.parallel import Shard
 from gnomon.formats import E8M0_BIAS, MXFP4_BLOCK
@@ -38,33 +39,6 @@ INDEX_FILE = "model.safetensors.index.json"
 class WeightsError(ValueError):
     """A checkpoint that cannot be loaded; the message names the tensor (where one is at
     fault) and the file."""
-
-
-# ---- gnomon's names and shapes ---------------------------------------------------------------
-
-def weight_shapes(config: ModelConfig, *, mxfp4: bool = False) -> Dict[str, Tuple[int, ...]]:
-    """Every gnomon weight name for `config` with its shape (uint8 shapes for the MXFP4 expert
-    codes and scales when `mxfp4`)."""
-    if mxfp4:
-        _check_mxfp4_ok(config)
-    c, H = config, config.hidden_size
-    shapes: Dict[str, Tuple[int, ...]] = {"embed": (c.vocab_size, H), "norm": (H,),
-                                          "lm_head": (c.vocab_size, H)}
-    layer = models.model_module(c.architecture).layer_shapes(c, mxfp4)
-    for i in range(c.num_layers):
-        shapes.update((f"layers.{i}.{name}", shape) for name, shape in layer.items())
-    return shapes
-
-
-def _check_mxfp4_ok(config: ModelConfig) -> None:
-    if not config.is_moe:
-        raise ValueError(f"mxfp4: MXFP4 weights are for MoE experts; {config.architecture} with "
-                         f"num_experts=0 has none")
-    for name, v in (("hidden_size", config.hidden_size),
-                    ("intermediate_size", config.intermediate_size)):
-        if v % MXFP4_BLOCK:
-            raise ValueError(f"mxfp4: MXFP4 experts need {name} to be a multiple of "
-                             f"{MXFP4_BLOCK}, got {v}")
 
 
 def _resolve_dtype(dtype, config: ModelConfig) -> torch.dtype:
@@ -195,7 +169,7 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
     model = models.model_module(c.architecture)
     mxfp4 = model.MXFP4_TENSOR is not None and model.MXFP4_TENSOR in ckpt
     if mxfp4:
-        _check_mxfp4_ok(c)
+        check_mxfp4(c)
 
     shard = shard or Shard()
     read = _ShardReader(ckpt, c, shard, dtype)

@@ -8,6 +8,7 @@ The pairs are kept as they are, never averaged: attention cost depends on each o
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass, fields
 from typing import Optional, Tuple, Union
@@ -15,7 +16,8 @@ from typing import Optional, Tuple, Union
 from gnomon.engine.batch import ScheduledBatch
 from gnomon.engine.config import ModelConfig
 from gnomon.engine.cost import Pricing
-from gnomon.engine.parallel import kv_heads_per_gpu
+from gnomon.engine.models import weight_shapes
+from gnomon.engine.parallel import Shard, kv_heads_per_gpu
 from gnomon.formats import MXFP4_BITS, NVFP4_BITS
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -27,6 +29,7 @@ _QUANT_BYTES = {"fp8": FP8_BYTES, "nvfp4": NVFP4_BYTES_PER_PARAM, "mxfp4": MXFP4
 QUANT_COMPUTE = {"fp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
 WEIGHT_DTYPES = ("auto", "bfloat16", "float16", "fp8", "nvfp4", "mxfp4")  # --weight-dtype
 KV_DTYPES = ("auto", "bfloat16", "float16", "fp8")  # what --kv-dtype accepts
+MXFP4_TENSORS = ("w13", "w2", "w13_scales", "w2_scales")  # an MXFP4 expert's uint8 tensors
 _CONFIG_WEIGHTS = {"fp8": "fp8", "nvfp4": "nvfp4", "mxfp4-dense": "mxfp4"}  # quantization
 
 
@@ -149,21 +152,24 @@ class ModelSpec:
         return self.weight_dtype in _QUANT_BYTES or self.kv_dtype == "fp8"
 
     def weight_bytes(self, tp: int = 1) -> float:
-        """Bytes of weights one of `tp` GPUs holds (embedding and lm_head split by vocab,
-        attention by heads, MLP and experts by intermediate; norms and routers replicated)."""
-        c = self.config
-        a, w = self.dtype_bytes, self.linear_bytes
-        kv = kv_heads_per_gpu(c, tp) * c.head_dim
-        attn = c.hidden_size * (c.q_size // tp + 2 * kv) + c.q_size // tp * c.hidden_size
-        layer = attn * w + 2 * c.hidden_size * a
-        if c.is_moe:
-            expert = 3 * c.hidden_size * c.intermediate_size // tp
-            layer += c.num_experts * expert * self.expert_bytes_per_param
-            layer += c.num_experts * c.hidden_size * a  # router
-        else:
-            layer += 3 * c.hidden_size * c.intermediate_size // tp * w
-        vocab = c.vocab_size * c.hidden_size // tp * a
-        return c.num_layers * layer + vocab * (1 if c.tie_word_embeddings else 2)
+        """Bytes of weights one of `tp` GPUs holds, counted over the architecture's weight
+        table (`gnomon.engine.models.weight_shapes`) for that rank's shard: the decoder's
+        matrices in the linear dtype (MXFP4 experts as their uint8 codes and scales), the
+        embedding, lm_head, router, norms, biases and sinks in the activation dtype."""
+        c, a, w = self.config, self.dtype_bytes, self.linear_bytes
+        local = Shard(0, tp).local_config(c, self.mxfp4_experts)
+        total = 0.0
+        for name, shape in weight_shapes(local, mxfp4=self.mxfp4_experts).items():
+            leaf, n = name.rsplit(".", 1)[-1], math.prod(shape)
+            if name == "lm_head" and c.tie_word_embeddings:
+                continue
+            if self.mxfp4_experts and leaf in MXFP4_TENSORS:
+                total += n  # uint8
+            elif len(shape) > 1 and name.startswith("layers.") and leaf != "router":
+                total += n * w
+            else:
+                total += n * a
+        return total
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
         """K and V of one token over all layers on one GPU: what one token adds to a full

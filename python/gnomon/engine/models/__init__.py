@@ -39,6 +39,8 @@ import importlib
 from types import ModuleType
 from typing import Dict, Tuple, Union
 
+from gnomon.formats import MXFP4_BLOCK
+
 _BUILTIN = {
     "LlamaForCausalLM": "gnomon.engine.models.llama",
     "MixtralForCausalLM": "gnomon.engine.models.mixtral",
@@ -92,3 +94,31 @@ def module_path(architecture: str) -> str:
 def model_module(architecture: str) -> ModuleType:
     """`architecture`'s module; ValueError naming the supported ones when it is unknown."""
     return importlib.import_module(module_path(architecture))
+
+
+def weight_shapes(config, *, mxfp4: bool = False) -> Dict[str, Tuple[int, ...]]:
+    """Every gnomon weight name of `config` (a `gnomon.engine.config.ModelConfig`) with its
+    shape: ``embed``, ``norm`` and ``lm_head``, then each layer's from its architecture's
+    ``layer_shapes`` (uint8 shapes for the MXFP4 expert codes and scales when `mxfp4`). The one
+    weight table: the engine loads and shards it, the predictors count its bytes."""
+    if mxfp4:
+        check_mxfp4(config)
+    c, H = config, config.hidden_size
+    shapes: Dict[str, Tuple[int, ...]] = {"embed": (c.vocab_size, H), "norm": (H,),
+                                          "lm_head": (c.vocab_size, H)}
+    layer = model_module(c.architecture).layer_shapes(c, mxfp4)
+    for i in range(c.num_layers):
+        shapes.update((f"layers.{i}.{name}", shape) for name, shape in layer.items())
+    return shapes
+
+
+def check_mxfp4(config) -> None:
+    """ValueError naming ``mxfp4`` unless `config` has experts whose sizes MXFP4 blocks fit."""
+    if not config.is_moe:
+        raise ValueError(f"mxfp4: MXFP4 weights are for MoE experts; {config.architecture} with "
+                         f"num_experts=0 has none")
+    for name, v in (("hidden_size", config.hidden_size),
+                    ("intermediate_size", config.intermediate_size)):
+        if v % MXFP4_BLOCK:
+            raise ValueError(f"mxfp4: MXFP4 experts need {name} to be a multiple of "
+                             f"{MXFP4_BLOCK}, got {v}")

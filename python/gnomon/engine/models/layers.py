@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from gnomon import ops
 
 
-def decoder_layer(runner, i: int, h: torch.Tensor, residual, inputs, tick, mlp):
-    """Layer ``i``: rms_norm (fused with the residual add from the second layer on), attention,
-    O projection, rms_norm (fused residual), then ``mlp(runner, i, x, tick)``. Returns
-    ``(h, residual)``."""
+def decoder_layer(runner, i: int, h: torch.Tensor, residual, inputs, tick, mlp, qk=None):
+    """Layer ``i``: rms_norm (fused with the residual add from the second layer on), attention
+    (`attention`, with ``qk``), O projection, rms_norm (fused residual), then
+    ``mlp(runner, i, x, tick)``. Returns ``(h, residual)``."""
     c, w, p = runner.config, runner.weights, f"layers.{i}."
     if residual is None:
         residual = h
@@ -22,7 +22,7 @@ def decoder_layer(runner, i: int, h: torch.Tensor, residual, inputs, tick, mlp):
     else:
         x = ops.rms_norm(h, w[p + "attn_norm"], c.rms_norm_eps, residual=residual)
     tick("elementwise")
-    attn = attention(runner, i, x, inputs, tick)
+    attn = attention(runner, i, x, inputs, tick, qk)
     h = F.linear(attn, w[p + "o"], w.get(p + "o_bias"))
     tick("gemm")
     h = runner.reduce(h, tick)
@@ -31,10 +31,12 @@ def decoder_layer(runner, i: int, h: torch.Tensor, residual, inputs, tick, mlp):
     return runner.reduce(mlp(runner, i, x, tick), tick), residual
 
 
-def attention(runner, i: int, x: torch.Tensor, inputs, tick) -> torch.Tensor:
-    """QKV projection (+bias), rotary embedding, the new K/V into layer ``i``'s cache through its
-    KV-cache group's slots, and one paged_attention for the whole mixed batch (sliding window and
-    sinks where the layer has them); returns ``[T, Hq * D]`` (this rank's heads: ``local``)."""
+def attention(runner, i: int, x: torch.Tensor, inputs, tick, qk=None) -> torch.Tensor:
+    """QKV projection (+bias), ``qk(runner, i, q, k) -> (q, k)`` where the architecture
+    transforms Q and K (``[T, heads, D]``) before RoPE, rotary embedding, the new K/V into layer
+    ``i``'s cache through its KV-cache group's slots, and one paged_attention for the whole mixed
+    batch (sliding window and sinks where the layer has them); returns ``[T, Hq * D]`` (this
+    rank's heads: ``local``)."""
     c, w, p = runner.local, runner.weights, f"layers.{i}."
     num_tokens = x.shape[0]
     hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
@@ -44,6 +46,9 @@ def attention(runner, i: int, x: torch.Tensor, inputs, tick) -> torch.Tensor:
     q = qkv[:, :c.q_size].view(num_tokens, hq, d)
     k = qkv[:, c.q_size:c.q_size + c.kv_size].view(num_tokens, hkv, d)
     v = qkv[:, c.q_size + c.kv_size:].view(num_tokens, hkv, d)
+    if qk is not None:
+        q, k = qk(runner, i, q, k)
+        tick("elementwise")
     ops.rotary_embedding(inputs["positions"], q, k, runner.cos_sin_cache)
     tick("elementwise")
     group, position = runner.layer_slots[i]
