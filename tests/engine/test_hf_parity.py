@@ -76,7 +76,18 @@ def _gpt_oss():
                       "truncate": False, "original_max_position_embeddings": 64}))
 
 
-BUILDERS = {"llama": _llama, "llama3-rope": _llama3, "mixtral": _mixtral}
+def _qwen3():
+    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON))
+
+
+def _qwen3_moe():
+    return transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+        **COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]))
+
+
+BUILDERS = {"llama": _llama, "llama3-rope": _llama3, "mixtral": _mixtral, "qwen3": _qwen3,
+            "qwen3-moe": _qwen3_moe}
 if hasattr(transformers, "GptOssForCausalLM"):
     BUILDERS["gpt-oss"] = _gpt_oss
 

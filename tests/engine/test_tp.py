@@ -74,7 +74,9 @@ MODELS = {"tiny-llama": lambda: ModelConfig.preset("tiny-llama"),
           "tiny-gpt-oss": lambda: ModelConfig.preset("tiny-gpt-oss"),
           "tiny-gpt-oss-mxfp4": _mxfp4_oss,
           # I = 96: 1.5 scale blocks a rank, padded with zero codes
-          "tiny-gpt-oss-mxfp4-padded": lambda: _mxfp4_oss(96)}
+          "tiny-gpt-oss-mxfp4-padded": lambda: _mxfp4_oss(96),
+          "tiny-qwen3": lambda: ModelConfig.preset("tiny-qwen3"),
+          "tiny-qwen3-moe": lambda: ModelConfig.preset("tiny-qwen3-moe")}
 _g = torch.Generator().manual_seed(7)
 _base = torch.randint(3, 250, (30,), generator=_g).tolist()
 PROMPTS = [_base[:22], _base[:12] + [5, 6, 7], _base, [9, 8, 7, 6, 5]]
@@ -107,7 +109,8 @@ def test_check_tp_names_the_dimension():
     assert not multiprocessing.active_children()
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral", "tiny-gpt-oss"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral", "tiny-gpt-oss", "tiny-qwen3",
+                                  "tiny-qwen3-moe"])
 def test_shards_are_the_rows_of_the_tp1_weights(name):
     """Every rank's shard against the rows of the TP=1 weights it must hold, computed here from
     the layouts: Q, K and V heads of qkv; gate and up rows of w13; columns of o and w2."""
@@ -142,6 +145,9 @@ def test_shards_are_the_rows_of_the_tp1_weights(name):
                                    else torch.zeros(H))
             if c.is_moe:
                 assert torch.equal(s[p + "router"], full[p + "router"])
+            for norm in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):  # replicated
+                if p + norm in full:
+                    assert torch.equal(s[p + norm], full[p + norm])
         assert torch.equal(s["embed"], full["embed"][r * V // 2:(r + 1) * V // 2])
         assert torch.equal(s["norm"], full["norm"])
 
@@ -166,6 +172,12 @@ def _hf_checkpoint(kind, folder, *, spread=False, sliding_window=8):
     elif kind == "mixtral":
         model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
             **common, num_local_experts=4, num_experts_per_tok=2))
+    elif kind == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
+    elif kind == "qwen3-moe":
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=True))
     else:
         if not hasattr(transformers, "GptOssForCausalLM"):
             pytest.skip("this transformers has no gpt-oss")
@@ -187,7 +199,7 @@ def _hf_checkpoint(kind, folder, *, spread=False, sliding_window=8):
 
 
 @pytest.mark.parametrize("kind", ["llama", "mixtral", "gpt-oss", "gpt-oss-mxfp4",
-                                  "gpt-oss-mxfp4-padded"])
+                                  "gpt-oss-mxfp4-padded", "qwen3", "qwen3-moe"])
 def test_a_rank_loads_only_its_rows_of_a_checkpoint(kind, tmp_path):
     """load_weights with a shard (reading its rows through get_slice) gives what shard_weights
     cuts from the whole load, every tensor contiguous."""
@@ -274,7 +286,7 @@ def test_tp2_generates_what_tp1_does(name):
     assert _no_children()
 
 
-@pytest.mark.parametrize("kind", ["llama", "mixtral", "gpt-oss"])
+@pytest.mark.parametrize("kind", ["llama", "mixtral", "gpt-oss", "qwen3", "qwen3-moe"])
 def test_tp2_matches_transformers(kind, tmp_path):
     """A checkpoint transformers saved, loaded at TP=2, greedy-decodes what transformers does:
     plain, and with chunked prefill and preemption (asserted to happen). Every architecture's

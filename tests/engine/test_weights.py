@@ -374,6 +374,10 @@ PUBLISHED_PARAMETERS = {
     # OpenAI, gpt-oss-120b & gpt-oss-20b model card (arXiv 2508.10925), Table 1: total params
     "gpt-oss-120b": (116.83e9, 0.01e9),
     "gpt-oss-20b": (20.91e9, 0.01e9),
+    # the Hugging Face model pages' "Number of Parameters"
+    "qwen3-8b": (8.2e9, 0.1e9),  # Qwen/Qwen3-8B
+    "qwen3-32b": (32.8e9, 0.1e9),  # Qwen/Qwen3-32B
+    "qwen3-235b-a22b": (235e9, 1e9),  # Qwen/Qwen3-235B-A22B: 235B in total
 }
 
 

@@ -45,6 +45,8 @@ _BUILTIN = {
     "LlamaForCausalLM": "gnomon.engine.models.llama",
     "MixtralForCausalLM": "gnomon.engine.models.mixtral",
     "GptOssForCausalLM": "gnomon.engine.models.gpt_oss",
+    "Qwen3ForCausalLM": "gnomon.engine.models.qwen3",
+    "Qwen3MoeForCausalLM": "gnomon.engine.models.qwen3_moe",
 }
 _registry: Dict[str, str] = dict(_BUILTIN)
 _REQUIRED = ("ARCHITECTURE", "DEFAULTS", "ROPE_SCALING", "MXFP4_TENSOR", "config_fields",
