@@ -63,7 +63,7 @@ def test_a_silicon_row_maps_as_its_benchmark_ran():
 
 
 @pytest.mark.parametrize("over, reason", [
-    ({"model_path": "Qwen/Qwen3-32B"}, "model_path 'Qwen/Qwen3-32B': no gnomon model"),
+    ({"model_path": "deepseek-ai/DeepSeek-R1"}, "model_path 'deepseek-ai/DeepSeek-R1': no gnomon model"),
     ({"mode": "disagg"}, "disaggregated serving is not simulated"),
     ({"system": "mi355x"}, "system 'mi355x'"),
     ({"backend": "tgi"}, "backend 'tgi'"),
