@@ -14,7 +14,8 @@ What it does
 Reads ``aiconfigurator_core/systems/silicon_sample.csv`` (the measured
 TTFT/TPOT rows NVIDIA ships inside the installed ``aiconfigurator_core``
 package, located via ``importlib.resources``), keeps every row with
-``mode == "agg"`` and ``model_path`` in ``MODELS`` (1,120 rows in 0.12.0), and
+``mode == "agg"`` and ``model_path`` in ``MODELS`` (1,120 Llama and gpt-oss rows in 0.12.0, and
+536 Qwen3 ones; ``--models`` picks some), and
 calls ``aiconfigurator.cli.api.cli_estimate`` for each row: once with the
 row's own quant labels and, only when that is refused for missing perf data of
 the row's quant mode, once more with the quant modes left to the checkpoint
@@ -147,6 +148,9 @@ MODELS = (
     "meta-llama/Llama-3.1-70B",
     "meta-llama/Llama-3.1-8B-Instruct",
     "nvidia/Llama-3.1-8B-Instruct-FP8",
+    "Qwen/Qwen3-32B",
+    "nvidia/Qwen3-32B-NVFP4",
+    "Qwen/Qwen3-235B-A22B-FP8",
 )
 PARALLEL_FIELDS = ("tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")
 AGG_FIELDS = ("batch_size", *PARALLEL_FIELDS)
@@ -169,9 +173,9 @@ def silicon_sample_path() -> str:
     return str(importlib.resources.files("aiconfigurator_core") / "systems" / "silicon_sample.csv")
 
 
-def select_rows() -> list[dict[str, str]]:
+def select_rows(models=MODELS) -> list[dict[str, str]]:
     with open(silicon_sample_path(), newline="") as f:
-        return [r for r in csv.DictReader(f) if r["mode"] == "agg" and r["model_path"] in MODELS]
+        return [r for r in csv.DictReader(f) if r["mode"] == "agg" and r["model_path"] in models]
 
 
 def resolve_versions(rows: list[dict[str, str]]) -> dict[tuple[str, str, str], str]:
@@ -327,6 +331,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="worker processes (default: CPU count)")
     ap.add_argument("--limit", type=int, default=None, help="run only the first N selected rows")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help="comma-separated model_path values, a subset of MODELS (default: all)")
     ap.add_argument(
         "--no-stage-configs",
         action="store_true",
@@ -342,7 +348,11 @@ def main() -> None:
     aic_version = importlib.metadata.version("aiconfigurator")
     core_version = importlib.metadata.version("aiconfigurator-core")
 
-    rows = select_rows()
+    models = tuple(opts.models.split(","))
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        ap.error(f"--models: {', '.join(unknown)} not in MODELS ({', '.join(MODELS)})")
+    rows = select_rows(models)
     n_selected = len(rows)
     if opts.limit is not None:
         rows = rows[: opts.limit]
