@@ -322,7 +322,7 @@ class LLM:
                  max_num_batched_tokens: int = 8192, block_size: int = 16,
                  num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
                  enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True,
-                 tensor_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1, capacity_policy: str = "max_utilization") -> None:
         self.engine = LLMEngine(model, device=device, dtype=dtype, random_weights=random_weights,
                                 max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens,
@@ -330,7 +330,8 @@ class LLM:
                                 kv_cache_bytes=kv_cache_bytes,
                                 enable_prefix_caching=enable_prefix_caching,
                                 enable_hybrid_kv=enable_hybrid_kv,
-                                tensor_parallel_size=tensor_parallel_size)
+                                tensor_parallel_size=tensor_parallel_size,
+                                capacity_policy=capacity_policy)
         self.tokenizer = None
         folder = self.engine.folder
         if folder is not None and os.path.isfile(os.path.join(folder, "tokenizer.json")):
