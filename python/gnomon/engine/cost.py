@@ -81,12 +81,11 @@ class StepOps:
 
     # ---- primitives ----------------------------------------------------------------------
 
-    def gemm(self, family: str, name: str, k: int, n: int, *, m=None, layers=None,
-             weight_bytes=None, compute=None) -> None:
-        """``layers`` GEMMs of ``[m, k] x [k, n]`` (m: the step's tokens)."""
-        p = self.pricing
-        m = self.T if m is None else m
-        layers = self.config.num_layers if layers is None else layers
+    def gemm(self, family: str, name: str, k: int, n: int, *, weight_bytes=None,
+             compute=None) -> None:
+        """Every layer's GEMM of ``[T, k] x [k, n]`` over the step's T tokens, its weights in
+        the linear dtype and math unless `weight_bytes` / `compute` say otherwise."""
+        p, m, layers = self.pricing, self.T, self.config.num_layers
         w = p.linear_bytes if weight_bytes is None else weight_bytes
         a = p.activation_bytes
         self.ops.append(Op(family, name, layers * 2.0 * m * k * n,

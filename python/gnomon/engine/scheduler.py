@@ -169,11 +169,13 @@ class Scheduler:
                              f"max_tokens ({params.max_tokens}) = {total} tokens need {blocks} "
                              f"blocks of {self.kv.block_size} at once (over the KV-cache "
                              f"groups), the KV cache has {self.kv.num_blocks}")
-        reserved = self.kv.max_blocks(total, 0)
-        if self.capacity_policy == GUARANTEED_NO_EVICT and params.n * reserved > self.kv.num_blocks:
-            raise ValueError(f"request {request_id!r} can never run: its {params.n} samples "
-                             f"reserve {params.n} x {reserved} blocks ({GUARANTEED_NO_EVICT}), "
-                             f"the KV cache has {self.kv.num_blocks}")
+        if self.capacity_policy == GUARANTEED_NO_EVICT:
+            reserved = self.kv.max_blocks(total, 0)
+            if params.n * reserved > self.kv.num_blocks:
+                raise ValueError(f"request {request_id!r} can never run: its {params.n} samples "
+                                 f"reserve {params.n} x {reserved} blocks "
+                                 f"({GUARANTEED_NO_EVICT}), the KV cache has "
+                                 f"{self.kv.num_blocks}")
         if params.n > self.max_num_seqs:
             raise ValueError(f"request {request_id!r} can never run: n={params.n} samples "
                              f"exceed max_num_seqs={self.max_num_seqs}")
