@@ -151,3 +151,70 @@ def test_simulated_runner_refuses_logits_and_bad_predictor():
         SimulatedRunner(TINY, object(), VirtualClock())
     with pytest.raises(ValueError, match="seconds"):
         VirtualClock().advance(-1.0)
+
+
+def _plain_vs_batched(model, workload, *, args, num_kv_blocks=None, concurrency=None,
+                      serving=None):
+    """The same run with every step batched (keep_batches) and with plain decode steps run
+    batch-free by the scheduler; returns both traces and how many steps ran batch-free."""
+    kw = {} if serving is None else {"serving": serving}
+    batched = run_workload(simulated_engine(model, "H100", RooflinePredictor(gpu("H100")),
+                                            args=args, num_kv_blocks=num_kv_blocks,
+                                            keep_batches=True),
+                           workload, concurrency=concurrency, **kw)
+    engine = simulated_engine(model, "H100", RooflinePredictor(gpu("H100")), args=args,
+                              num_kv_blocks=num_kv_blocks)
+    runner, plain = engine.runner, []
+    execute_decode = runner.execute_decode
+    runner.execute_decode = lambda pairs: (plain.append(len(pairs)), execute_decode(pairs))
+    fast = run_workload(engine, workload, concurrency=concurrency, **kw)
+    return batched, fast, len(plain)
+
+
+def _same_run(a, b):
+    assert [(s.start, s.seconds, s.breakdown, s.num_prefill_tokens, s.num_decode_tokens,
+             s.num_seqs) for s in a.steps] == \
+        [(s.start, s.seconds, s.breakdown, s.num_prefill_tokens, s.num_decode_tokens, s.num_seqs)
+         for s in b.steps]
+    assert a.token_times == b.token_times
+    assert [o.metrics for o in a.outputs] == [o.metrics for o in b.outputs]
+    assert [o.outputs for o in a.outputs] == [o.outputs for o in b.outputs]
+    assert a.kv_usage == b.kv_usage and a.kv_group_blocks == b.kv_group_blocks
+    assert (a.num_preemptions, a.prefix_queried_tokens, a.prefix_hit_tokens) == \
+        (b.num_preemptions, b.prefix_queried_tokens, b.prefix_hit_tokens)
+
+
+@pytest.mark.parametrize("policy", ["max_utilization", "guaranteed_no_evict"])
+def test_plain_decode_steps_decide_as_batched_steps_under_preemption_and_arrivals(policy):
+    # open-loop arrivals mid-run, chunked prefill and a cache that preempts (max_utilization)
+    workload = synthetic(SyntheticSpec(num_requests=24, rate=4000.0,
+                                       prompt_len=LengthDist.uniform(3, 30),
+                                       output_len=LengthDist.uniform(10, 40), vocab_size=256,
+                                       seed=5))
+    args = replace(ARGS, capacity_policy=policy)
+    batched, fast, plain = _plain_vs_batched(TINY, workload, args=args, num_kv_blocks=40)
+    _same_run(batched, fast)
+    assert plain > 0
+    assert (batched.num_preemptions > 0) == (policy == "max_utilization")
+
+
+def test_plain_decode_steps_decide_as_batched_steps_in_a_closed_loop_with_sliding_windows():
+    # gpt-oss's sliding layers release blocks behind the window; shared prefixes hit the cache;
+    # a closed loop with async lag sends each request a step after the one before it finished
+    from gnomon.predict.engines import ServingPath
+    model = ModelSpec.from_config(ModelConfig.preset("tiny-gpt-oss"), name="tiny-gpt-oss")
+    workload = synthetic(SyntheticSpec(num_requests=30, rate=float("inf"),
+                                       prompt_len=LengthDist.uniform(10, 40),
+                                       output_len=LengthDist.uniform(20, 60), vocab_size=256,
+                                       shared_prefix_groups=2, shared_prefix_len=8, seed=7))
+    args = EngineArgs(block_size=4, max_num_seqs=8, max_num_batched_tokens=32,
+                      max_model_len=128)
+    serving = ServingPath(request_s=1e-4, per_prompt_token_s=1e-6, response_s=2e-4,
+                          output_lag_steps=1)
+    batched, fast, plain = _plain_vs_batched(model, workload, args=args, concurrency=6,
+                                             serving=serving)
+    _same_run(batched, fast)
+    assert plain > len(fast.steps) / 3
+    assert batched.prefix_hit_tokens > 0
+    full, window = fast.kv_windows.index(None), fast.kv_windows.index(8)
+    assert any(b[window] < b[full] for b in fast.kv_group_blocks)  # the window released blocks

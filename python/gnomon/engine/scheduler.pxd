@@ -36,3 +36,15 @@ cdef class Scheduler:
 
     @cython.locals(seq=Sequence, used=cython.longlong)
     cpdef long long _free_slots(self)
+
+    @cython.locals(seq=Sequence, steps=cython.longlong, left=cython.longlong)
+    cpdef long long plain_decode_steps(self, long long token)
+
+    @cython.locals(seq=Sequence, n=cython.longlong)
+    cpdef begin_decode(self, double now)
+
+    @cython.locals(seq=Sequence)
+    cpdef end_decode(self, long long token, double now)
+
+    @cython.locals(seq=Sequence, k=cython.longlong, ok=cython.longlong)
+    cpdef long long _allocate(self, list plan)

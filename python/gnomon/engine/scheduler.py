@@ -67,6 +67,14 @@ context or output so far: the running sequences' slots come from one ``allocate_
 (more only after a preemption), their block-table deltas from one ``take_block_updates`` (the
 whole table only when the runner sees a sequence first), their commits from one
 ``commit_batch``, and ``update`` returns one `SampleDelta` per sampled token.
+
+A runner that knows its sampled tokens beforehand (the simulator's filler token) may run the
+steps in which every running sequence decodes and nothing else happens without a batch:
+``plain_decode_steps(token)`` bounds how many there can be, and each is ``begin_decode(now)``
+(None when an arrival is due or the free blocks are short: ``schedule`` decides that step),
+the runner's step, and ``end_decode(token, now)``. They make the same allocator calls in the
+same order as ``schedule`` and ``update`` would, so the run is the same to the bit; what they
+skip is building a `ScheduledSequence` and a `SampleDelta` per sequence per step.
 """
 
 from __future__ import annotations
@@ -265,18 +273,7 @@ class Scheduler:
             budget -= k
         start = 0
         while start < len(plan):
-            part = plan[start:]
-            ids, new_ids, counts, nums = [], [], [], []
-            for seq, k, _ in part:
-                ids.append(seq.seq_id)
-                fresh = seq.token_ids[seq.num_known:]
-                new_ids.extend(fresh)
-                counts.append(len(fresh))
-                nums.append(k)
-            ok = self.kv.allocate_running(ids, new_ids, counts, nums)
-            for seq, _, _ in part[:ok]:
-                seq.num_known = len(seq.token_ids)
-            start += ok
+            start += self._allocate(plan[start:])
             if start == len(plan):
                 break
             victim = self._running[-1]
@@ -427,7 +424,75 @@ class Scheduler:
                                       reason is not None and req.finished, lp))
         return deltas
 
+    # ------------------------------------------------------------------ plain decode steps
+    def plain_decode_steps(self, token: int) -> int:
+        """How many of the next steps at most are plain decodes that `begin_decode` and
+        `end_decode` may run in place of `schedule` and `update`: steps in which every running
+        sequence computes its one new token and samples `token` (a runner that knows its
+        tokens beforehand: the simulator's), and nothing else happens. 0 when the next step
+        is not one: a batch outstanding, a request waiting, a finish the runner has not been
+        told of, a prompt still being computed, an ``n > 1`` request, or a sample that `token`
+        would stop. Otherwise one less than the fewest tokens a running sample has left, so
+        that none finishes. Arrivals and KV are `begin_decode`'s to check, step by step."""
+        if self._outstanding is not None or self._waiting or self._finished_since_batch \
+                or not self._running:
+            return 0
+        steps = self.max_model_len
+        eos = self.eos_token_ids
+        for seq in self._running:
+            params = seq.params
+            if not seq.is_decoding or seq.request.params.n != 1 \
+                    or (token in eos and not params.ignore_eos) or token in params.stop_token_ids:
+                return 0
+            left = params.max_tokens - (len(seq.token_ids) - seq.num_prompt_tokens) - 1
+            if left < steps:
+                steps = left
+        return steps
+
+    def begin_decode(self, now: float):
+        """Allocates the slots of one of the `plain_decode_steps` as `schedule` would (the same
+        allocator call, the same order) and returns its ``(new_tokens, context_len)`` pairs in
+        batch order. None, with nothing changed, when the step is not plain after all: an
+        arrival is due by `now`, or the free blocks might not give every running sequence a
+        new block in every KV-cache group (`schedule` then decides, preempting if it must)."""
+        if self._arrivals and self._arrivals[0][0] <= now:
+            return None
+        n = len(self._running)
+        if self.kv.num_free_blocks < n * len(self.kv.windows):
+            return None
+        if self._allocate([[seq, 1, True] for seq in self._running]) != n:
+            raise RuntimeError("begin_decode: the allocator refused a slot it had free blocks for")
+        return tuple([(1, seq.num_computed_tokens) for seq in self._running])
+
+    def end_decode(self, token: int, now: float) -> None:
+        """Ends the step `begin_decode` began, as `update` would: commits every running
+        sequence's new token and appends `token`, sampled at `now`, to each."""
+        ids, context_lens = [], []
+        for seq in self._running:
+            ids.append(seq.seq_id)
+            context_lens.append(seq.num_computed_tokens + 1)
+        self.kv.commit_running(ids, context_lens)
+        for seq in self._running:
+            seq.num_computed_tokens += 1
+            seq.token_ids.append(token)
+            seq.token_times.append(now)
+
     # ------------------------------------------------------------------ internals
+    def _allocate(self, plan: List[List]) -> int:
+        """Slots for ``[seq, num_tokens, is_decode]`` entries in one `allocate_running` call:
+        how many leading entries got theirs (each all or nothing)."""
+        ids, new_ids, counts, nums = [], [], [], []
+        for seq, k, _ in plan:
+            ids.append(seq.seq_id)
+            fresh = seq.token_ids[seq.num_known:]
+            new_ids.extend(fresh)
+            counts.append(len(fresh))
+            nums.append(k)
+        ok = self.kv.allocate_running(ids, new_ids, counts, nums)
+        for seq, _, _ in plan[:ok]:
+            seq.num_known = len(seq.token_ids)
+        return ok
+
     def _free_slots(self) -> int:
         """Sequence slots left under ``max_num_seqs`` (an unforked n > 1 parent holds n)."""
         used = 0

@@ -158,9 +158,25 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
     held = 0  # finished in the last step, seen by the client only after the next (async lag)
     # The requests just added live for the whole run: frozen, the collector's passes do not
     # walk their prompts again and again (a tenth of a simulation's time otherwise).
+    # Plain decode steps (every running sequence decodes, nothing else happens) need no batch
+    # when the runner is simulated and keeps none: the scheduler runs them in place of
+    # schedule() and update(), with the same allocator calls (`Scheduler.plain_decode_steps`).
+    plain = isinstance(runner, SimulatedRunner) and not runner.keep_batches
+    scheduler = engine.scheduler
     gc.freeze()
     try:
         while engine.has_unfinished_requests() or held:
+            for _ in range(scheduler.plain_decode_steps(runner.token) if plain and not held
+                           else 0):
+                pairs = scheduler.begin_decode(clock())
+                if pairs is None:
+                    break
+                runner.execute_decode(pairs)
+                scheduler.end_decode(runner.token, clock())
+                kv_usage.append((clock(), engine.kv.usage))
+                kv_group_blocks.append(engine.kv.blocks_in_use)
+                if progress is not None:
+                    progress(done, total)
             executed = len(runner.steps)
             finished = 0
             for delta in engine.step():
@@ -187,7 +203,6 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
         gc.unfreeze()
     stats = engine.kv.stats()
 
-    scheduler = engine.scheduler
     token_times = {r.request_id: scheduler.get_request(r.request_id).sequences[0].token_times
                    for r in workload.requests}
     return RunTrace(workload=workload, steps=list(runner.steps),

@@ -170,6 +170,16 @@ class SimulatedRunner:
                                         self.keep_batches))
         return StepOutput(_sampled(batch, self.token), cost.seconds, cost.breakdown)
 
+    def execute_decode(self, pairs) -> None:
+        """A plain decode step without a batch (`Scheduler.begin_decode`'s ``(1, context_len)``
+        pairs, every sequence already known): predicted, timed and recorded as `execute`
+        would, its sampled tokens all ``token``."""
+        n = len(pairs)
+        cost = self.predictor.predict(StepShape(self.model, pairs, n, 0, n, self.tp))
+        start = self.clock()
+        self.clock.advance(cost.seconds)
+        self.steps.append(StepRecord(start, cost.seconds, cost.breakdown, 0, n, n))
+
     def idle(self) -> None:
         """Nothing to reset: predicted steps carry no wall time."""
 
