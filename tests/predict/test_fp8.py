@@ -193,3 +193,27 @@ def test_kv_memory_free_takes_the_fraction_of_what_weights_and_activations_leave
     hbm = hw.hbm_gb.value * 1e9
     # "total": 0.9 of the HBM less what is used; "free": 0.9 of what is left after it
     assert free / total == pytest.approx(0.9 * (hbm - used) / (0.9 * hbm - used), rel=1e-3)
+
+
+def test_kv_memory_static_leaves_the_activations_to_the_rest_of_the_hbm():
+    # SGLang's mem_fraction_static: the pool is that share of the HBM less the weights; the
+    # activations live in the reserved rest, so a bigger token budget does not shrink it
+    from gnomon.predict.engines import resolve_engine
+    from gnomon.predict.simulated import activation_bytes
+
+    spec = ModelSpec.from_model("qwen3-32b")
+    hw = gpu("H100 SXM")
+    block = spec.config.kv_cache_groups(True).bytes_per_block(
+        block_size=16, num_kv_heads=spec.config.num_kv_heads, head_dim=spec.config.head_dim,
+        dtype_size=spec.kv_bytes)
+    static = kv_blocks_for_hardware(spec, hw, gpu_memory_utilization=0.88, kv_memory="static")
+    assert static == int((0.88 * hw.hbm_gb.value * 1e9 - spec.weight_bytes()) // block)
+    assert static == kv_blocks_for_hardware(spec, hw, gpu_memory_utilization=0.88,
+                                            kv_memory="static", max_num_batched_tokens=65536)
+    # the same model under vLLM's accounting loses the activations from its pool
+    total = kv_blocks_for_hardware(spec, hw, gpu_memory_utilization=0.88)
+    acts = activation_bytes(spec, max_num_batched_tokens=8192, max_num_seqs=256)
+    assert static - total == pytest.approx(acts / block, abs=1)
+    assert resolve_engine("sglang").kv_memory == "static"
+    with pytest.raises(ValueError, match="kv_memory: expected one of total, free, static"):
+        kv_blocks_for_hardware(spec, hw, kv_memory="reserved")

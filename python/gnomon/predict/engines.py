@@ -92,7 +92,7 @@ class EngineProfile:
     gpu_memory_utilization: float
     sources: Dict[str, str]
     serving: ServingPath = ServingPath()
-    kv_memory: str = "total"  # gpu_memory_utilization of the whole HBM, or of what is "free"
+    kv_memory: str = "total"  # how the KV cache is sized: a key of KV_MEMORY
     capacity_policy: str = "max_utilization"  # the scheduler's (gnomon.engine.scheduler)
 
     def is_large(self, hw: Hardware) -> bool:
@@ -130,14 +130,22 @@ def _profile(name: str, raw: dict, where: str) -> EngineProfile:
         raise ValueError(f"{where}: engine {name!r}: {error}") from None
 
 
-KV_MEMORY = ("total", "free")
+# How an engine sizes its KV cache from gpu_memory_utilization (kv_blocks_for_hardware)
+KV_MEMORY = {
+    "total": "HBM x gpu_memory_utilization minus the weights and an estimate of the "
+             "activations",
+    "free": "gpu_memory_utilization of what the weights and an estimate of the activations "
+            "leave free",
+    "static": "HBM x gpu_memory_utilization minus the weights (the rest of the HBM holds the "
+              "activations)",
+}
 
 
 def _kv_memory(raw: dict) -> str:
     value = raw.get("kv_memory", "total")
     if value not in KV_MEMORY:
-        raise ValueError(f"kv_memory: expected 'total' (gpu_memory_utilization of the HBM) or "
-                         f"'free' (of what the weights and activations leave), got {value!r}")
+        raise ValueError("kv_memory: expected " + "; ".join(
+            f"{k!r} ({v})" for k, v in KV_MEMORY.items()) + f", got {value!r}")
     return value
 
 

@@ -16,7 +16,7 @@ from gnomon.hardware import Hardware
 from .calibrated import CalibratedPredictor
 from .defaults import (DEFAULT_ENGINE, DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_NUM_REQUESTS,
                        DEFAULT_RATE, DEFAULT_WORKLOAD, PREDICTOR_FORMS)
-from .engines import EngineOverhead, EngineProfile, resolve_engine
+from .engines import KV_MEMORY, EngineOverhead, EngineProfile, resolve_engine
 from .hardware import resolve_hardware
 from .metrics import SLO, compute_metrics
 from .report import build_report
@@ -80,11 +80,8 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
         out.append(f"engine {engine.name}: its scheduler defaults apply; its host overhead does "
                    f"not, since {predictor.name} carries the measured host cost of its own "
                    f"engine")
-    out.append("KV capacity: HBM x gpu_memory_utilization minus the weights and an estimate of "
-               "the activations (a real engine measures them with a profiling forward)"
-               if engine is None or engine.kv_memory == "total" else
-               "KV capacity: gpu_memory_utilization of what the weights and an estimate of the "
-               "activations leave free (a real engine measures them with a profiling forward)")
+    out.append(f"KV capacity: {KV_MEMORY['total' if engine is None else engine.kv_memory]} "
+               f"(a real engine measures what it uses with a profiling forward)")
     if engine is not None:
         path = engine.serving
         out.append(f"engine {engine.name}: TTFT adds its serving path outside the steps, "

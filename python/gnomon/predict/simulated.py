@@ -26,6 +26,7 @@ from gnomon.engine.parallel import check_tp, kv_heads_per_gpu
 from gnomon.hardware import Hardware
 
 from .cost import PredictionRefused
+from .engines import KV_MEMORY
 from .shapes import ModelSpec, StepShape
 
 GPU_MEMORY_UTILIZATION = 0.9  # the share of HBM the engine may use, as vLLM's default
@@ -98,22 +99,25 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
                            max_num_seqs: int = 256,
                            gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                            enable_hybrid_kv: bool = True, kv_memory: str = "total") -> int:
-    """KV blocks that fit on `hardware` (per GPU, times ``tp`` GPUs in lockstep) after the
-    weights and activations: ``gpu_memory_utilization`` of the HBM minus those (`kv_memory`
-    "total", vLLM's and SGLang's accounting), or of what they leave free ("free",
-    TensorRT-LLM's ``free_gpu_memory_fraction``), by the engine's own budget arithmetic
-    (`gnomon.engine.kv_cache`: a block holds one token slot of every layer of one KV-cache
-    group). Raises `PredictionRefused` with the bytes needed and the bytes available when the
-    model does not fit."""
+    """KV blocks that fit on `hardware` (per GPU, times ``tp`` GPUs in lockstep), by the
+    engine's budget arithmetic (`kv_memory`, as `gnomon.predict.engines.KV_MEMORY` states):
+    ``gpu_memory_utilization`` of the HBM less the weights and the activations ("total",
+    vLLM's), of what those leave free ("free", TensorRT-LLM's ``free_gpu_memory_fraction``),
+    or of the HBM less the weights alone ("static", SGLang's ``mem_fraction_static``, whose
+    rest holds the activations); a block holds one token slot of every layer of one KV-cache
+    group (`gnomon.engine.kv_cache`). Raises `PredictionRefused` with the bytes needed and the
+    bytes available when the model does not fit."""
     c = model.config
     check_tp(c, tp, "tp")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization: expected a fraction in (0, 1], got "
                          f"{gpu_memory_utilization}")
+    if kv_memory not in KV_MEMORY:
+        raise ValueError(f"kv_memory: expected one of {', '.join(KV_MEMORY)}, got {kv_memory!r}")
     hbm = hardware.hbm_gb.value * 1e9
     weights = model.weight_bytes(tp)
-    acts = activation_bytes(model, max_num_batched_tokens=max_num_batched_tokens,
-                            max_num_seqs=max_num_seqs, tp=tp)
+    acts = 0.0 if kv_memory == "static" else activation_bytes(
+        model, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp)
     if kv_memory == "free":
         usable = weights + acts + max(hbm - weights - acts, 0.0) * gpu_memory_utilization
     else:
@@ -128,7 +132,8 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
             f"{weights / 1e9:.2f} GB of weights + {acts / 1e9:.2f} GB of activations + at "
             f"least one {per_block / 1e6:.2f} MB KV block, and "
             f"{usable / 1e9:.2f} GB is available ({gpu_memory_utilization:.0%} of "
-            f"{hardware.hbm_gb.value:g} GB{' left free' if kv_memory == 'free' else ''})")
+            f"{hardware.hbm_gb.value:g} GB{' left free' if kv_memory == 'free' else ''}; "
+            f"kv_memory {kv_memory!r})")
     return resolve_num_blocks(kv_cache_bytes=int(budget), bytes_per_block=per_block)
 
 
