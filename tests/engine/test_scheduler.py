@@ -605,3 +605,64 @@ def test_sample_seeds():
     seeds = [sample_seed(42, i) for i in range(1, 50)]
     assert len(set(seeds)) == 49 and all(0 <= x < 2**63 for x in seeds)
     assert seeds == [sample_seed(42, i) for i in range(1, 50)]
+
+
+# --------------------------------------------------------------------------- plain decode steps
+def test_plain_decode_steps_keep_tables_and_kv_as_batched_steps_would():
+    s = make(num_blocks=64, block_size=4)
+    model = FakeModel(s)
+    for i, (plen, out) in enumerate([(5, 30), (9, 12), (3, 20)]):
+        s.add(f"r{i}", list(range(1, plen + 1)), SamplingParams(max_tokens=out, ignore_eos=True,
+                                                                stop_token_ids=(VOCAB,)))
+    now = 0.0
+    while s.plain_decode_steps(7) == 0:  # prompts, then a step that reports no finish
+        b = s.schedule(now)
+        s.update(b, model.execute(b), now=now + 0.001)
+        now += 0.001
+    left = [q.params.max_tokens - q.num_output_tokens for q in s._running]
+    assert s.plain_decode_steps(7) == min(left) - 1
+    assert s.plain_decode_steps(VOCAB) == 0  # their stop token would finish them
+    with pytest.raises(RuntimeError, match="end_decode: no plain decode step"):
+        s.end_decode(7, now)
+    for _ in range(s.plain_decode_steps(7)):
+        pairs = s.begin_decode(now)
+        assert [c for _, c in pairs] == [q.num_computed_tokens for q in s._running]
+        with pytest.raises(RuntimeError, match="update"):
+            s.schedule(now)
+        for q in s._running:  # the runner's forward writes the token it computes
+            bt = s.kv.block_table(q.seq_id)
+            pos = q.num_computed_tokens
+            model.slots[bt[pos // 4] * 4 + pos % 4] = q.token_ids[pos]
+        now += 0.001
+        s.end_decode(7, now)
+    assert s.plain_decode_steps(7) == 0  # one sample has one token left: update finishes it
+    # the batched steps after them get the tables' accumulated deltas and read back every token
+    checked = model.checked_contexts
+    run(s, model=model)
+    assert model.checked_contexts > checked
+    for i, out in enumerate([30, 12, 20]):
+        assert s.get_request(f"r{i}").sequences[0].num_output_tokens == out
+    assert s.kv.num_free_blocks == s.kv.num_blocks
+
+
+def test_plain_decode_steps_wait_for_arrivals_and_queued_requests():
+    s = make()
+    model = FakeModel(s)
+    s.add("a", [1, 2, 3], SamplingParams(max_tokens=10, ignore_eos=True))
+    s.add("late", [4, 5], SamplingParams(max_tokens=10, ignore_eos=True), arrival_time=1.0)
+    b = s.schedule(0.0)
+    s.update(b, model.execute(b), now=0.1)
+    assert s.plain_decode_steps(7) == 8
+    assert s.begin_decode(1.0) is None  # "late" is due: schedule() must admit it
+    assert s._outstanding is None
+    b = s.schedule(1.0)
+    assert [q.request_id for q in b.sequences] == ["a", "late"]
+    s.update(b, model.execute(b), now=1.1)
+    assert s.plain_decode_steps(7) == 7  # both decode now; "a" has 8 tokens left
+    full = make(max_num_seqs=1)
+    model = FakeModel(full)
+    for rid in ("a", "b"):
+        full.add(rid, [1, 2, 3], SamplingParams(max_tokens=10, ignore_eos=True))
+    b = full.schedule(0.0)
+    full.update(b, model.execute(b), now=0.1)
+    assert full.plain_decode_steps(7) == 0  # "b" waits for a slot: schedule() decides

@@ -93,6 +93,8 @@ from .sequence import (FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Sample
                        Sequence, SequenceStatus)
 
 
+PLAIN_DECODE = "plain decode step"  # the outstanding step between begin_decode and end_decode
+
 MAX_UTILIZATION = "max_utilization"
 GUARANTEED_NO_EVICT = "guaranteed_no_evict"
 CAPACITY_POLICIES = (MAX_UTILIZATION, GUARANTEED_NO_EVICT)
@@ -139,7 +141,7 @@ class Scheduler:
         self._waiting: Deque[Sequence] = deque()
         self._running: List[Sequence] = []                      # admission order, oldest first
         self._finished_since_batch: List[int] = []
-        self._outstanding: Optional[ScheduledBatch] = None
+        self._outstanding: Optional[ScheduledBatch] = None  # or PLAIN_DECODE
         self._outstanding_now = 0.0
         self._next_seq_id = 0
         self._order = 0
@@ -462,11 +464,16 @@ class Scheduler:
             return None
         if self._allocate([[seq, 1, True] for seq in self._running]) != n:
             raise RuntimeError("begin_decode: the allocator refused a slot it had free blocks for")
+        self._outstanding = PLAIN_DECODE  # schedule() and update() refuse until end_decode
         return tuple([(1, seq.num_computed_tokens) for seq in self._running])
 
     def end_decode(self, token: int, now: float) -> None:
         """Ends the step `begin_decode` began, as `update` would: commits every running
         sequence's new token and appends `token`, sampled at `now`, to each."""
+        if self._outstanding is not PLAIN_DECODE:
+            raise RuntimeError("end_decode: no plain decode step is outstanding (begin_decode "
+                               "returned None, or was not called)")
+        self._outstanding = None
         ids, context_lens = [], []
         for seq in self._running:
             ids.append(seq.seq_id)
