@@ -113,6 +113,21 @@ def test_n_samples_and_seeded_sampling_independent_of_companions():
             assert lp.token_id == t and lp.logprob <= 0 and len(lp.top_token_ids) == 2
 
 
+def test_token_ids_outside_the_vocabulary_are_refused_where_they_enter():
+    eng = LLMEngine("tiny-llama", random_weights=True, dtype="float32", max_model_len=64)
+    vocab = eng.config.vocab_size
+    free = eng.num_free_blocks
+    with pytest.raises(ValueError, match=rf"request 'bad': prompt_token_ids: token id {vocab} "
+                                         rf"at position 2 .* vocab_size={vocab}"):
+        eng.add_request("bad", [1, 2, vocab, vocab + 5], GREEDY)
+    # nothing of it stayed: the id is free, nothing waits, no block is held
+    assert not eng.has_unfinished_requests() and eng.num_free_blocks == free
+    eng.add_request("bad", [1, 2, vocab - 1], GREEDY)
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng.get_output("bad").finished
+
+
 def test_fake_clock_admits_arrivals_only_after_their_time():
     now = [0.0]
     eng = LLMEngine("tiny-llama", random_weights=True, dtype="float32", max_model_len=64,

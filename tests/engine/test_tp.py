@@ -353,6 +353,58 @@ def test_a_dead_worker_is_noticed_before_the_next_step():
     assert _no_children()
 
 
+UNGUARDED_SCRIPT = """
+from gnomon.engine.llm import LLM
+
+llm = LLM("tiny-llama", random_weights=True, dtype="float32", tensor_parallel_size=2)
+"""
+
+
+def test_a_script_without_the_main_guard_fails_at_once_with_a_hint(tmp_path):
+    # The spawned worker re-imports the script, which builds an engine of its own: the
+    # worker dies before gnomon's code runs. Rank 0 used to wait in the rendezvous for the
+    # whole GNOMON_DIST_TIMEOUT_S (300 s); now it names the cause.
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    start = time.time()
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    took = time.time() - start
+    assert run.returncode != 0
+    assert "rank 1 exited with status 1 and sent no error" in run.stderr
+    assert 'if __name__ == "__main__":' in run.stderr and str(script) in run.stderr
+    assert took < 15, took
+    leftover = [pid for pid in os.listdir("/proc") if pid.isdigit()
+                and str(script).encode() in _cmdline(pid)]
+    assert not leftover
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def test_a_worker_killed_while_the_group_forms_is_named_at_once(monkeypatch):
+    # killed before it reached the store (out of memory, say): rank 0 stops waiting at once
+    from gnomon.engine.distributed import WorkerGroup
+
+    wait = WorkerGroup._await_workers
+
+    def kill_then_wait(self, store):
+        self.processes[0].kill()
+        wait(self, store)
+
+    monkeypatch.setattr(WorkerGroup, "_await_workers", kill_then_wait)
+    start = time.time()
+    with pytest.raises(RuntimeError, match=r"rank 1 exited with status -9 and sent no error$"):
+        LLM("tiny-llama", random_weights=True, dtype="float32", tensor_parallel_size=2)
+    assert time.time() - start < 10
+    assert _no_children()
+
+
 def test_torchrun_world_size_must_match(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")
@@ -398,11 +450,11 @@ def test_leaving_a_group_puts_back_the_excepthook_so_rank_prefixes_do_not_pile_u
     """torch wraps sys.excepthook on joining a group, to prefix each line of a traceback with
     "[rank0]: ", and does not unwrap it on leaving: a process that ran several engines printed
     one prefix per engine."""
-    from gnomon.engine.distributed import init_group, leave_group
+    from gnomon.engine.distributed import host_store, init_group, leave_group
 
     hook = sys.excepthook
     for _ in range(2):
-        init_group(0, 1, "cpu", free_port())
+        init_group(0, 1, "cpu", host_store(1))
         try:
             raise ValueError("boom")
         except ValueError:

@@ -17,6 +17,10 @@ Backends: gloo on the CPU, nccl on CUDA and ROCm (RCCL answers to that name);
 ``GNOMON_DIST_TIMEOUT_S`` (default 300 s) so that a lost rank fails a step instead of hanging it.
 A worker that raises sends its traceback to rank 0, which raises a RuntimeError naming the rank;
 rank 0 also watches the workers' processes, so a dead one is noticed before the next step.
+While the group forms, rank 0 hosts its TCPStore (at a port the OS picks) and waits for every
+worker to reach it, watching the processes: a worker that dies on the way (one that imports the
+main module of a script without its ``__main__`` guard, say) fails the start within a fraction
+of a second, with its error, instead of holding rank 0 in the rendezvous for the whole timeout.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 import traceback
 from datetime import timedelta
 from typing import Callable, Optional
@@ -106,20 +111,32 @@ class Collectives:
         return box[0]
 
 
-def init_group(rank: int, size: int, device, port: Optional[int]) -> None:
-    """Joins (torchrun: the environment's) or creates the group of `size` ranks on
-    127.0.0.1:`port`."""
+def host_store(size: int):
+    """Rank 0's TCPStore for a group of `size` ranks, on 127.0.0.1 at a port the OS picks
+    (``.port``); it does not wait for the others to connect."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=timeout(),
+                         wait_for_workers=False)
+
+
+def joined_key(rank: int) -> str:
+    """The store key a spawned worker sets once it runs gnomon's code and reached the store."""
+    return f"gnomon/joined/{rank}"
+
+
+def init_group(rank: int, size: int, device, store=None) -> None:
+    """Joins the group of `size` ranks through `store` (a spawned group's TCPStore, which rank
+    0 hosts), or through torchrun's environment when `store` is None."""
     import torch
     import torch.distributed as dist
 
-    if port is not None:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if str(device).startswith("cuda"):  # nccl's object collectives use the current device
         torch.cuda.set_device(local_device_index(rank))
     global _excepthook_outside_group
     _excepthook_outside_group = sys.excepthook
     dist.init_process_group(backend_for(device), rank=rank, world_size=size,
-                            timeout=timeout())
+                            timeout=timeout(), **({} if store is None else {"store": store}))
 
 
 # init_process_group wraps sys.excepthook to prefix "[rank0]: " to each line, and
@@ -159,10 +176,13 @@ def worker_main(rank: int, size: int, port: int, device: str, serve_rank, errors
     through `errors` (rank, traceback) before the process exits with status 1."""
     try:
         import torch
+        import torch.distributed as dist
 
         torch.set_num_threads(threads_per_rank(size))
         shard = parallel.Shard(rank, size)
-        init_group(rank, size, device, port)
+        store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=timeout())
+        store.set(joined_key(rank), "1")
+        init_group(rank, size, device, store)
         serve_rank(shard, Collectives(shard))
     except BaseException:  # noqa: BLE001 - everything reaches rank 0, then the process ends
         errors.put((rank, traceback.format_exc()))
@@ -178,6 +198,17 @@ def worker_main(rank: int, size: int, port: int, device: str, serve_rank, errors
 
 
 # ---- rank 0 ----------------------------------------------------------------------------------
+
+def _outside_worker_hint() -> str:
+    """Why a worker exits with status 1 and no traceback: it raised before `worker_main` (whose
+    errors all reach rank 0), that is while the spawned process imported the main module."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    where = f"the main module {path}" if path else "the main module"
+    return (f": it failed before reaching gnomon's worker, while the spawned process imported "
+            f"{where} (its traceback is on stderr). A script that builds a tensor-parallel "
+            f"engine at module level needs `if __name__ == \"__main__\":` around that code: "
+            f"each worker re-imports the script, and would build an engine of its own")
+
 
 class WorkerGroup:
     """Rank 0's side of a group of `size` ranks on `device`: the spawned workers, each running
@@ -198,22 +229,35 @@ class WorkerGroup:
 
         context = mp.get_context("spawn")
         self.errors = context.Queue()
-        for attempt in range(3):  # a port taken between choosing and binding: another one
-            port = free_port()
-            self.processes = [context.Process(target=worker_main, daemon=True,
-                                              args=(rank, size, port, device, serve_rank,
-                                                    self.errors))
-                              for rank in range(1, size)]
-            for p in self.processes:
-                p.start()
-            try:
-                init_group(0, size, device, port)
-                return
-            except RuntimeError as error:
+        store = host_store(size)
+        self.processes = [context.Process(target=worker_main, daemon=True,
+                                          args=(rank, size, store.port, device, serve_rank,
+                                                self.errors))
+                          for rank in range(1, size)]
+        for p in self.processes:
+            p.start()
+        self._await_workers(store)
+        init_group(0, size, device, store)
+
+    def _await_workers(self, store) -> None:
+        """Waits until every worker has reached the store, watching their processes: one
+        that dies first (an import error, the main module re-imported without its
+        ``__main__`` guard, out of memory) fails the start at once with its own error, rather
+        than after the group's whole timeout."""
+        keys = [joined_key(rank) for rank in range(1, self.size)]
+        limit = timeout().total_seconds()
+        deadline = time.monotonic() + limit
+        while not store.check(keys):
+            if any(not p.is_alive() for p in self.processes):
+                error = self.failure()
                 self._stop_processes()
-                if "address already in use" not in str(error).lower() or attempt == 2:
-                    raise RuntimeError(f"the process group of {size} ranks on "
-                                       f"127.0.0.1:{port} did not form: {error}") from error
+                raise error
+            if time.monotonic() > deadline:
+                self._stop_processes()
+                raise RuntimeError(f"the process group of {self.size} ranks did not form: its "
+                                   f"workers did not start within {limit:g} s "
+                                   f"(GNOMON_DIST_TIMEOUT_S)")
+            time.sleep(0.02)
 
     def failure(self, error: Optional[BaseException] = None) -> RuntimeError:
         """The RuntimeError for a lost rank: its own traceback when it sent one, else how its
@@ -231,7 +275,8 @@ class WorkerGroup:
         for rank, p in enumerate(self.processes, start=1):
             if not p.is_alive():
                 return RuntimeError(f"tensor parallel rank {rank} exited with status "
-                                    f"{p.exitcode} and sent no error")
+                                    f"{p.exitcode} and sent no error"
+                                    + (_outside_worker_hint() if p.exitcode == 1 else ""))
         return RuntimeError(f"tensor parallel collective failed: {error}")
 
     def check_alive(self) -> None:

@@ -202,6 +202,7 @@ class LLMEngine:
                                    max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    eos_token_ids=config.eos_token_ids,
+                                   vocab_size=config.vocab_size,
                                    capacity_policy=capacity_policy)
         self._sample: Optional[_SamplerAdapter] = None  # the engine's own runner samples here
         self.is_driver = True

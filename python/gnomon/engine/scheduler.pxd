@@ -21,6 +21,7 @@ cdef class Scheduler:
     cdef public long long _order
     cdef public long long num_preemptions
     cdef public str capacity_policy
+    cdef public object vocab_size
     cdef public dict _reservations
     cdef public long long _reserved
 

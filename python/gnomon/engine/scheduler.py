@@ -50,7 +50,8 @@ Policy
   (`sequence.sample_seed`). From then on each sample decodes and stops on its own. A request
   reserves ``n`` sequence slots from admission, so forking never exceeds ``max_num_seqs``; a
   preempted sample comes back as an ordinary single sequence.
-- **Requests that can never fit are refused at ``add``** with a ValueError naming the request:
+- **Requests that can never run are refused at ``add``** with a ValueError naming the request:
+  a prompt token id outside ``vocab_size`` (when given; the first one, by position),
   the most blocks it holds at once exceed ``num_blocks`` (``KVCacheManager.max_blocks``: a
   full group's table, ``ceil((prompt + max_tokens) / block_size)``, plus for a sliding group
   at most its window and one step's tokens, so a lone long sequence never livelocks; under
@@ -113,7 +114,8 @@ class Scheduler:
 
     def __init__(self, kv_cache: KVCacheManager, *, max_model_len: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, eos_token_ids: Iterable[int] = (),
-                 capacity_policy: str = MAX_UTILIZATION) -> None:
+                 capacity_policy: str = MAX_UTILIZATION,
+                 vocab_size: Optional[int] = None) -> None:
         if not isinstance(kv_cache, KVCacheManager):
             raise TypeError(f"kv_cache: expected a KVCacheManager, got {type(kv_cache).__name__}")
         self.kv = kv_cache
@@ -133,6 +135,7 @@ class Scheduler:
             raise ValueError(f"capacity_policy: expected one of {', '.join(CAPACITY_POLICIES)}, "
                              f"got {capacity_policy!r}")
         self.capacity_policy = capacity_policy
+        self.vocab_size = None if vocab_size is None else _check_int("vocab_size", vocab_size, 1)
         self._reservations: Dict[int, int] = {}  # seq_id -> blocks reserved (guaranteed_no_evict)
         self._reserved = 0
         self._requests: Dict[RequestId, Request] = {}
@@ -167,6 +170,11 @@ class Scheduler:
         if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= 2**31:
             raise ValueError(f"request {request_id!r}: prompt_token_ids: expected integers in "
                              f"[0, 2**31), got dtype {ids.dtype}")
+        if self.vocab_size is not None and ids.max() >= self.vocab_size:
+            at = int(np.argmax(ids >= self.vocab_size))
+            raise ValueError(f"request {request_id!r}: prompt_token_ids: token id {ids[at]} at "
+                             f"position {at} is outside the model's vocabulary (ids below "
+                             f"vocab_size={self.vocab_size})")
         prompt = tuple(ids.tolist())
         total = len(prompt) + params.max_tokens
         blocks = self.kv.max_blocks(total, self.max_num_batched_tokens)
