@@ -457,7 +457,14 @@ def _run_sweep(args) -> int:  # noqa: ANN001
 
     try:
         spec = sweep.SweepSpec.from_file(args.spec) if args.spec else _serving_spec(args, True)
+        bounds = dict(spec.frontier)  # the flags, where given, over the spec file's
+        for name, ms in (("max_ttft_s", args.slo_ttft_ms), ("max_tpot_s", args.slo_tpot_ms)):
+            if ms is not None:
+                bounds[name] = ms / 1e3
         prices = sweep.parse_prices(args.cost_per_gpu_hour)
+        if prices:
+            bounds["usd_per_gpu_hour"] = prices
+        spec = sweep.SweepSpec(spec.base, spec.axes, bounds)
         _check_plot_dependency(args.plot)
         columns = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn())
@@ -471,9 +478,7 @@ def _run_sweep(args) -> int:  # noqa: ANN001
             sweep.plot(doc, args.plot)
     except (ValueError, TypeError, KeyError, OSError, RuntimeError) as error:
         return _error(error)
-    slo_ttft = None if args.slo_ttft_ms is None else args.slo_ttft_ms / 1e3
-    slo_tpot = None if args.slo_tpot_ms is None else args.slo_tpot_ms / 1e3
-    sweep.render(doc, prices=prices, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot)
+    sweep.render(doc)
     for path in (args.out, args.plot):
         if path:
             print(f"wrote {path}")

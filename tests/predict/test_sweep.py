@@ -80,6 +80,52 @@ def test_a_2x2x2_grid_runs_every_point_in_grid_order(inline):
     sweep.validate(inline)
 
 
+def test_the_document_holds_its_frontier_its_bounds_and_its_prices():
+    bounds = {"max_tpot_s": 0.004, "usd_per_gpu_hour": {"H100": 3.6}}
+    doc = sweep.run_sweep(SweepSpec(BASE, GRID, bounds), jobs=1)
+    assert doc["schema_version"] == 3 and doc["spec"]["frontier"] == bounds
+    complete = [r for r in doc["points"] if r["status"] == "complete"]
+    rows = {sweep.point_key(r["point"]): r for r in complete}
+    # the frontier recomputed here by hand: the points within the bound no other one beats
+    kept = [r for r in sweep.rows(doc) if r.tpot_s <= 0.004]
+    assert 0 < len(kept) < len(complete)
+    beaten = {sweep.point_key(r.point) for r in kept for o in kept
+              if o.per_gpu >= r.per_gpu and o.per_user >= r.per_user
+              and (o.per_gpu, o.per_user) != (r.per_gpu, r.per_user)}
+    want = sorted((r for r in kept if sweep.point_key(r.point) not in beaten),
+                  key=lambda r: r.per_user)
+    assert [f["point"] for f in doc["frontier"]] == [r.point for r in want]
+    assert {k for k, r in rows.items() if r["on_frontier"]} == \
+        {sweep.point_key(r.point) for r in want}
+    for f in doc["frontier"]:
+        record = rows[sweep.point_key(f["point"])]
+        t = record["report"]["metrics"]["throughput"]
+        assert f["output_tokens_per_s_per_gpu"] == t["output_tokens_per_s_per_gpu"]
+        assert f["tpot_s"] <= 0.004
+    # a price per hardware: only the H100 points carry a cost, the frontier entries too
+    for r in complete:
+        per_gpu = r["report"]["metrics"]["throughput"]["output_tokens_per_s_per_gpu"]
+        if r["point"]["hardware"] == "H100":
+            assert r["usd_per_million_output_tokens"] == pytest.approx(3.6 / (per_gpu * 3600) * 1e6)
+        else:
+            assert "usd_per_million_output_tokens" not in r
+    assert all((f["usd_per_million_output_tokens"] is None) == (f["point"]["hardware"] != "H100")
+               for f in doc["frontier"])
+    sweep.validate(doc)
+
+
+def test_a_spec_refuses_a_frontier_it_cannot_use(tmp_path):
+    with pytest.raises(ValueError, match="sweep frontier: unknown colour"):
+        SweepSpec(BASE, GRID, {"colour": 1})
+    with pytest.raises(ValueError, match="max_ttft_s: expected seconds > 0"):
+        SweepSpec(BASE, GRID, {"max_ttft_s": -1})
+    with pytest.raises(ValueError, match="usd_per_gpu_hour: expected"):
+        SweepSpec(BASE, GRID, {"usd_per_gpu_hour": {"H100": 0}})
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("model: tiny-llama\ngrid:\n  tp: [1, 2]\nfrontier:\n  max_tpot_s: 0.05\n")
+    assert SweepSpec.from_file(spec).frontier == {"max_tpot_s": 0.05}
+
+
 def test_local_processes_give_the_same_document(inline):
     assert _strip(sweep.run_sweep(SweepSpec(BASE, GRID), jobs=2)) == _strip(inline)
 
@@ -221,9 +267,14 @@ def test_the_cli_prints_the_frontier_and_the_refusals(tmp_path):
                           "--workload", "random", "--num-requests", "24", "--input-len", "48",
                           "--output-len", "16", "--rate", "inf", "--tp", "1,3",
                           "--concurrency", "4,16", "--jobs", "1",
-                          "--cost-per-gpu-hour", "MI355X=3"],
+                          "--cost-per-gpu-hour", "MI355X=3", "--slo-tpot-ms", "500",
+                          "--out", str(tmp_path / "s.json")],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "Pareto frontier" in run.stdout and "tp1 c16" in run.stdout
+    doc = sweep.load(tmp_path / "s.json")  # the printed answer is in the document
+    assert doc["spec"]["frontier"] == {"max_tpot_s": 0.5, "usd_per_gpu_hour": {"MI355X": 3.0}}
+    assert doc["frontier"] and all(f["usd_per_million_output_tokens"] > 0
+                                   for f in doc["frontier"])
     assert run.stdout.count("refused") == 2  # tp 3 at both concurrencies
     assert "tp: 3 does not divide the 32 attention heads" in run.stdout

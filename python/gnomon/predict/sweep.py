@@ -8,8 +8,13 @@ every executor (`--jobs N` local processes, or Ray tasks), and returns its recor
 report, or the refusal that named why the point cannot run (a model that does not fit, a tp
 that does not divide the heads). A refused point is listed, never dropped.
 
-The sweep document (kind ``gnomon.predict.sweep``, schema 2, `gnomon.documents`) holds the spec,
-the gnomon version, and a record per finished point. `run_sweep` writes it atomically after
+The sweep document (kind ``gnomon.predict.sweep``, schema 3, `gnomon.documents`) holds the spec,
+the gnomon version, a record per finished point and the answer: the spec's ``frontier`` part
+says which points may enter it (``max_ttft_s`` and ``max_tpot_s`` bound the means) and what a
+GPU-hour costs per hardware (``usd_per_gpu_hour``); each complete record carries
+``on_frontier`` and, where its hardware has a price, ``usd_per_million_output_tokens``; and
+the document's ``frontier`` lists the frontier's points in order of tok/s per user (so of
+falling tok/s per GPU), each with its figures. Schema 2 documents (no frontier) still load. `run_sweep` writes it atomically after
 every point, so an interrupted sweep loses at most the points in flight, and resumes from it:
 a point with a complete record is not run again, anything else is. A resume against another
 spec is refused, naming the field that differs.
@@ -36,21 +41,40 @@ from gnomon import documents
 from gnomon.documents import DocumentError
 
 KIND = "gnomon.predict.sweep"
-SCHEMA_VERSION = 2
-ACCEPTED_VERSIONS = (2,)
+SCHEMA_VERSION = 3
+ACCEPTED_VERSIONS = (2, 3)
 AXES = ("hardware", "tp", "concurrency", "max_num_batched_tokens", "max_num_seqs", "rate")
 COMPLETE, REFUSED = "complete", "refused"
+FRONTIER = ("max_ttft_s", "max_tpot_s", "usd_per_gpu_hour")  # the spec's frontier part
 
 
 @dataclass(frozen=True)
 class SweepSpec:
     """`base`: the `simulate` arguments every point shares (JSON values); `axes`: {axis: values}
-    in `AXES` order, their product the points."""
+    in `AXES` order, their product the points; `frontier`: which points may enter the
+    frontier and the prices (`FRONTIER`: seconds, and USD per GPU-hour by hardware name)."""
 
     base: Mapping[str, Any]
     axes: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    frontier: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        unknown = set(self.frontier) - set(FRONTIER)
+        if unknown:
+            raise ValueError(f"sweep frontier: unknown {', '.join(sorted(unknown))}; known: "
+                             f"{', '.join(FRONTIER)}")
+        for name in ("max_ttft_s", "max_tpot_s"):
+            bound = self.frontier.get(name)
+            if bound is not None and (isinstance(bound, bool) or not isinstance(
+                    bound, (int, float)) or not bound > 0 or not math.isfinite(bound)):
+                raise ValueError(f"sweep frontier: {name}: expected seconds > 0 or null, got "
+                                 f"{bound!r}")
+        prices = self.frontier.get("usd_per_gpu_hour", {})
+        if not isinstance(prices, Mapping) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                and math.isfinite(v) for v in prices.values()):
+            raise ValueError(f"sweep frontier: usd_per_gpu_hour: expected {{hardware: USD > 0}}, "
+                             f"got {prices!r}")
         unknown = set(self.axes) - set(AXES)
         if unknown:
             raise ValueError(f"sweep axes: unknown {', '.join(sorted(unknown))}; known: "
@@ -67,11 +91,13 @@ class SweepSpec:
                 for values in itertools.product(*(self.axes[a] for a in names))]
 
     def to_json(self) -> dict:
-        return {"base": dict(self.base), "axes": {a: list(v) for a, v in self.axes.items()}}
+        return {"base": dict(self.base), "axes": {a: list(v) for a, v in self.axes.items()},
+                "frontier": dict(self.frontier)}
 
     @staticmethod
     def from_file(path) -> "SweepSpec":
-        """A YAML or JSON spec: ``{"grid": {axis: [values]}, <fixed simulate arguments>}``."""
+        """A YAML or JSON spec: ``{"grid": {axis: [values]}, "frontier": {...} (optional),
+        <fixed simulate arguments>}``."""
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
@@ -89,7 +115,11 @@ class SweepSpec:
                                 f"({', '.join(AXES)}) to lists of values")
         grid = {axis: values if isinstance(values, list) else [values]
                 for axis, values in raw.pop("grid").items()}
-        return SweepSpec(raw, grid)
+        frontier = raw.pop("frontier", None) or {}
+        if not isinstance(frontier, dict):
+            raise DocumentError(f"{path}: 'frontier' must be an object with "
+                                f"{', '.join(FRONTIER)}")
+        return SweepSpec(raw, grid, frontier)
 
 
 def _simulate_args(base: Mapping[str, Any], point: Mapping[str, Any]) -> Dict[str, Any]:
@@ -310,6 +340,8 @@ def run_sweep(spec: SweepSpec, *, out: Optional[os.PathLike] = None, resume: boo
                 progress(len(doc["points"]), len(points))
         order = {point_key(p): i for i, p in enumerate(points)}
         doc["points"].sort(key=lambda r: order[point_key(r["point"])])
+        doc["spec"]["frontier"] = dict(spec.frontier)
+        mark_frontier(doc)
         if out is not None:
             documents.dump(doc, out)
         return doc
@@ -332,20 +364,20 @@ class Row:
     report: dict = field(repr=False, compare=False, default_factory=dict)
 
 
+def _row_of(record: dict) -> Optional[Row]:
+    """A complete record's `Row`, or None where it has no per-user or per-GPU rate."""
+    m = record["report"]["metrics"]
+    t = m["throughput"]
+    per_user = t.get("output_tokens_per_s_per_user")
+    if t.get("output_tokens_per_s_per_gpu") is None or per_user is None:
+        return None
+    return Row(record["point"], float(t["output_tokens_per_s_per_gpu"]), float(per_user),
+               float(m["ttft"]["mean"]), float(m["tpot"]["mean"]), record["report"])
+
+
 def rows(doc: dict) -> List[Row]:
-    out = []
-    for record in doc["points"]:
-        if record["status"] != COMPLETE:
-            continue
-        m = record["report"]["metrics"]
-        t = m["throughput"]
-        per_user = t.get("output_tokens_per_s_per_user")
-        if t.get("output_tokens_per_s_per_gpu") is None or per_user is None:
-            continue
-        out.append(Row(record["point"], float(t["output_tokens_per_s_per_gpu"]),
-                       float(per_user), float(m["ttft"]["mean"]), float(m["tpot"]["mean"]),
-                       record["report"]))
-    return out
+    found = (_row_of(record) for record in doc["points"] if record["status"] == COMPLETE)
+    return [r for r in found if r is not None]
 
 
 def pareto(candidates: Iterable[Row]) -> List[Row]:
@@ -356,6 +388,35 @@ def pareto(candidates: Iterable[Row]) -> List[Row]:
              if not any(o.per_gpu >= r.per_gpu and o.per_user >= r.per_user
                         and (o.per_gpu > r.per_gpu or o.per_user > r.per_user) for o in items)]
     return sorted(front, key=lambda r: (r.per_user, -r.per_gpu))
+
+
+def frontier(doc: dict) -> List[Row]:
+    """The frontier of the points that meet the spec's bounds (`FRONTIER`), in order of tok/s
+    per user."""
+    bounds = doc["spec"].get("frontier", {})
+    return pareto(r for r in rows(doc)
+                  if meets_slo(r, bounds.get("max_ttft_s"), bounds.get("max_tpot_s")))
+
+
+def mark_frontier(doc: dict) -> dict:
+    """Writes the answer into the document (module docstring): ``on_frontier`` and the cost per
+    million output tokens on each complete record, and the ``frontier`` list."""
+    prices = doc["spec"].get("frontier", {}).get("usd_per_gpu_hour", {})
+    front = frontier(doc)
+    on = {point_key(r.point) for r in front}
+    for record in doc["points"]:
+        if record["status"] != COMPLETE:
+            continue
+        record["on_frontier"] = point_key(record["point"]) in on
+        cost = usd_per_million_tokens(_row_of(record), prices)
+        if cost is not None:
+            record["usd_per_million_output_tokens"] = cost
+    doc["frontier"] = [{"point": r.point, "output_tokens_per_s_per_gpu": r.per_gpu,
+                        "output_tokens_per_s_per_user": r.per_user, "ttft_s": r.ttft_s,
+                        "tpot_s": r.tpot_s,
+                        "usd_per_million_output_tokens": usd_per_million_tokens(r, prices)}
+                       for r in front]
+    return doc
 
 
 def meets_slo(row: Row, ttft_s: Optional[float], tpot_s: Optional[float]) -> bool:
@@ -381,8 +442,10 @@ def parse_prices(text: Optional[str]) -> Dict[str, float]:
     return prices
 
 
-def usd_per_million_tokens(row: Row, prices: Mapping[str, float]) -> Optional[float]:
+def usd_per_million_tokens(row: Optional[Row], prices: Mapping[str, float]) -> Optional[float]:
     """What a million output tokens cost at the point's hardware price (None if not given)."""
+    if row is None:
+        return None
     names = (row.point.get("hardware"), row.report.get("setup", {}).get("hardware"))
     price = next((prices[n] for n in names if n in prices), None)
     if price is None or row.per_gpu <= 0:
@@ -401,10 +464,9 @@ def describe(point: Mapping[str, Any]) -> str:
     return " ".join(parts) or "base"
 
 
-def render(doc: dict, *, prices: Mapping[str, float] = {}, slo_ttft_s: Optional[float] = None,
-           slo_tpot_s: Optional[float] = None, console=None) -> None:
-    """The frontier (of the points that meet the SLO, when one is given) ranked by tok/s per
-    GPU, then the refused points with their reasons."""
+def render(doc: dict, *, console=None) -> None:
+    """The document's frontier (`mark_frontier`: of the points that meet the spec's bounds)
+    ranked by tok/s per GPU, then the refused points with their reasons."""
     from rich import box
     from rich.console import Console
     from rich.markup import escape
@@ -412,13 +474,14 @@ def render(doc: dict, *, prices: Mapping[str, float] = {}, slo_ttft_s: Optional[
 
     console = console or Console()
     all_rows = rows(doc)
-    kept = [r for r in all_rows if meets_slo(r, slo_ttft_s, slo_tpot_s)]
-    front = sorted(pareto(kept), key=lambda r: -r.per_gpu)
+    bounds = doc["spec"].get("frontier", {})
+    prices = bounds.get("usd_per_gpu_hour", {})
+    front = sorted(frontier(doc), key=lambda r: -r.per_gpu)
     slo = []
-    if slo_ttft_s is not None:
-        slo.append(f"mean TTFT <= {slo_ttft_s * 1e3:g} ms")
-    if slo_tpot_s is not None:
-        slo.append(f"mean TPOT <= {slo_tpot_s * 1e3:g} ms")
+    if bounds.get("max_ttft_s") is not None:
+        slo.append(f"mean TTFT <= {bounds['max_ttft_s'] * 1e3:g} ms")
+    if bounds.get("max_tpot_s") is not None:
+        slo.append(f"mean TPOT <= {bounds['max_tpot_s'] * 1e3:g} ms")
     base = doc["spec"]["base"]
     table = Table(box=box.SIMPLE, title=f"{base.get('model')}: Pareto frontier of "
                   f"{len(front)} of {len(all_rows)} configurations"
@@ -464,7 +527,7 @@ def plot(doc: dict, path) -> None:
         members.sort(key=lambda r: r.per_user)
         ax.plot([r.per_user for r in members], [r.per_gpu for r in members], marker="o",
                 markersize=4, linewidth=1.2, label=label)
-    front = pareto(all_rows)
+    front = frontier(doc)
     ax.plot([r.per_user for r in front], [r.per_gpu for r in front], color="black",
             linestyle="--", linewidth=1, label="Pareto frontier")
     ax.scatter([r.per_user for r in front], [r.per_gpu for r in front], s=90,
