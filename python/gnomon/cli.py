@@ -114,6 +114,9 @@ def _add_dash_parser(commands) -> None:  # noqa: ANN001 - argparse's private sub
     compare.add_argument("head", metavar="HEAD")
     compare.add_argument("--machine", metavar="M", help="machine fingerprint (or prefix)")
     compare.add_argument("--markdown", metavar="FILE", help="also write a Markdown table")
+    compare.add_argument("--allow-ambiguous", action="store_true",
+                         help="exit 0 when keys are AMBIGUOUS (by default: exit 3; a "
+                              "REGRESSION exits 1)")
     sub.add_parser("history", parents=[common, thresholds],
                    help="detect and record steps along the commit order")
     ack = sub.add_parser("ack", parents=[common], help="acknowledge a benchmark's open steps")

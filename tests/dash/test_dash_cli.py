@@ -62,12 +62,64 @@ def test_compare_flags_the_planted_regression_and_exits_1(db, two_commits, tmp_p
     assert dash(db, "compare", base, head, "--threshold", "30%") == 0
 
 
-def test_compare_with_three_runs_is_ambiguous_not_a_verdict(db, tmp_path, capsys):
+def test_compare_with_three_runs_flags_a_30_percent_slowdown(db, tmp_path, capsys):
     base = write(document(sha("b3"), runs=3, seed=1), tmp_path / "b.json")
     head = write(document(sha("h3"), runs=3, seed=2, factors={SLOW_KEY: 1.3}), tmp_path / "h.json")
     assert dash(db, "ingest", str(base), str(head)) == 0
-    assert dash(db, "compare", sha("b3"), sha("h3")) == 0
-    assert "AMBIGUOUS" in capsys.readouterr().out
+    assert dash(db, "compare", sha("b3"), sha("h3")) == 1
+    row = next(line for line in capsys.readouterr().out.splitlines() if SLOW_KEY in line)
+    assert "REGRESSION" in row
+
+
+def test_one_run_each_is_ambiguous_without_history_and_judged_with_it(db, tmp_path, capsys):
+    base = write(document(sha("b1"), runs=1, seed=1), tmp_path / "b.json")
+    head = write(document(sha("h1"), runs=1, seed=2, factors={SLOW_KEY: 1.5}),
+                 tmp_path / "h.json")
+    assert dash(db, "ingest", str(base), str(head)) == 0
+    capsys.readouterr()
+    assert dash(db, "compare", sha("b1"), sha("h1")) == 3  # no noise model: not a pass
+    assert "cannot measure the noise" in capsys.readouterr().out
+    assert dash(db, "compare", sha("b1"), sha("h1"), "--allow-ambiguous") == 0
+    # eight earlier commits at the base's level are the noise model a single run lacks
+    past = [write(document(sha(f"past{i}"), runs=1, seed=10 + i), tmp_path / f"p{i}.json")
+            for i in range(8)]
+    ordered = f"sqlite:///{tmp_path / 'ordered.sqlite'}"
+    assert dash(ordered, "ingest", *map(str, past), str(base), str(head)) == 0
+    capsys.readouterr()
+    assert dash(ordered, "compare", sha("b1"), sha("h1")) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION" in next(line for line in out.splitlines() if SLOW_KEY in line)
+    assert "0 AMBIGUOUS" in out
+
+
+def test_a_machine_slower_for_every_key_is_ambiguous_and_a_key_beyond_it_still_regresses(
+        db, tmp_path, capsys):
+    everything = {key: 1.08 for key in KEYS}
+    base = write(document(sha("bm"), runs=3, seed=1), tmp_path / "b.json")
+    slow = write(document(sha("hm"), runs=3, seed=2, factors=everything), tmp_path / "h.json")
+    both = write(document(sha("hb"), runs=3, seed=3, factors={**everything, SLOW_KEY: 1.5}),
+                 tmp_path / "hb.json")
+    assert dash(db, "ingest", str(base), str(slow), str(both)) == 0
+    capsys.readouterr()
+    assert dash(db, "compare", sha("bm"), sha("hm")) == 3
+    out = capsys.readouterr().out
+    assert "0 REGRESSION" in out and "with every key" in out
+    assert dash(db, "compare", sha("bm"), sha("hb")) == 1
+    row = next(line for line in capsys.readouterr().out.splitlines() if SLOW_KEY in line)
+    assert "REGRESSION" in row
+
+
+def test_keys_at_one_commit_only_are_new_or_gone_and_do_not_fail(db, tmp_path, capsys):
+    only = {"extra/new_case[n=1]": ("extra", "new_case")}
+    base = write(document(sha("bn"), runs=3, seed=1), tmp_path / "b.json")
+    head = write(document(sha("hn"), runs=3, seed=2, keys={**KEYS, **only}), tmp_path / "h.json")
+    assert dash(db, "ingest", str(base), str(head)) == 0
+    assert dash(db, "compare", sha("bn"), sha("hn")) == 0
+    assert "NEW" in next(line for line in capsys.readouterr().out.splitlines()
+                         if "extra/new_case" in line)
+    assert dash(db, "compare", sha("hn"), sha("bn")) == 0
+    assert "GONE" in next(line for line in capsys.readouterr().out.splitlines()
+                          if "extra/new_case" in line)
 
 
 def test_compare_usage_errors_exit_2(db, two_commits, tmp_path, capsys):

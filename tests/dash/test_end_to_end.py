@@ -23,7 +23,9 @@ def test_bench_ingest_compare_site(tmp_path, capsys):
     markdown = tmp_path / "compare.md"
     code = cli.main(["dash", "compare", "--db", db, BASE[:8], HEAD[:8],
                      "--markdown", str(markdown)])
-    assert code in (0, 1)  # 1 only if the noise of this machine looks like a regression
+    # the same build twice: 1 only if this machine's noise looks like a regression, 3 where a
+    # key's run-to-run noise hides a change beyond the threshold (AMBIGUOUS is not a pass)
+    assert code in (0, 1, 3)
     table = markdown.read_text()
     keys = {case["key"] for run in json.loads(open(files[0]).read())["runs"]
             for case in run["cases"]}

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gnomon.dash import stats
 from gnomon.dash.store import (SIMULATION, DashError, accuracy, benchmarks, machines, results,
-                               runs)
+                               runs, steps)
 
 
 @dataclass
@@ -27,10 +27,15 @@ class Comparison:
     rows: list[stats.Verdict] = field(default_factory=list)
     ops: dict[str, str] = field(default_factory=dict)  # key -> op
     accuracy: list[stats.AccuracyVerdict] = field(default_factory=list)
+    shift: float = 1.0  # the machine-wide ratio between the commits' runs, when significant
 
     @property
     def regressions(self) -> list:
         return [row for row in [*self.rows, *self.accuracy] if row.verdict == stats.REGRESSION]
+
+    @property
+    def ambiguous(self) -> list:
+        return [row for row in [*self.rows, *self.accuracy] if row.verdict == stats.AMBIGUOUS]
 
 
 def resolve_commit(conn: Connection, prefix: str) -> str:
@@ -87,24 +92,57 @@ def resolve_machine(conn: Connection, machine: str | None, commits: tuple[str, .
     return only, names[only]
 
 
-def run_medians(conn: Connection, machine_id: int, commit: str) -> dict[int, list[float]]:
-    """{benchmark id: per-run medians} for one commit on one machine."""
-    out: dict[int, list[float]] = {}
-    query = (sa.select(results.c.benchmark_id, results.c.median)
+def run_medians(conn: Connection, machine_id: int, commit: str) -> dict[int, dict[int, float]]:
+    """{benchmark id: {run id: median}} for one commit on one machine."""
+    out: dict[int, dict[int, float]] = {}
+    query = (sa.select(results.c.benchmark_id, results.c.run_id, results.c.median)
              .join(runs, runs.c.id == results.c.run_id)
              .where(runs.c.machine_id == machine_id, runs.c.commit == commit)
              .order_by(runs.c.id))
-    for bench_id, value in conn.execute(query):
-        out.setdefault(bench_id, []).append(float(value))
+    for bench_id, run_id, value in conn.execute(query):
+        out.setdefault(bench_id, {})[run_id] = float(value)
     return out
+
+
+def history_medians(conn: Connection, machine_id: int, base: str, head: str,
+                    bench_ids) -> dict[int, dict[int, float]]:
+    """{benchmark id: {run id: median} of its history before commit `base`}: the runs of
+    the `stats.HISTORY_COMMITS` latest commits before it in commit order (`head` excepted),
+    on this machine, of that definition, at or after the last step `history` stored for it
+    (`gnomon.dash.stats`)."""
+    base_order = conn.execute(sa.select(sa.func.min(runs.c.commit_order)).where(
+        runs.c.machine_id == machine_id, runs.c.commit == base)).scalar()
+    if base_order is None or not bench_ids:
+        return {}
+    last_step = dict(conn.execute(
+        sa.select(steps.c.benchmark_id, sa.func.max(steps.c.commit_order))
+        .where(steps.c.machine_id == machine_id, steps.c.commit_order <= base_order,
+               steps.c.benchmark_id.in_(bench_ids))
+        .group_by(steps.c.benchmark_id)).all())
+    query = (sa.select(results.c.benchmark_id, runs.c.commit, runs.c.commit_order,
+                       results.c.run_id, results.c.median)
+             .join(runs, runs.c.id == results.c.run_id)
+             .where(runs.c.machine_id == machine_id, runs.c.commit_order < base_order,
+                    runs.c.commit != head, results.c.benchmark_id.in_(bench_ids))
+             .order_by(runs.c.commit_order.desc(), runs.c.id))
+    by_key: dict[int, dict[str, dict[int, float]]] = {}
+    for bench_id, commit, order, run_id, value in conn.execute(query):
+        if order < last_step.get(bench_id, order):
+            continue
+        commits = by_key.setdefault(bench_id, {})
+        if commit in commits or len(commits) < stats.HISTORY_COMMITS:
+            commits.setdefault(commit, {})[run_id] = float(value)
+    return {k: {r: v for values in c.values() for r, v in values.items()}
+            for k, c in by_key.items()}
 
 
 def compare(engine: Engine, base: str, head: str, machine: str | None = None,
             threshold: float = stats.DEFAULT_THRESHOLD,
             op_thresholds: Mapping[str, float] | None = None) -> Comparison:
-    """Compares commits ``base`` and ``head`` (shas or unique prefixes) on one machine.
+    """Compares commits ``base`` and ``head`` (shas or unique prefixes) on one machine, each
+    key with its history before the base (`history_medians`).
 
-    Keys present at only one commit are judged AMBIGUOUS (no runs on the other side)."""
+    Keys present at only one commit are NEW or GONE, listed and not judged."""
     op_thresholds = dict(op_thresholds or {})
     with engine.connect() as conn:
         base_sha = resolve_commit(conn, base)
@@ -117,6 +155,7 @@ def compare(engine: Engine, base: str, head: str, machine: str | None = None,
         a = run_medians(conn, machine_id, base_sha)
         b = run_medians(conn, machine_id, head_sha)
         ids = sorted(set(a) | set(b))
+        past = history_medians(conn, machine_id, base_sha, head_sha, sorted(a))
         info = {row.id: row for row in conn.execute(
             sa.select(benchmarks.c.id, benchmarks.c.key, benchmarks.c.op)
             .where(benchmarks.c.id.in_(ids)))} if ids else {}
@@ -125,20 +164,36 @@ def compare(engine: Engine, base: str, head: str, machine: str | None = None,
         raise DashError(f"--threshold-op names op(s) {', '.join(sorted(unknown))} that no "
                         f"compared benchmark has (ops: "
                         f"{', '.join(sorted({r.op for r in info.values()})) or 'none'})")
-    evidence, per_key, ops = {}, {}, {}
+    effects = stats.run_effects({(run, bench_id): value
+                                 for table in (a, b, past)
+                                 for bench_id, values in table.items()
+                                 for run, value in values.items()})
+
+    def steady(values: dict[int, float]) -> list[float]:  # the run's machine-wide part out
+        return [v / math.exp(effects[run]) for run, v in values.items()]
+
+    evidence, raw, per_key, ops, history = {}, {}, {}, {}, {}
     for bench_id in sorted(ids, key=lambda i: info[i].key):
         row = info[bench_id]
         label = row.key
         if label in evidence:  # same key, another definition: keep them apart
             label = f"{row.key} (definition {bench_id})"
-        evidence[label] = (a.get(bench_id, []), b.get(bench_id, []))
+        evidence[label] = (steady(a.get(bench_id, {})), steady(b.get(bench_id, {})))
+        raw[label] = (list(a.get(bench_id, {}).values()), list(b.get(bench_id, {}).values()))
+        history[label] = steady(past.get(bench_id, {}))
         ops[label] = row.op
         if row.op in op_thresholds:
             per_key[label] = op_thresholds[row.op]
-    verdicts = stats.judge(evidence, threshold=threshold, thresholds=per_key) if evidence else []
+    verdicts = stats.judge(evidence, threshold=threshold, thresholds=per_key,
+                           history=history) if evidence else []
+    base_runs = {r for values in (*a.values(), *past.values()) for r in values}
+    head_runs = {r for values in b.values() for r in values}
+    shift = stats.machine_shift([effects[r] for r in base_runs],
+                                [effects[r] for r in head_runs])
+    stats.mark_shifted(verdicts, raw, shift, threshold, per_key)
     judged = [stats.judge_accuracy(name, sides.get(base_sha, []), sides.get(head_sha, []))
               for name, sides in sorted(figures.items())]
-    return Comparison(base_sha, head_sha, fingerprint, verdicts, ops, judged)
+    return Comparison(base_sha, head_sha, fingerprint, verdicts, ops, judged, shift)
 
 
 def accuracy_figures(conn: Connection, machine_ids, commits) -> dict:
@@ -216,7 +271,7 @@ def render_table(comparison: Comparison, console=None) -> None:  # noqa: ANN001
     for name in ("base median", "head median", "ratio", "change", "q", "verdict"):
         table.add_column(name, justify="left" if name == "verdict" else "right", no_wrap=True)
     style = {stats.REGRESSION: "bold red", stats.IMPROVEMENT: "green",
-             stats.AMBIGUOUS: "yellow", stats.SAME: ""}
+             stats.AMBIGUOUS: "yellow", stats.SAME: "", stats.NEW: "cyan", stats.GONE: "cyan"}
     for row in comparison.rows:
         table.add_row(escape(row.key), format_ns(row.base_median), format_ns(row.head_median),
                       _ratio(row.ratio), _change(row.ratio), _q(row.q),
@@ -247,7 +302,8 @@ def to_markdown(comparison: Comparison) -> str:
              f"**{summary_line(comparison)}**", "",
              "| key | base median | head median | ratio | change | q | verdict |",
              "|---|---:|---:|---:|---:|---:|---|"]
-    order = {stats.REGRESSION: 0, stats.IMPROVEMENT: 1, stats.AMBIGUOUS: 2, stats.SAME: 3}
+    order = {v: i for i, v in enumerate((stats.REGRESSION, stats.IMPROVEMENT, stats.AMBIGUOUS,
+                                         stats.NEW, stats.GONE, stats.SAME))}
     for row in sorted(comparison.rows, key=lambda r: (order[r.verdict], r.key)):
         verdict = f"**{row.verdict}**" if row.verdict == stats.REGRESSION else row.verdict
         key = row.key.replace("|", "\\|")

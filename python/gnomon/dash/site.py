@@ -58,7 +58,7 @@ __all__ = ["write_site", "validate_site_data", "slug"]
 
 _MARKER = ".gnomon-site"  # marks a folder as one this module wrote, so it may be replaced
 _STATES = ("open", "acknowledged", "fixed")
-_VERDICTS = ("REGRESSION", "IMPROVEMENT", "SAME", "AMBIGUOUS")
+_VERDICTS = ("REGRESSION", "IMPROVEMENT", "SAME", "AMBIGUOUS", "NEW", "GONE")
 _NUM = (int, float)
 _OPT_NUM = (int, float, type(None))
 _OPT_STR = (str, type(None))

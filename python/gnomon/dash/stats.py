@@ -1,30 +1,49 @@
 """The statistics behind `gnomon dash compare` and `gnomon dash history`.
 
-The rule
---------
+The rule of `compare`
+---------------------
 The unit of evidence is a *run*: samples within one run share that run's conditions (clock,
-thermal state, neighbours), so each run contributes one number, its median time. For one
-benchmark key the evidence is the per-run medians of the base (``a``) and of the head (``b``).
+thermal state, neighbours), so each run contributes one number, its median time, taken on a log
+scale (a slowdown is a ratio). For one benchmark key the evidence is the per-run medians of the
+base (``a``), of the head (``b``), and the key's *history* on the same machine: the runs of the
+``HISTORY_COMMITS`` (8) latest commits before the base in the store's commit order, of the same
+benchmark definition, after the last step `history` recorded for that key (so at the base's
+level; a history the base's own runs moved away from, beyond the threshold with ``p < alpha``,
+is left out as a step not yet recorded). The history joins the base's side: it is what the base's level and the noise are
+estimated from, as conbench judges a new result against its baseline's distribution.
 
-* **Ratio.** ``ratio = median(b) / median(a)`` (medians of the per-run medians; > 1 is slower).
-* **Test.** A one-sided Mann-Whitney U test on the per-run medians: for a regression the
-  alternative is "head runs are slower" (``b`` stochastically greater), for an improvement the
-  mirror. Exact p-values are used when there are no ties (scipy's ``method="auto"``).
+* **Run effects.** A run that was slower for every key at once (the machine's state:
+  clocks, neighbours, a warm-up) says nothing about any one key. Each run's effect, the median
+  over the keys it timed of its log deviation from that key's median over all the runs at hand
+  (`run_effects`), is taken out of its medians before the test. When the head's runs and the
+  base's differ by such a common part beyond the threshold with ``p < alpha``
+  (`machine_shift`), a key that is SAME once it is out but whose own runs moved that way beyond
+  its threshold is AMBIGUOUS (`mark_shifted`): a machine slower for one commit's runs and a
+  change that slowed everything look alike.
+* **Change.** ``ratio = exp(mean log b - mean log (a + history))``, the geometric-mean ratio
+  (> 1 is slower), on the medians with the run effects out.
+* **Noise.** The pooled standard deviation ``s`` of the log medians about their own side's
+  mean, with ``df = (runs on the base's side - 1) + (runs on the head's side - 1)`` degrees of
+  freedom. With history one run of each commit is enough; without it each side needs two.
+* **Test.** A one-sided two-sample t-test: ``t = log ratio / (s sqrt(1/n_a + 1/n_b))``, its
+  p-value from Student's t with ``df``, for "head slower" and, mirrored, "head faster". Unlike
+  a rank test it has no floor on the p-value three runs can reach: a change many times the
+  noise is significant with three runs a side, or with one and a history.
 * **Multiple keys.** Benjamini-Hochberg across all keys compared, separately for the
   regression family and the improvement family, gives each key a q-value.
-* **Power.** With ``n`` and ``m`` runs on the two sides the smallest one-sided p-value the U
-  test can give is ``1 / C(n + m, n)`` (``1 / C(2n, n)`` for equal counts: 3 runs each give
-  0.05, 5 give 0.004). A key whose BH q-value could not fall below ``alpha`` even with that
-  smallest p (the other keys' p-values held fixed) cannot be judged.
 
 Verdicts, with ``alpha = 0.01`` and ``threshold`` (default 5 %, overridable per op):
 
-* ``AMBIGUOUS``: either side has fewer than 3 runs; or the ratio crosses the threshold but
-  the run counts are too small for the test to reach ``q < alpha`` (see Power).
 * ``REGRESSION``: ``q < alpha`` for "head slower" and ``ratio >= 1 + threshold``.
 * ``IMPROVEMENT``: ``q < alpha`` for "head faster" and ``ratio <= 1 - threshold``.
-* ``SAME``: everything else: the change is smaller than the threshold, or the test finds no
-  evidence for it.
+* ``SAME``: the change is within the threshold.
+* ``AMBIGUOUS``: the change crosses the threshold but is not significant (the key is too
+  noisy for that change at these runs: the note names it), the noise cannot be estimated
+  (``df < MIN_DF``: one run on each side and no history), or the key moved with every key.
+* ``NEW`` / ``GONE``: runs at only the head / only the base. Listed, never judged.
+
+The error rates this gives on `gnomon bench --quick` results are measured by
+``bench/regression_gate.py`` and stated in the README.
 """
 
 from __future__ import annotations
@@ -38,25 +57,21 @@ from scipy import stats as _scipy_stats
 
 ALPHA = 0.01
 DEFAULT_THRESHOLD = 0.05
-MIN_RUNS = 3
+MIN_RUNS = 3  # history's per-window rule (`gnomon.dash.history`)
+MIN_DF = 2  # compare: the fewest degrees of freedom the noise is estimated with
+HISTORY_COMMITS = 8  # compare: the latest commits before the base whose runs join its side
 
 REGRESSION = "REGRESSION"
 IMPROVEMENT = "IMPROVEMENT"
 SAME = "SAME"
 AMBIGUOUS = "AMBIGUOUS"
-VERDICTS = (REGRESSION, IMPROVEMENT, SAME, AMBIGUOUS)
+NEW = "NEW"
+GONE = "GONE"
+VERDICTS = (REGRESSION, IMPROVEMENT, SAME, AMBIGUOUS, NEW, GONE)
 
 
 def median(values: Sequence[float]) -> float:
     return float(np.median(np.asarray(values, dtype=float)))
-
-
-def min_p_value(n: int, m: int) -> float:
-    """The smallest one-sided p-value a Mann-Whitney U test can give with n and m
-    observations: 1 / C(n + m, n)."""
-    if n < 1 or m < 1:
-        return 1.0
-    return 1.0 / math.comb(n + m, n)
 
 
 def mann_whitney_greater(a: Sequence[float], b: Sequence[float]) -> float:
@@ -86,13 +101,6 @@ def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
     return [float(x) for x in q]
 
 
-def best_attainable_q(p_values: Sequence[float], index: int, p_min: float) -> float:
-    """The q-value key ``index`` would get if its p-value were ``p_min``, the others fixed."""
-    p = list(p_values)
-    p[index] = p_min
-    return benjamini_hochberg(p)[index]
-
-
 @dataclass
 class Verdict:
     key: str
@@ -105,53 +113,136 @@ class Verdict:
     head_runs: int
     threshold: float
     note: str = ""
+    history_runs: int = 0
+
+
+def t_test(base: Sequence[float], head: Sequence[float]) -> tuple[float, float, float, int, float]:
+    """``(log ratio, p slower, p faster, df, s)``: the pooled two-sample t-test on log values
+    of the module docstring; ``df < MIN_DF`` gives p 1 both ways (nothing can be said)."""
+    la, lb = np.log(np.asarray(base, dtype=float)), np.log(np.asarray(head, dtype=float))
+    df = max(len(la) + len(lb) - 2, 0)
+    d = float(lb.mean() - la.mean()) if len(la) and len(lb) else math.nan
+    if df < MIN_DF or math.isnan(d):
+        return d, 1.0, 1.0, df, math.nan
+    s = math.sqrt((float(((la - la.mean()) ** 2).sum()) + float(((lb - lb.mean()) ** 2).sum()))
+                  / df)
+    if s == 0:  # identical runs on each side: any change is certain, none is nothing
+        return d, float(not d > 0), float(not d < 0), df, s
+    t = d / (s * math.sqrt(1 / len(la) + 1 / len(lb)))
+    return d, float(_scipy_stats.t.sf(t, df)), float(_scipy_stats.t.cdf(t, df)), df, s
+
+
+def run_effects(medians: Mapping[tuple[int, str], float]) -> dict[int, float]:
+    """{run: its log effect}: how much slower than usual a run was for every key at once,
+    the median over the keys it timed of ``log median - the key's median log median`` over
+    all runs (module docstring: runs share the machine's state across keys)."""
+    by_key: dict[str, list[float]] = {}
+    for (_, key), value in medians.items():
+        by_key.setdefault(key, []).append(math.log(value))
+    centre = {key: float(np.median(values)) for key, values in by_key.items()}
+    deviations: dict[int, list[float]] = {}
+    for (run, key), value in medians.items():
+        deviations.setdefault(run, []).append(math.log(value) - centre[key])
+    return {run: float(np.median(d)) for run, d in deviations.items()}
+
+
+def machine_shift(base_effects: Sequence[float], head_effects: Sequence[float],
+                  threshold: float = DEFAULT_THRESHOLD, alpha: float = ALPHA) -> float:
+    """The ratio by which every key moved together between the base's runs (history
+    included) and the head's, when it is beyond the threshold with ``p < alpha``; else 1."""
+    d, p_slower, p_faster, df, _ = t_test(np.exp(base_effects), np.exp(head_effects))
+    if df < MIN_DF or math.isnan(d) or min(p_slower, p_faster) >= alpha \
+            or abs(math.exp(d) - 1) < threshold:
+        return 1.0
+    return math.exp(d)
+
+
+def mark_shifted(verdicts: list[Verdict], raw: Mapping[str, tuple], shift: float,
+                 threshold: float, thresholds: Mapping[str, float] | None = None) -> None:
+    """Where every key moved together (`machine_shift`), a key judged SAME once that common
+    part is taken out, but whose own runs moved beyond its threshold the same way, is
+    AMBIGUOUS: a machine that was slower for one commit's runs, or a change to everything."""
+    if shift == 1.0:
+        return
+    thresholds = thresholds or {}
+    for v in verdicts:
+        a, b = raw.get(v.key, ((), ()))
+        if v.verdict != SAME or not len(a) or not len(b):
+            continue
+        t = thresholds.get(v.key, threshold)
+        moved = median(b) / median(a)
+        if (moved >= 1 + t) if shift > 1 else (moved <= 1 - t):
+            v.verdict = AMBIGUOUS
+            v.note = (f"moved {moved:.3g}x with every key: the commits' runs differ by "
+                      f"{shift:.3g}x on all keys at once (the machine, or a change to "
+                      f"everything); bench both again")
+
+
+def level_history(history: Sequence[float], base: Sequence[float], threshold: float,
+                  alpha: float = ALPHA) -> Sequence[float]:
+    """`history` when the base runs are at its level; none of it when they moved from it
+    beyond the threshold with ``p < alpha`` (a step `history` has not recorded: the runs
+    before it would bias the base's level and inflate the noise)."""
+    if not len(history) or not len(base):
+        return history
+    d, p_slower, p_faster, df, _ = t_test(history, base)
+    moved = df >= MIN_DF and min(p_slower, p_faster) < alpha and \
+        abs(math.exp(d) - 1) >= threshold
+    return () if moved else history
 
 
 def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],
           threshold: float = DEFAULT_THRESHOLD,
           thresholds: Mapping[str, float] | None = None,
-          alpha: float = ALPHA) -> list[Verdict]:
+          alpha: float = ALPHA,
+          history: Mapping[str, Sequence[float]] | None = None) -> list[Verdict]:
     """Verdicts for every key of ``evidence`` = {key: (base per-run medians, head per-run
-    medians)}; ``thresholds`` = {key: threshold} overrides ``threshold`` per key."""
+    medians)}; ``history`` = {key: per-run medians of the commits before the base}, which join
+    the base's side; ``thresholds`` = {key: threshold} overrides ``threshold`` per key."""
     thresholds = thresholds or {}
     keys = list(evidence)
-    p_reg, p_imp = [], []
+    history = {key: level_history((history or {}).get(key, ()), evidence[key][0],
+                                  thresholds.get(key, threshold), alpha) for key in keys}
+    tests = {}
     for key in keys:
         a, b = evidence[key]
-        p_reg.append(mann_whitney_greater(a, b))
-        p_imp.append(mann_whitney_greater(b, a))
-    q_reg = benjamini_hochberg(p_reg)
-    q_imp = benjamini_hochberg(p_imp)
+        tests[key] = t_test([*a, *history[key]] if len(a) else [], b)
+    judged = [k for k in keys if len(evidence[k][0]) and len(evidence[k][1])]
+    q_reg = dict(zip(judged, benjamini_hochberg([tests[k][1] for k in judged])))
+    q_imp = dict(zip(judged, benjamini_hochberg([tests[k][2] for k in judged])))
     verdicts = []
-    for i, key in enumerate(keys):
+    for key in keys:
         a, b = evidence[key]
+        past = len(history[key]) if len(a) else 0
         t = thresholds.get(key, threshold)
         base = median(a) if len(a) else math.nan
         head = median(b) if len(b) else math.nan
-        ratio = head / base if len(a) and len(b) and base > 0 else math.nan
+        if not len(a) or not len(b):
+            verdicts.append(Verdict(key, base, head, math.nan, math.nan,
+                                    GONE if len(a) else NEW, len(a), len(b), t,
+                                    "runs at the base only" if len(a) else
+                                    "runs at the head only", past))
+            continue
+        d, _, _, df, s = tests[key]
+        ratio = math.exp(d)
         slower = not (ratio < 1)
-        q = q_reg[i] if slower else q_imp[i]
+        q = q_reg[key] if slower else q_imp[key]
         crosses = (ratio >= 1 + t) if slower else (ratio <= 1 - t)
         note = ""
-        if len(a) < MIN_RUNS or len(b) < MIN_RUNS:
-            verdict = AMBIGUOUS
-            note = (f"needs at least {MIN_RUNS} runs per commit "
-                    f"(base {len(a)}, head {len(b)})")
-        elif not crosses:
+        if not crosses:
             verdict = SAME
+        elif df < MIN_DF:
+            verdict = AMBIGUOUS
+            note = (f"{len(a)} + {len(b)} runs and {past} from history cannot measure the "
+                    f"noise; record more runs, or history before the base")
+        elif q < alpha:
+            verdict = REGRESSION if slower else IMPROVEMENT
         else:
-            reachable = best_attainable_q(p_reg if slower else p_imp, i,
-                                          min_p_value(len(a), len(b)))
-            if q < alpha:
-                verdict = REGRESSION if slower else IMPROVEMENT
-            elif reachable >= alpha:
-                verdict = AMBIGUOUS
-                note = (f"{len(a)} and {len(b)} runs cannot reach q < {alpha:g} "
-                        f"(best attainable q {reachable:.3g}); record more runs")
-            else:
-                verdict = SAME
-                note = "change not significant"
-        verdicts.append(Verdict(key, base, head, ratio, q, verdict, len(a), len(b), t, note))
+            verdict = AMBIGUOUS
+            note = (f"a {ratio:.3g}x change within this key's noise ({s:.1%} per run, "
+                    f"q {q:.2g}); record more runs")
+        verdicts.append(Verdict(key, base, head, ratio, q, verdict, len(a), len(b), t, note,
+                                past))
     return verdicts
 
 
