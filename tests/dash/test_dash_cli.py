@@ -104,6 +104,7 @@ def test_a_machine_slower_for_every_key_is_ambiguous_and_a_key_beyond_it_still_r
     assert dash(db, "compare", sha("bm"), sha("hm")) == 3
     out = capsys.readouterr().out
     assert "0 REGRESSION" in out and "with every key" in out
+    assert "on every key at once" in out
     assert dash(db, "compare", sha("bm"), sha("hb")) == 1
     row = next(line for line in capsys.readouterr().out.splitlines() if SLOW_KEY in line)
     assert "REGRESSION" in row

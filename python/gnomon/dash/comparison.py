@@ -189,7 +189,7 @@ def compare(engine: Engine, base: str, head: str, machine: str | None = None,
     base_runs = {r for values in (*a.values(), *past.values()) for r in values}
     head_runs = {r for values in b.values() for r in values}
     shift = stats.machine_shift([effects[r] for r in base_runs],
-                                [effects[r] for r in head_runs])
+                                [effects[r] for r in head_runs], threshold)
     stats.mark_shifted(verdicts, raw, shift, threshold, per_key)
     judged = [stats.judge_accuracy(name, sides.get(base_sha, []), sides.get(head_sha, []))
               for name, sides in sorted(figures.items())]
@@ -292,6 +292,9 @@ def render_table(comparison: Comparison, console=None) -> None:  # noqa: ANN001
                             else cells[-1])
         console.print(figures)
     console.print(summary_line(comparison))
+    if comparison.shift != 1.0:
+        console.print(f"the head's runs took {comparison.shift:.3g}x the base's on every key at "
+                      f"once: the machine, or a change to everything", highlight=False)
     for note in ambiguous_notes(comparison):
         console.print(f"  AMBIGUOUS {escape(note)}", soft_wrap=True, highlight=False)
 
