@@ -156,13 +156,13 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
     kv_group_blocks: List[Tuple[int, ...]] = []
     done = 0  # requests the client has seen finish
     held = 0  # finished in the last step, seen by the client only after the next (async lag)
-    # The requests just added live for the whole run: frozen, the collector's passes do not
-    # walk their prompts again and again (a tenth of a simulation's time otherwise).
     # Plain decode steps (every running sequence decodes, nothing else happens) need no batch
     # when the runner is simulated and keeps none: the scheduler runs them in place of
     # schedule() and update(), with the same allocator calls (`Scheduler.plain_decode_steps`).
     plain = isinstance(runner, SimulatedRunner) and not runner.keep_batches
     scheduler = engine.scheduler
+    # The requests just added live for the whole run: frozen, the collector's passes do not
+    # walk their prompts again and again (a tenth of a simulation's time otherwise).
     gc.freeze()
     try:
         while engine.has_unfinished_requests() or held:
