@@ -146,15 +146,22 @@ def run_effects(medians: Mapping[tuple[int, str], float]) -> dict[int, float]:
     return {run: float(np.median(d)) for run, d in deviations.items()}
 
 
-def machine_shift(base_effects: Sequence[float], head_effects: Sequence[float],
-                  threshold: float = DEFAULT_THRESHOLD, alpha: float = ALPHA) -> float:
-    """The ratio by which every key moved together between the base's runs (history
-    included) and the head's, when it is beyond the threshold with ``p < alpha``; else 1."""
-    d, p_slower, p_faster, df, _ = t_test(np.exp(base_effects), np.exp(head_effects))
+def moved(base: Sequence[float], head: Sequence[float], threshold: float,
+          alpha: float = ALPHA) -> float:
+    """The ratio from `base` to `head` (`t_test`'s, of the geometric means) when it is beyond
+    the threshold with ``p < alpha``; else 1."""
+    d, p_slower, p_faster, df, _ = t_test(base, head)
     if df < MIN_DF or math.isnan(d) or min(p_slower, p_faster) >= alpha \
             or abs(math.exp(d) - 1) < threshold:
         return 1.0
     return math.exp(d)
+
+
+def machine_shift(base_effects: Sequence[float], head_effects: Sequence[float],
+                  threshold: float = DEFAULT_THRESHOLD, alpha: float = ALPHA) -> float:
+    """The ratio by which every key moved together between the base's runs (history
+    included) and the head's, when it is beyond the threshold with ``p < alpha``; else 1."""
+    return moved(np.exp(base_effects), np.exp(head_effects), threshold, alpha)
 
 
 def mark_shifted(verdicts: list[Verdict], raw: Mapping[str, tuple], shift: float,
@@ -185,10 +192,7 @@ def level_history(history: Sequence[float], base: Sequence[float], threshold: fl
     before it would bias the base's level and inflate the noise)."""
     if not len(history) or not len(base):
         return history
-    d, p_slower, p_faster, df, _ = t_test(history, base)
-    moved = df >= MIN_DF and min(p_slower, p_faster) < alpha and \
-        abs(math.exp(d) - 1) >= threshold
-    return () if moved else history
+    return () if moved(history, base, threshold, alpha) != 1.0 else history
 
 
 def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],

@@ -167,10 +167,11 @@ class Scheduler:
         if ids.ndim != 1 or ids.size == 0:
             raise ValueError(f"request {request_id!r}: prompt_token_ids: expected a non-empty "
                              f"1-D sequence of token ids, got shape {ids.shape}")
-        if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= 2**31:
+        top = ids.max() if ids.dtype.kind in "iu" else None
+        if top is None or ids.min() < 0 or top >= 2**31:
             raise ValueError(f"request {request_id!r}: prompt_token_ids: expected integers in "
                              f"[0, 2**31), got dtype {ids.dtype}")
-        if self.vocab_size is not None and ids.max() >= self.vocab_size:
+        if self.vocab_size is not None and top >= self.vocab_size:
             at = int(np.argmax(ids >= self.vocab_size))
             raise ValueError(f"request {request_id!r}: prompt_token_ids: token id {ids[at]} at "
                              f"position {at} is outside the model's vocabulary (ids below "

@@ -161,6 +161,11 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
     # schedule() and update(), with the same allocator calls (`Scheduler.plain_decode_steps`).
     plain = isinstance(runner, SimulatedRunner) and not runner.keep_batches
     scheduler = engine.scheduler
+
+    def stepped() -> None:  # after every step that ran: what the metrics read of it
+        kv_usage.append((clock(), engine.kv.usage))
+        kv_group_blocks.append(engine.kv.blocks_in_use)
+
     # The requests just added live for the whole run: frozen, the collector's passes do not
     # walk their prompts again and again (a tenth of a simulation's time otherwise).
     gc.freeze()
@@ -173,8 +178,7 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
                     break
                 runner.execute_decode(pairs)
                 scheduler.end_decode(runner.token, clock())
-                kv_usage.append((clock(), engine.kv.usage))
-                kv_group_blocks.append(engine.kv.blocks_in_use)
+                stepped()
                 if progress is not None:
                     progress(done, total)
             executed = len(runner.steps)
@@ -195,8 +199,7 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
                 clock.jump_to(arrival)
                 runner.idle()
             else:
-                kv_usage.append((clock(), engine.kv.usage))
-                kv_group_blocks.append(engine.kv.blocks_in_use)
+                stepped()
             if progress is not None:
                 progress(done, total)
     finally:
