@@ -78,6 +78,7 @@ def test_every_rank_takes_part_in_the_timed_collective():
     assert _no_children()
 
 
+@pytest.mark.timing
 def test_a_dead_worker_is_named_not_waited_for():
     reduce = _case("all_reduce", model="llama-3.1-8b", tokens=1)
     group = CommGroup([reduce], "cpu")

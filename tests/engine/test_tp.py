@@ -320,6 +320,7 @@ def test_tp2_matches_transformers(kind, tmp_path):
     assert _no_children()
 
 
+@pytest.mark.timing
 def test_a_worker_that_raises_is_named(tmp_path):
     raw = preset_json("tiny-llama")
     raw["architectures"] = [ARCHITECTURE]
@@ -340,6 +341,7 @@ def test_a_worker_that_raises_is_named(tmp_path):
     assert _no_children()
 
 
+@pytest.mark.timing
 def test_a_dead_worker_is_noticed_before_the_next_step():
     llm = LLM("tiny-llama", random_weights=True, dtype="float32", tensor_parallel_size=2)
     worker = llm.engine.runner.group.processes[0]
@@ -360,6 +362,7 @@ llm = LLM("tiny-llama", random_weights=True, dtype="float32", tensor_parallel_si
 """
 
 
+@pytest.mark.timing
 def test_a_script_without_the_main_guard_fails_at_once_with_a_hint(tmp_path):
     # The spawned worker re-imports the script, which builds an engine of its own: the
     # worker dies before gnomon's code runs. Rank 0 used to wait in the rendezvous for the
@@ -387,6 +390,7 @@ def _cmdline(pid: str) -> bytes:
         return b""
 
 
+@pytest.mark.timing
 def test_a_worker_killed_while_the_group_forms_is_named_at_once(monkeypatch):
     # killed before it reached the store (out of memory, say): rank 0 stops waiting at once
     from gnomon.engine.distributed import WorkerGroup

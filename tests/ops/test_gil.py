@@ -3,12 +3,14 @@
 import threading
 import time
 
+import pytest
 import torch
 
 from gnomon import _C
 from gnomon.ops._tensor import view
 
 
+@pytest.mark.timing
 def test_python_threads_run_while_a_kernel_runs():
     x = torch.randn(2048, 8192)
     weight, out = torch.ones(8192), torch.empty_like(x)

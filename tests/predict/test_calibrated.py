@@ -80,6 +80,25 @@ def test_refuses_outside_the_calibrated_range():
         p.predict(StepShape.of(SPEC, [(1, 5)], tp=2))
 
 
+def test_a_gemm_knot_the_sweep_timed_is_calibrated_without_a_step_on_it():
+    # Steps of at most 32 tokens and one of 200 never put GEMM work on the knot M = 64 (a step
+    # splits its GEMMs between the two knots around its token count); a busy machine's smaller
+    # calibration workload produced such steps, and its validation then refused a 48-token
+    # step although the GEMM sweep had timed M = 64.
+    from gnomon.predict.opcount import dense_ops
+
+    steps = [StepShape.of(SPEC, [(1, 10)] * n) for n in range(1, 33)]
+    steps.append(StepShape.of(SPEC, [(200, 0)]))
+    train = [(s, _truth(s)) for s in steps]
+    middle = StepShape.of(SPEC, [(48, 0)])
+    with pytest.raises(PredictionRefused, match="gemm_flops@64"):
+        CalibratedPredictor.fit_from(train).predict(middle)
+    sweep = [([op for op in dense_ops(SPEC, m, m, 1) if op.family == "gemm"], 1e-3 * m)
+             for m in (32, 64)]
+    p = CalibratedPredictor.fit_from(train, timed_ops=sweep)
+    assert p.predict(middle).seconds > 0
+
+
 def test_file_round_trip_and_bad_files(tmp_path):
     p = CalibratedPredictor.fit_from([(s, _truth(s)) for s in _shapes(0)], info={"model": "x"})
     path = tmp_path / "cal.json"

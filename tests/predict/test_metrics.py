@@ -227,6 +227,7 @@ def test_slo_is_validated(kwargs, field):
     assert SLO() == SLO(ttft_s=2.0, tpot_s=0.1)
 
 
+@pytest.mark.timing
 def test_thousand_requests_thousand_steps_is_fast():
     n_req, n_steps, n_tok = 1000, 1000, 100
     rng = np.random.default_rng(1)

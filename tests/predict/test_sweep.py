@@ -142,6 +142,7 @@ def test_ray_gives_the_same_document(inline):
     assert _strip(doc) == _strip(inline)
 
 
+@pytest.mark.timing
 def test_an_unreachable_ray_address_fails_fast_naming_it():
     pytest.importorskip("ray", reason="gnomon[ray] is not installed")
     start = time.monotonic()

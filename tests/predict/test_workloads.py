@@ -172,6 +172,7 @@ def test_request_ids_are_unique_and_in_arrival_order():
     assert (np.diff(arrivals(w)) >= 0).all()
 
 
+@pytest.mark.timing
 def test_hundred_thousand_requests_generate_quickly():
     s = spec(num_requests=100_000, prompt_len=LengthDist.fixed(8),
              output_len=LengthDist.fixed(4))

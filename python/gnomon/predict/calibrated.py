@@ -25,7 +25,8 @@ The breakdown gives each family its FLOP, byte and launch terms and ``overhead``
 terms, all labelled ``fitted``. It refuses what it has not seen: another ``tp`` than the one its
 steps ran at (on a CPU the ranks split the cores, so a rank's compute rate depends on tp), and
 steps with more tokens, sequences or context than the calibration steps had, or whose features
-exceed the calibrated rows' by more than `HEADROOM`.
+exceed by more than `HEADROOM` those of the calibration steps and timed ops (a GEMM sweep's
+knots count as calibrated).
 """
 
 from __future__ import annotations
@@ -208,7 +209,9 @@ class CalibratedPredictor:
         domain = {"tp": tps.pop(), "num_tokens": max(s.num_tokens for s, _ in steps),
                   "num_seqs": max(s.num_seqs for s, _ in steps),
                   "max_context": max(s.max_context for s, _ in steps),
-                  "features": dict(zip(FEATURES, X_steps.max(axis=0).tolist()))}
+                  # a GEMM knot the sweep timed is calibrated though no step landed on it
+                  "features": dict(zip(FEATURES, np.vstack([X_steps, X_ops]).max(axis=0)
+                                       .tolist()))}
         rel = np.abs(X_steps @ theta - y_steps) / y_steps
         meta = dict(info or {})
         meta.update(step_rows=len(steps), bench_rows=len(bench_keys), op_rows=len(y_ops),

@@ -11,6 +11,11 @@
    (its own shape, so the errors are the predictor's alone), split into prefill-only,
    decode-only and mixed steps; and the signed errors of the simulation's mean TTFT, mean TPOT
    and output throughput against the first real run.
+5. The same per-step error up to one factor (``step_ape_rescaled``): the predictions divided by
+   their median ratio to the measured steps (``factor``). Another process that starts or stops
+   between the calibration and the real run scales every step's time; this figure is what is
+   left of the error apart from that scale, so it holds on a busy machine where the plain one
+   does not.
 
 Goal: step median APE <= 5% and TTFT, TPOT and throughput within 5%, or 1.5x the noise floor
 where the noise floor exceeds 3.3%.
@@ -101,6 +106,16 @@ def step_errors(predictor, trace: RunTrace, spec: ModelSpec,
     return out
 
 
+def rescaled(errors: Sequence[float]) -> Dict[str, Optional[float]]:
+    """`_ape_summary` of signed errors after dividing the predictions by their median ratio to
+    the measured times, which it reports as ``factor``."""
+    ratios = 1.0 + np.asarray(errors, dtype=float)
+    if ratios.size == 0:
+        return {"factor": None, **_ape_summary([])}
+    factor = float(np.median(ratios))
+    return {"factor": factor, **_ape_summary(ratios / factor - 1.0)}
+
+
 def _headline(metrics: dict) -> Dict[str, float]:
     return {"ttft": metrics["ttft"]["mean"], "tpot": metrics["tpot"]["mean"],
             "throughput": metrics["throughput"]["output_tokens_per_s"]}
@@ -175,6 +190,7 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
                   "engine": {**cpu_engine_args(spec).kwargs(), "num_kv_blocks": CPU_KV_BLOCKS}},
         "step_ape": step_ape,
         "step_ape_by_kind": {k: _ape_summary(errors[k]) for k in ("prefill", "decode", "mixed")},
+        "step_ape_rescaled": rescaled(errors["all"]),
         **_signed(_headline(sim_metrics), _headline(real_metrics)),
         "noise_floor": {"step_ape": _ape_summary(noise_step_errors(first, repeat)),
                         **_signed(_headline(second_metrics), _headline(real_metrics))},
@@ -238,7 +254,10 @@ def render(report: dict, console=None) -> None:
     steps = Table(title="per-step absolute percentage error")
     for col in ("steps", "count", "median", "p90", "max", "bias"):
         steps.add_column(col, justify="left" if col == "steps" else "right")
+    factor = report["step_ape_rescaled"]["factor"]
     rows = {"all": report["step_ape"], **report["step_ape_by_kind"],
+            "all, rescaled" + (f" by {factor:.3f}" if factor else ""):
+                report["step_ape_rescaled"],
             "noise floor": report["noise_floor"]["step_ape"]}
     for kind, s in rows.items():
         steps.add_row(kind, str(s["count"]), *(pct(s[k]) for k in ("median", "p90", "max",
