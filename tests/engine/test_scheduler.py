@@ -666,3 +666,62 @@ def test_plain_decode_steps_wait_for_arrivals_and_queued_requests():
     b = full.schedule(0.0)
     full.update(b, model.execute(b), now=0.1)
     assert full.plain_decode_steps(7) == 0  # "b" waits for a slot: schedule() decides
+
+
+# --------------------------------------------------------------------------- batch waiting
+
+def _waiting_scheduler(timeout_iters, ratio):
+    kv = KVCacheManager(64, 4, True)
+    return Scheduler(kv, max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=32,
+                     batch_wait_timeout_iters=timeout_iters, batch_wait_max_tokens_ratio=ratio)
+
+
+def _first_step_of(sched, late_prompt, arrival=0.0025):
+    """Steps a decoding request, adds `late_prompt` arriving at `arrival`; returns the index of
+    the step that first schedules it, and the batches."""
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    sched.add("early", [1, 2, 3], params, arrival_time=0.0)
+    sched.add("late", late_prompt, params, arrival_time=arrival)
+    batches = []
+    model = FakeModel(sched)
+    now = 0.0
+    while sched.has_unfinished():
+        batch = sched.schedule(now)
+        batches.append(batch)
+        sched.update(batch, model.execute(batch))
+        now += 0.001
+    late = next(i for i, b in enumerate(batches)
+                if any(s.request_id == "late" for s in b.sequences))
+    return late, batches
+
+
+def test_batch_waiting_holds_a_prompt_until_the_timeout_while_others_decode():
+    # arrives before step 3 (t = 0.003); without waiting step 3 would run it
+    assert _first_step_of(_waiting_scheduler(0, 0.0), [4, 5, 6, 7, 8])[0] == 3
+    late, batches = _first_step_of(_waiting_scheduler(3, 0.9), [4, 5, 6, 7, 8])
+    assert late == 3 + 3  # three steps of the early request's decode alone, then the prompt
+    for b in batches[3:6]:
+        assert [s.request_id for s in b.sequences] == ["early"]
+        assert b.num_prefill_tokens == 0
+    assert batches[6].num_prefill_tokens == 5
+
+
+def test_batch_waiting_runs_a_prompt_at_once_when_the_step_has_enough_tokens_or_no_decodes():
+    # 28 prompt tokens + 1 decode >= 0.9 x 32: no wait
+    assert _first_step_of(_waiting_scheduler(3, 0.9), list(range(1, 29)))[0] == 3
+    # timeout 0 with a ratio: TensorRT-LLM's rule then never waits (0 >= 0 iterations)
+    assert _first_step_of(_waiting_scheduler(0, 0.9), [4, 5, 6])[0] == 3
+    # nothing decoding: a prompt never waits for company
+    sched = _waiting_scheduler(5, 0.9)
+    sched.add("only", [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert sched.schedule(0.0).num_prefill_tokens == 3
+
+
+def test_batch_waiting_settings_are_checked():
+    kv = KVCacheManager(64, 4, True)
+    for kw, match in (({"batch_wait_timeout_iters": -1}, "batch_wait_timeout_iters"),
+                      ({"batch_wait_timeout_iters": 2.5}, "batch_wait_timeout_iters"),
+                      ({"batch_wait_max_tokens_ratio": 1.5}, "batch_wait_max_tokens_ratio"),
+                      ({"batch_wait_max_tokens_ratio": True}, "batch_wait_max_tokens_ratio")):
+        with pytest.raises(ValueError, match=match):
+            Scheduler(kv, max_model_len=64, **kw)

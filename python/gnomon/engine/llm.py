@@ -131,7 +131,8 @@ class LLMEngine:
                  num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
                  enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True,
                  tensor_parallel_size: int = 1, seed: Optional[int] = 0,
-                 capacity_policy: str = "max_utilization") -> None:
+                 capacity_policy: str = "max_utilization", batch_wait_timeout_iters: int = 0,
+                 batch_wait_max_tokens_ratio: float = 0.0) -> None:
         if clock is not None and not callable(clock):
             raise TypeError(f"clock: expected a callable returning seconds, got {clock!r}")
         self.clock = clock or time.monotonic
@@ -203,7 +204,9 @@ class LLMEngine:
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    eos_token_ids=config.eos_token_ids,
                                    vocab_size=config.vocab_size,
-                                   capacity_policy=capacity_policy)
+                                   capacity_policy=capacity_policy,
+                                   batch_wait_timeout_iters=batch_wait_timeout_iters,
+                                   batch_wait_max_tokens_ratio=batch_wait_max_tokens_ratio)
         self._sample: Optional[_SamplerAdapter] = None  # the engine's own runner samples here
         self.is_driver = True
         if runner is None:
@@ -323,7 +326,8 @@ class LLM:
                  max_num_batched_tokens: int = 8192, block_size: int = 16,
                  num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
                  enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True,
-                 tensor_parallel_size: int = 1, capacity_policy: str = "max_utilization") -> None:
+                 tensor_parallel_size: int = 1, capacity_policy: str = "max_utilization",
+                 batch_wait_timeout_iters: int = 0, batch_wait_max_tokens_ratio: float = 0.0) -> None:
         self.engine = LLMEngine(model, device=device, dtype=dtype, random_weights=random_weights,
                                 max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens,
@@ -332,7 +336,9 @@ class LLM:
                                 enable_prefix_caching=enable_prefix_caching,
                                 enable_hybrid_kv=enable_hybrid_kv,
                                 tensor_parallel_size=tensor_parallel_size,
-                                capacity_policy=capacity_policy)
+                                capacity_policy=capacity_policy,
+                                batch_wait_timeout_iters=batch_wait_timeout_iters,
+                                batch_wait_max_tokens_ratio=batch_wait_max_tokens_ratio)
         self.tokenizer = None
         folder = self.engine.folder
         if folder is not None and os.path.isfile(os.path.join(folder, "tokenizer.json")):

@@ -24,16 +24,23 @@ cdef class Scheduler:
     cdef public object vocab_size
     cdef public dict _reservations
     cdef public long long _reserved
+    cdef public long long batch_wait_timeout_iters
+    cdef public double batch_wait_max_tokens_ratio
+    cdef public long long _batch_wait_iters
 
     @cython.locals(seq=Sequence, req=Request, k=cython.longlong, c=cython.longlong,
                    budget=cython.longlong, start=cython.longlong, ok=cython.longlong,
                    slots=cython.longlong, num_prefill=cython.longlong,
                    num_decode=cython.longlong, cached=cython.longlong, i=cython.longlong,
-                   need=cython.longlong, reserve=cython.bint)
+                   need=cython.longlong, reserve=cython.bint, waits=cython.bint)
     cpdef schedule(self, double now=*)
 
     @cython.locals(seq=Sequence, req=Request, i=cython.longlong, context_len=cython.longlong)
     cpdef update(self, batch, output, now=*)
+
+    @cython.locals(seq=Sequence, budget=cython.longlong, tokens=cython.longlong,
+                   slots=cython.longlong)
+    cpdef bint _prompts_wait(self, long long decodes, list prefilling)
 
     @cython.locals(seq=Sequence, used=cython.longlong)
     cpdef long long _free_slots(self)

@@ -36,6 +36,14 @@ Policy
   prefill chunk out). Running sequences then do not outgrow the cache, and a request that
   would not fit to its end waits instead; only a sliding group's prefill chunk, which that
   count leaves out, can still make one preempt.
+- **Batch waiting** (TensorRT-LLM's ``batch_wait_timeout_iters`` and
+  ``batch_wait_max_tokens_ratio``, both off by default: ``PyExecutor._waiting_requests``). When
+  a step would run both decodes and prompt work, and fewer than ``batch_wait_timeout_iters``
+  such steps have waited since prompt work last ran, the prompt work waits (the decodes run
+  alone) unless the step's tokens reach ``batch_wait_max_tokens_ratio * max_num_batched_tokens``.
+  The tokens are counted as TensorRT-LLM counts them: one per decode, and each prompt that
+  would be scheduled (continuing chunks, then admissions in FCFS order within the token budget
+  and the free sequence slots) counted whole.
 - **Arrivals.** ``add(request_id, prompt_token_ids, params, arrival_time)``; ``schedule(now)``
   moves the requests with ``arrival_time <= now`` to the back of the waiting queue, in
   (arrival_time, add order). ``next_arrival_time()`` tells a virtual clock where to jump when a
@@ -115,7 +123,8 @@ class Scheduler:
     def __init__(self, kv_cache: KVCacheManager, *, max_model_len: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, eos_token_ids: Iterable[int] = (),
                  capacity_policy: str = MAX_UTILIZATION,
-                 vocab_size: Optional[int] = None) -> None:
+                 vocab_size: Optional[int] = None, batch_wait_timeout_iters: int = 0,
+                 batch_wait_max_tokens_ratio: float = 0.0) -> None:
         if not isinstance(kv_cache, KVCacheManager):
             raise TypeError(f"kv_cache: expected a KVCacheManager, got {type(kv_cache).__name__}")
         self.kv = kv_cache
@@ -136,6 +145,14 @@ class Scheduler:
                              f"got {capacity_policy!r}")
         self.capacity_policy = capacity_policy
         self.vocab_size = None if vocab_size is None else _check_int("vocab_size", vocab_size, 1)
+        self.batch_wait_timeout_iters = _check_int("batch_wait_timeout_iters",
+                                                   batch_wait_timeout_iters, 0)
+        ratio = batch_wait_max_tokens_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+            raise ValueError(f"batch_wait_max_tokens_ratio: expected a fraction in [0, 1], got "
+                             f"{ratio!r}")
+        self.batch_wait_max_tokens_ratio = float(ratio)
+        self._batch_wait_iters = 0  # steps whose prompt work has waited since it last ran
         self._reservations: Dict[int, int] = {}  # seq_id -> blocks reserved (guaranteed_no_evict)
         self._reserved = 0
         self._requests: Dict[RequestId, Request] = {}
@@ -276,6 +293,12 @@ class Scheduler:
             else:
                 prefilling.append(seq)
         budget -= len(plan)
+        waits = False
+        if plan and (prefilling or self._waiting) and (self.batch_wait_timeout_iters
+                                                       or self.batch_wait_max_tokens_ratio):
+            waits = self._prompts_wait(len(plan), prefilling)
+            if waits:
+                prefilling = []
         for seq in prefilling:
             if budget == 0:
                 break
@@ -302,7 +325,7 @@ class Scheduler:
         slots = self._free_slots() if self._waiting else 0
         preempted = self.num_preemptions != preemptions_before and bool(plan)
         reserve = self.capacity_policy == GUARANTEED_NO_EVICT
-        while self._waiting and budget > 0 and not preempted:
+        while self._waiting and budget > 0 and not preempted and not waits:
             seq = self._waiting[0]
             if seq.width > slots:
                 break
@@ -364,6 +387,30 @@ class Scheduler:
             self._outstanding = batch
             self._outstanding_now = now
         return batch
+
+    def _prompts_wait(self, decodes: int, prefilling: list) -> bool:
+        """Batch waiting's decision for a step of `decodes` decodes with prompt work pending
+        (the module docstring), counting the waited steps."""
+        budget = self.max_num_batched_tokens - decodes
+        tokens = decodes
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            tokens += len(seq.token_ids)
+            budget -= seq.prefill_target - seq.num_computed_tokens
+        slots = self._free_slots()
+        for seq in self._waiting:
+            if budget <= 0 or seq.width > slots:
+                break
+            tokens += len(seq.token_ids)
+            budget -= seq.prefill_target
+            slots -= seq.width
+        if (self._batch_wait_iters >= self.batch_wait_timeout_iters
+                or tokens >= self.batch_wait_max_tokens_ratio * self.max_num_batched_tokens):
+            self._batch_wait_iters = 0
+            return False
+        self._batch_wait_iters += 1
+        return True
 
     # ------------------------------------------------------------------ update
     def update(self, batch: ScheduledBatch, output: StepOutput,

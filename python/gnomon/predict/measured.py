@@ -12,7 +12,8 @@ Two ways in:
 - **aiconfigurator-core's** ``systems/silicon_sample.csv`` (NVIDIA AIConfigurator, PyPI
   ``aiconfigurator-core``, Apache-2.0): `from_silicon` maps each row through the one table in
   ``data/silicon.json`` (models and their quant labels, systems and their split, backends, the KV
-  dtype per recipe; what a blank field means). `silicon_csv()` finds it where that package is
+  dtype per recipe; what a blank field means; the server settings a source's benchmark
+  launched its engine with, by rule). `silicon_csv()` finds it where that package is
   installed; nothing is downloaded.
 
 A point maps to `simulate`'s arguments (`MeasuredPoint.simulate_args`), or is refused with the
@@ -57,6 +58,10 @@ FIELDS: Dict[str, Tuple[str, Optional[str]]] = {
     "concurrency": ("requests in flight of a closed loop, '' for none", ""),
     "rate": ("requests/s, or inf (all at once)", "inf"),
     "num_requests": ("requests the benchmark sent", None),
+    "engine_settings": ("what the server was launched with beyond its engine profile's "
+                        "defaults: KEY=VALUE pairs joined by ';', KEY a field of "
+                        "gnomon.predict.serve.EngineArgs (max_num_seqs, "
+                        "max_num_batched_tokens, batch_wait_timeout_iters, ...)", ""),
     "ttft_ms": ("measured mean time to first token, ms ('' if not measured)", ""),
     "tpot_ms": ("measured mean time per output token, ms ('' if not measured)", ""),
     "output_tokens_per_s": ("measured output throughput ('' if not measured)", ""),
@@ -99,6 +104,7 @@ class MeasuredPoint:
     output_tokens_per_s: Optional[float] = None
     total_tokens_per_s: Optional[float] = None
     split: str = ""
+    engine_settings: str = ""
 
     def __post_init__(self):
         where = f"point {self.id!r}"
@@ -126,6 +132,7 @@ class MeasuredPoint:
         for name in ("id", "source", "model", "hardware", "engine"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{where}: {name}: expected a non-empty string")
+        parse_settings(self.engine_settings, f"{where}: engine_settings")
 
     @property
     def dtype_label(self) -> str:
@@ -147,7 +154,8 @@ class MeasuredPoint:
         args = dict(model=self.model, hardware=self.hardware, engine=self.engine, tp=self.tp,
                     weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
                     workload=self.workload, num_requests=self.num_requests,
-                    concurrency=self.concurrency)
+                    concurrency=self.concurrency,
+                    engine_settings=parse_settings(self.engine_settings, "engine_settings"))
         if self.workload.startswith("trace:"):
             args["rate"] = None
         else:
@@ -161,6 +169,29 @@ class MeasuredPoint:
         out = asdict(self)
         out["rate"] = "inf" if math.isinf(self.rate) else self.rate
         return out
+
+
+def parse_settings(text: str, where: str) -> Dict[str, object]:
+    """``KEY=VALUE;...`` as a dict, each value an int, else a float, else the string."""
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: expected KEY=VALUE pairs joined by ';', got {text!r}")
+    out: Dict[str, object] = {}
+    for pair in filter(None, (p.strip() for p in text.split(";"))):
+        key, eq, raw = (x.strip() for x in pair.partition("="))
+        if not eq or not key.isidentifier() or not raw or key in out:
+            raise ValueError(f"{where}: {pair!r}: expected KEY=VALUE with KEY an identifier, "
+                             f"each KEY once")
+        for kind in (int, float, str):
+            try:
+                out[key] = kind(raw)
+                break
+            except ValueError:
+                continue
+    return out
+
+
+def join_settings(settings: Dict[str, object]) -> str:
+    return ";".join(f"{k}={v}" for k, v in settings.items())
 
 
 # --------------------------------------------------------------------------- gnomon's schema
@@ -194,7 +225,7 @@ def _parse(raw: dict, where: str) -> MeasuredPoint:
             ttft_ms=number("ttft_ms", float), tpot_ms=number("tpot_ms", float),
             output_tokens_per_s=number("output_tokens_per_s", float),
             total_tokens_per_s=number("total_tokens_per_s", float),
-            split=str(values["split"]))
+            split=str(values["split"]), engine_settings=str(values["engine_settings"]))
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None
 
@@ -314,14 +345,22 @@ def from_silicon(row: dict) -> MeasuredPoint:
         text = (row.get(name) or "").strip()
         return float(text) if text else None
 
+    source = _source(row)
+    settings: Dict[str, object] = {}
+    for rule in table["launches"]["rules"]:
+        if (source in rule["sources"] and row.get("backend") == rule["backend"]
+                and row.get("model_path") in rule["models"]
+                and all(_int(row, k) == rule[k] for k in ("isl", "osl") if k in rule)
+                and tp < rule.get("tp_below", math.inf)):
+            settings.update(rule["settings"])
     return MeasuredPoint(
-        id=rid, source=_source(row), model=model["model"], hardware=system["hardware"],
+        id=rid, source=source, model=model["model"], hardware=system["hardware"],
         engine=engine, engine_version=row.get("backend_version") or "", tp=tp, ep=ep, dp=dp,
         weight_dtype=quant["weight_dtype"], kv_dtype=quant["kv_dtype"], workload="random",
         input_len=length(isl), output_len=length(osl), concurrency=conc, rate=math.inf,
         num_requests=work["requests_per_concurrency"] * conc,
         ttft_ms=measured("silicon_ttft_ms"), tpot_ms=measured("silicon_tpot_ms"),
-        split=system["split"])
+        split=system["split"], engine_settings=join_settings(settings))
 
 
 def load_silicon(path: Optional[str] = None) -> Tuple[List[MeasuredPoint], List[dict]]:

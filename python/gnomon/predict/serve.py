@@ -38,6 +38,8 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_hybrid_kv: bool = True
     capacity_policy: str = "max_utilization"  # or "guaranteed_no_evict" (engine.scheduler)
+    batch_wait_timeout_iters: int = 0  # TensorRT-LLM's batch waiting (engine.scheduler)
+    batch_wait_max_tokens_ratio: float = 0.0
 
     def kwargs(self) -> dict:
         return dict(block_size=self.block_size, max_num_seqs=self.max_num_seqs,
@@ -45,7 +47,9 @@ class EngineArgs:
                     max_model_len=self.max_model_len,
                     enable_prefix_caching=self.enable_prefix_caching,
                     enable_hybrid_kv=self.enable_hybrid_kv,
-                    capacity_policy=self.capacity_policy)
+                    capacity_policy=self.capacity_policy,
+                    batch_wait_timeout_iters=self.batch_wait_timeout_iters,
+                    batch_wait_max_tokens_ratio=self.batch_wait_max_tokens_ratio)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Mapping, Optional, Union
 
 from gnomon.hardware import Hardware
 
@@ -106,13 +106,14 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
              output_len: Optional[LengthDist] = None, max_num_seqs: Optional[int] = None,
              max_num_batched_tokens: Optional[int] = None, weight_dtype: str = "auto",
              kv_dtype: str = "auto", slo: Optional[SLO] = None, seed: int = 0,
-             enable_hybrid_kv: bool = True,
+             enable_hybrid_kv: bool = True, engine_settings: Optional[Mapping] = None,
              progress: Optional[Callable[[int, int], None]] = None):
     """Run the simulation; returns ``(report, trace)``.
 
     `engine` (a profile name or file, `gnomon.predict.engines`) gives the scheduler defaults on
-    this GPU and the host overhead the roofline adds; `max_num_seqs` and
-    `max_num_batched_tokens` override the first. `args` replaces all of the scheduler's knobs;
+    this GPU and the host overhead the roofline adds; `engine_settings` (`EngineArgs` fields: the
+    settings a server was launched with) and `max_num_seqs` and `max_num_batched_tokens` override
+    the first. `args` replaces all of the scheduler's knobs;
     by default a calibrated predictor runs under the ones it was calibrated with (its domain).
     `concurrency` caps the requests in flight (`run_workload`); `input_len` / `output_len`
     replace a synthetic workload's lengths; `weight_dtype` / `kv_dtype` ("auto", "bfloat16",
@@ -124,12 +125,19 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
     profile = resolve_engine(engine)
     pred = (make_predictor(predictor, hw, profile.overhead) if isinstance(predictor, str)
             else predictor)
-    if args is not None and (max_num_seqs, max_num_batched_tokens) != (None, None):
-        raise ValueError("max_num_seqs, max_num_batched_tokens: pass them in args, which "
-                         "replaces every scheduler knob, or leave args None")
+    if args is not None and (max_num_seqs, max_num_batched_tokens, engine_settings) != (
+            None, None, None):
+        raise ValueError("max_num_seqs, max_num_batched_tokens, engine_settings: pass them in "
+                         "args, which replaces every scheduler knob, or leave args None")
     if args is None:
         calibrated_under = getattr(pred, "info", {}).get("engine")
         knobs = dict(calibrated_under) if calibrated_under else profile.scheduler_defaults(hw)
+        settings = dict(engine_settings or {})
+        unknown = set(settings) - set(EngineArgs.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"engine_settings: unknown {sorted(unknown)}; expected fields of "
+                             f"EngineArgs: {', '.join(EngineArgs.__dataclass_fields__)}")
+        knobs.update(settings)
         for name, value in (("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens)):
             if value is not None:
