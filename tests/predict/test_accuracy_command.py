@@ -62,6 +62,45 @@ def test_a_silicon_row_maps_as_its_benchmark_ran():
     assert (blank.weight_dtype, blank.dp, blank.engine_version) == ("bfloat16", 1, "")
 
 
+def test_a_sources_launch_rules_give_its_rows_their_server_settings():
+    llama = dict(model_path="meta-llama/Llama-3.1-70B", backend="trtllm", backend_version="",
+                 gemm_quant_mode="fp8", moe_quant_mode="fp8", moe_tp_size="")
+    p = measured.from_silicon(_row(**llama, isl="1024", osl="1024", tp_size="4"))
+    assert measured.parse_settings(p.engine_settings, "x") == {
+        "max_num_batched_tokens": 16384, "batch_wait_timeout_iters": 20,
+        "batch_wait_max_tokens_ratio": 0.9}
+    assert p.simulate_args()["engine_settings"]["batch_wait_timeout_iters"] == 20
+    # the recipe waits at 1k/1k below tp 8 only; its max_num_tokens holds for every row
+    for over in ({"tp_size": "8"}, {"osl": "8192", "tp_size": "4"}):
+        q = measured.from_silicon(_row(**{**llama, "isl": "1024", "osl": "1024", **over}))
+        assert q.engine_settings == "max_num_batched_tokens=16384"
+    # another source, backend or model: the engine's defaults
+    for over in ({"silicon_data_source": "source_file=/a/b/meta-llama_Llama-3.1-70B.csv"},
+                 {"backend": "vllm"}, {"model_path": "openai/gpt-oss-120b",
+                                        "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"}):
+        q = measured.from_silicon(_row(**{**llama, "isl": "1024", "osl": "1024", **over}))
+        assert q.engine_settings == "" and q.simulate_args()["engine_settings"] == {}
+
+
+@pytest.mark.parametrize("text", ["max_num_seqs", "=3", "a=1;a=2", "max num=2", "k="])
+def test_malformed_engine_settings_are_refused_naming_the_field(text):
+    with pytest.raises(ValueError, match="engine_settings"):
+        _point(0, 4, 5.0, engine_settings=text)
+
+
+def test_engine_settings_reach_the_simulated_engine_and_unknown_ones_are_refused():
+    from gnomon.predict.simulate import simulate
+
+    kw = dict(model="tiny-llama", hardware="H100 SXM", workload="random", num_requests=4,
+              rate=math.inf)
+    report, _ = simulate(**kw, engine_settings={"batch_wait_timeout_iters": 7,
+                                                "max_num_batched_tokens": 4096})
+    engine = report["setup"]["engine"]
+    assert (engine["batch_wait_timeout_iters"], engine["max_num_batched_tokens"]) == (7, 4096)
+    with pytest.raises(ValueError, match=r"engine_settings: unknown \['colour'\]"):
+        simulate(**kw, engine_settings={"colour": 1})
+
+
 @pytest.mark.parametrize("over, reason", [
     ({"model_path": "deepseek-ai/DeepSeek-R1"}, "model_path 'deepseek-ai/DeepSeek-R1': no gnomon model"),
     ({"mode": "disagg"}, "disaggregated serving is not simulated"),
@@ -87,7 +126,8 @@ def test_expert_and_data_parallel_points_are_refused_not_approximated():
 def test_points_in_gnomons_schema_round_trip_csv_and_jsonl(tmp_path):
     row = {"id": "a", "source": "mine", "model": "llama-3.1-8b", "hardware": "H100",
            "engine": "vllm", "tp": "2", "input_len": "900:1000", "output_len": "100",
-           "concurrency": "8", "num_requests": "80", "ttft_ms": "40", "split": "fit"}
+           "concurrency": "8", "num_requests": "80", "ttft_ms": "40", "split": "fit",
+           "engine_settings": "max_num_seqs=8; batch_wait_max_tokens_ratio=0.5"}
     path = tmp_path / "points.csv"
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(row))
@@ -96,6 +136,8 @@ def test_points_in_gnomons_schema_round_trip_csv_and_jsonl(tmp_path):
     (p,) = measured.load_points(path)
     assert (p.tp, p.concurrency, p.ttft_ms, p.tpot_ms, math.isinf(p.rate)) == (2, 8, 40.0,
                                                                                None, True)
+    assert p.simulate_args()["engine_settings"] == {"max_num_seqs": 8,
+                                                    "batch_wait_max_tokens_ratio": 0.5}
     jl = tmp_path / "points.jsonl"
     jl.write_text(json.dumps(p.to_json()) + "\n")
     assert measured.load_points(jl) == [p]
