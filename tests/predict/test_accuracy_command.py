@@ -91,8 +91,10 @@ def test_malformed_engine_settings_are_refused_naming_the_field(text):
 def test_engine_settings_reach_the_simulated_engine_and_unknown_ones_are_refused():
     from gnomon.predict.simulate import simulate
 
+    from gnomon.predict.workloads import LengthDist
+
     kw = dict(model="tiny-llama", hardware="H100 SXM", workload="random", num_requests=4,
-              rate=math.inf)
+              rate=math.inf, input_len=LengthDist.fixed(100), output_len=LengthDist.fixed(8))
     report, _ = simulate(**kw, engine_settings={"batch_wait_timeout_iters": 7,
                                                 "max_num_batched_tokens": 4096})
     engine = report["setup"]["engine"]
