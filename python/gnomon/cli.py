@@ -257,6 +257,10 @@ def _add_serving_arguments(p, sweep: bool) -> None:  # noqa: ANN001
                    help=f"sequences per step (default: the engine's){many}")
     p.add_argument("--max-num-batched-tokens", default=None,
                    help=f"tokens per step (default: the engine's){many}")
+    p.add_argument("--engine-settings", default="", metavar="KEY=VALUE;...",
+                   help="what the server is launched with beyond the engine's defaults, fields "
+                        "of gnomon.predict.serve.EngineArgs (batch_wait_timeout_iters=20;"
+                        "batch_wait_max_tokens_ratio=0.9 is TensorRT-LLM's batch waiting)")
     p.add_argument("--weight-dtype", default="auto",
                    help="auto (the config's quantization_config), bfloat16, float16, fp8, "
                         "nvfp4 or mxfp4 (the dense linear weights; FP4 runs on the FP4 peak "
@@ -360,6 +364,10 @@ def _serving_spec(args, sweep: bool):  # noqa: ANN001
                 weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, slo=slo,
                 enable_hybrid_kv=not args.no_hybrid_kv, input_len=args.input_len,
                 output_len=args.output_len)
+    if args.engine_settings:
+        from gnomon.predict.measured import parse_settings
+
+        base["engine_settings"] = parse_settings(args.engine_settings, "--engine-settings")
     if args.input_len is not None or args.output_len is not None:
         from gnomon.predict import workloads
 

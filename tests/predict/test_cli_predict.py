@@ -89,6 +89,11 @@ def test_simulate_azure_trace(tmp_path):
     (["--weight-dtype", "int4"], ["weight_dtype", "fp8"]),
     (["--kv-dtype", "fp4"], ["kv_dtype", "fp8"]),
     (["--workload", "trace:x.csv", "--input-len", "10"], ["input_len", "trace"]),
+    (["--engine-settings", "colour=red"], ["engine_settings: unknown ['colour']",
+                                           "batch_wait_timeout_iters"]),
+    (["--engine-settings", "batch_wait_timeout_iters"], ["--engine-settings", "KEY=VALUE"]),
+    (["--engine-settings", "batch_wait_max_tokens_ratio=2"], ["batch_wait_max_tokens_ratio",
+                                                              "[0, 1]"]),
 ])
 def test_bad_input_is_one_line_naming_it(args, expected):
     run = gnomon("simulate", *args, timeout=120)
@@ -172,3 +177,14 @@ def test_rate_sweep_and_slo(tmp_path):
 def test_bad_sweep_and_slo_flags(args, expected):
     run = gnomon("simulate", "--num-requests", "5", *args, timeout=120)
     assert run.returncode == 2 and expected in run.stderr, run.stderr
+
+
+def test_engine_settings_launch_the_simulated_server(tmp_path):
+    out = tmp_path / "r.json"
+    run = gnomon("simulate", "--model", "tiny-llama", "--hardware", "H100 SXM", "--engine",
+                 "trtllm", "--num-requests", "8", "--input-len", "64", "--output-len", "8",
+                 "--engine-settings", "batch_wait_timeout_iters=20; batch_wait_max_tokens_ratio=0.9",
+                 "--out", str(out), timeout=120)
+    assert run.returncode == 0, run.stderr
+    engine = json.loads(out.read_text())["setup"]["engine"]
+    assert (engine["batch_wait_timeout_iters"], engine["batch_wait_max_tokens_ratio"]) == (20, 0.9)
