@@ -3,7 +3,9 @@
 The serving path is what a request crosses outside the engine's steps: the API server and
 tokenisation on the way in, output processing and streaming on the way out. A simulation with no
 serving path leaves exactly that in the measured TTFT at light load, where a request barely
-queues. So, per engine, on the fit-split rows at concurrency <= `LIGHT` (and nothing else):
+queues. So, per engine, on the fit-split rows at concurrency <= `LIGHT` of the sources whose
+benchmark client is known (silicon.json's ``workload.client_sources``: a serving path is the
+way through that client and the server; other sources, whose client is not stated, stay out):
 
 1. simulate each row with the profile's serving path set to zero (its async-scheduling lag kept:
    that is a mechanism read from the engine's source, not a fitted number);
@@ -11,8 +13,7 @@ queues. So, per engine, on the fit-split rows at concurrency <= `LIGHT` (and not
 3. fit ``left = request_s + per_prompt_token_s * mean prompt tokens`` by the Theil-Sen
    estimator (the median of the pairwise slopes, then the median intercept), both clipped at 0
    (a negative cost does not exist). A median, not least squares: a few rows of a source run
-   far from the rest (TensorRT-LLM's Llama-3.1-70B 1k/1k rows at concurrency 4 on B200 measure
-   a TTFT 3-4x that of the same model's 1k/8k rows), and a mean would follow them.
+   far from the rest, and a mean would follow them.
 
 The split between the way in and the way out cannot be told apart from mean TTFTs, so the whole
 fixed part goes to ``request_s`` and ``response_s`` stays 0. Held-out rows (h200_sxm) are never
@@ -74,8 +75,9 @@ def _theil_sen(xs, ys):
 
 
 def fit(points, jobs: int):
+    known = set(measured.silicon_table()["workload"]["client_sources"])
     light = [p for p in points if p.split == "fit" and p.concurrency is not None
-             and p.concurrency <= LIGHT and p.ep == 1 and p.dp == 1]
+             and p.concurrency <= LIGHT and p.ep == 1 and p.dp == 1 and p.source in known]
     by_engine = defaultdict(list)
     for p in light:
         by_engine[p.engine].append(p)
