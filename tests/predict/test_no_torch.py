@@ -6,7 +6,8 @@ import sys
 
 SIMULATION_MODULES = [
     "gnomon.engine.llm", "gnomon.engine.scheduler", "gnomon.engine.kv_cache",
-    "gnomon.engine.batch", "gnomon.engine.config", "gnomon.engine.block_tables",
+    "gnomon.engine.batch", "gnomon.engine.config", "gnomon.engine.config_json",
+    "gnomon.engine.block_tables",
     "gnomon.predict.simulate", "gnomon.predict.serve", "gnomon.predict.simulated",
     "gnomon.predict.roofline", "gnomon.predict.calibrated", "gnomon.predict.table",
     "gnomon.predict.report", "gnomon.predict.metrics", "gnomon.predict.workloads",

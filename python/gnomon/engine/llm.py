@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .batch import ScheduledBatch, ScheduledSequence, StepOutput
-from .config import DTYPE_BYTES, PRESETS, ModelConfig, torch_dtype
+from .config import PRESETS, ModelConfig, torch_dtype
+from .config_json import DTYPE_BYTES
 from .distributed import launched_by_torchrun
 from .kv_cache import KVCacheManager, max_blocks_held
 from .parallel import check_tp, kv_heads_per_gpu
