@@ -10,7 +10,8 @@ that a simulation (which parses configs and counts weights) runs without torch:
    checkpoint tensor of layer 0 whose presence means MXFP4 experts, or None), and
    ``config_fields(r, base)``: its own `ModelConfig` fields (head dim, attention bias, experts and
    routing, layer types and window, sinks, activation, gate/up layout) read through the
-   `gnomon.engine.config_json.ConfigReader` ``r``, given the architecture-independent ``base`` fields.
+   `gnomon.engine.config_json.ConfigReader` ``r``, given the architecture-independent ``base``
+   fields.
    ``PRESETS``: its presets' config.json contents (real models and a tiny test config), which
    `gnomon.engine.config.PRESETS` gathers.
 2. **Its weight table.** ``layer_shapes(config, mxfp4)``: gnomon's names and shapes under
