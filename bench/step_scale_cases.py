@@ -111,7 +111,7 @@ def engine_overhead(args: dict) -> dict:
     from gnomon.engine.llm import LLMEngine
     from gnomon.engine.runner import ModelRunner
     from gnomon.engine.sampling_params import SamplingParams
-    from gnomon.engine.weights import random_weights
+    from gnomon.engine.random_weights import random_weights
 
     batch, context, steps = args["batch"], args["context"], args["decode_steps"]
     raw = preset_json("tiny-llama")

@@ -12,7 +12,7 @@ from gnomon.engine.config import ModelConfig
 from gnomon.engine.llm import LLMEngine
 from gnomon.engine.runner import ModelRunner
 from gnomon.engine.sampling_params import SamplingParams
-from gnomon.engine.weights import random_weights
+from gnomon.engine.random_weights import random_weights
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not (torch.cuda.is_available()

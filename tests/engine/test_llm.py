@@ -160,7 +160,7 @@ def test_score_shape():
 def _write_folder(tmp_path, with_tokenizer=False):
     from safetensors.torch import save_file
 
-    from gnomon.engine.weights import random_weights
+    from gnomon.engine.random_weights import random_weights
     cfg = preset_json("tiny-llama")
     cfg["torch_dtype"] = "float32"
     (tmp_path / "config.json").write_text(json.dumps(cfg))

@@ -22,7 +22,7 @@ from gnomon.engine.kv_cache import KVCacheGroups, resolve_num_blocks
 from gnomon.engine.runner import ModelRunner
 from gnomon.engine.sampling_params import SamplingParams
 from gnomon.engine.scheduler import Scheduler
-from gnomon.engine.weights import random_weights
+from gnomon.engine.random_weights import random_weights
 from gnomon.ops import mxfp4_dequantize
 
 ATOL = RTOL = 1e-4

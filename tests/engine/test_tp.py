@@ -29,7 +29,9 @@ from gnomon.engine.llm import LLM
 from gnomon.engine.models import llama
 from gnomon.engine.parallel import Shard, check_tp
 from gnomon.engine.sampling_params import SamplingParams
-from gnomon.engine.weights import load_weights, random_weights, shard_weights
+from gnomon.engine.random_weights import random_weights
+from gnomon.engine.weight_shards import shard_weights
+from gnomon.engine.weights import load_weights
 from hf_checkpoints import hf_greedy
 
 # ---- FailingLlamaForCausalLM ------------------------------------------------------------------

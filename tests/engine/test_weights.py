@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import save_file
 
 from gnomon.engine.config import ModelConfig, preset_json
+from gnomon.engine.random_weights import random_weights
 from gnomon.engine.weights import (INDEX_FILE, SINGLE_FILE, WeightsError, load_weights,
-                                   random_weights, weight_shapes)
+                                   weight_shapes)
 from gnomon.ops import mxfp4_dequantize, mxfp4_quantize
 
 ARCHS = {"llama": "tiny-llama", "mixtral": "tiny-mixtral", "gpt-oss": "tiny-gpt-oss"}

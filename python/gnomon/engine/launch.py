@@ -36,7 +36,9 @@ class RunnerBuilder:
         from gnomon.engine import models
         from gnomon.engine.config import torch_dtype
         from gnomon.engine.runner import ModelRunner
-        from gnomon.engine.weights import load_weights, random_weights, shard_weights
+        from gnomon.engine.random_weights import random_weights
+        from gnomon.engine.weight_shards import shard_weights
+        from gnomon.engine.weights import load_weights
 
         if self.config.architecture not in models.architectures():
             models.register(self.config.architecture, self.module)

@@ -1,7 +1,7 @@
 """Tensor parallelism's arithmetic, without torch: which part of a model each rank holds, and
 `check_tp`, the one check of a tensor-parallel size (the engine's and the predictor's).
 
-Sharding (Megatron style; `gnomon.engine.weights.shard_weights` applies it)
+Sharding (Megatron style; `gnomon.engine.weight_shards.shard_weights` applies it)
   Each of ``N`` ranks holds its ``1/N`` of the query heads (Q rows of ``qkv``, their ``sinks``,
   their columns of ``o``), of the KV heads (replicated when ``N`` exceeds them: rank ``r`` holds
   KV head ``r // (N / num_kv_heads)``), of the intermediate size (gate and up rows of ``w13``,

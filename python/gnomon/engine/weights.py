@@ -1,7 +1,7 @@
 """Model weights: `load_weights` reads a Hugging Face safetensors checkpoint (one
 ``model.safetensors``, or shards listed by ``model.safetensors.index.json``) through
-``safetensors.safe_open``, which memory-maps each file; `random_weights` builds the same dict
-with random values. Both return a plain ``dict`` from gnomon's names to tensors.
+``safetensors.safe_open``, which memory-maps each file; `gnomon.engine.random_weights` builds
+the same dict with random values. Both return a plain ``dict`` from gnomon's names to tensors.
 
 gnomon's names (`weight_shapes` gives every name's shape for a config): ``embed`` [V, H]
 (``model.embed_tokens.weight``), ``norm`` [H] (``model.norm.weight``) and ``lm_head`` [V, H]
@@ -30,7 +30,7 @@ from gnomon.engine import models
 from gnomon.engine.models import check_mxfp4, weight_shapes
 from gnomon.engine.config import ModelConfig, torch_dtype
 from gnomon.engine.parallel import Shard
-from gnomon.formats import E8M0_BIAS, MXFP4_BLOCK
+from gnomon.engine.weight_shards import shard_weights
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -41,7 +41,7 @@ class WeightsError(ValueError):
     fault) and the file."""
 
 
-def _resolve_dtype(dtype, config: ModelConfig) -> torch.dtype:
+def resolve_dtype(dtype, config: ModelConfig) -> torch.dtype:
     if dtype is None or dtype == "auto":
         return config.dtype
     if isinstance(dtype, str):
@@ -163,7 +163,7 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
         config = ModelConfig.from_pretrained(folder)
     elif not isinstance(config, ModelConfig):
         raise TypeError(f"config: expected a ModelConfig or None, got {type(config).__name__}")
-    dtype = _resolve_dtype(dtype, config)
+    dtype = resolve_dtype(dtype, config)
     ckpt = _Checkpoint(folder)
     c, H = config, config.hidden_size
     model = models.model_module(c.architecture)
@@ -198,7 +198,7 @@ def load_weights(folder: Union[str, os.PathLike], config: Optional[ModelConfig] 
 
     expected = weight_shapes(shard.local_config(c, mxfp4), mxfp4=mxfp4)
     assert set(out) == set(expected), sorted(set(out) ^ set(expected))
-    return _to_device(out, device)
+    return to_device(out, device)
 
 
 class _ShardReader:
@@ -252,87 +252,7 @@ class _ShardReader:
         return self._read(name, shape, split, uint8=True)
 
 
-# ---- tensor-parallel shards -------------------------------------------------------------------
-
-# How the weights outside the layers split (`gnomon.engine.parallel` states the rules); each
-# architecture's module gives its layers' (``SHARDING``).
-_SHARDING = {"embed": ("vocab", 0), "lm_head": ("vocab", 0), "norm": ("replicate", None)}
-_PAD = {"_scales": E8M0_BIAS}  # an MXFP4 scale that pads: 2**0; padded codes are 0
-INTERMEDIATE_SPLITS = ("gate_up", "down")  # the MLP's splits along its intermediate dimension
-
-
-def shard_weights(weights: Dict[str, torch.Tensor], config: ModelConfig, shard: Shard, *,
-                  mxfp4: Optional[bool] = None) -> Dict[str, torch.Tensor]:
-    """Rank ``shard.rank``'s part of gnomon-named `weights` (all of a model's, or any subset),
-    by the sharding rules of `gnomon.engine.parallel` and the architecture's ``SHARDING``:
-    each fused tensor is split per component (Q, K and V heads of ``qkv``; gate and up rows of
-    ``w13``), never as one contiguous slice. `mxfp4` defaults to whether `weights` hold scales."""
-    if shard.size == 1:
-        return dict(weights)
-    if mxfp4 is None:
-        mxfp4 = any(n.endswith("_scales") for n in weights)
-    rules = {**_SHARDING, **models.model_module(config.architecture).SHARDING}
-    padded = shard.intermediate(config, mxfp4)
-    out: Dict[str, torch.Tensor] = {}
-    for name, tensor in weights.items():
-        leaf = name.rsplit(".", 1)[-1]
-        if name == "lm_head" and config.tie_word_embeddings and "embed" in out:
-            out[name] = out["embed"]
-            continue
-        kind, dim = rules[leaf]
-        if kind in INTERMEDIATE_SPLITS and padded != config.intermediate_size:
-            fill = next((v for suffix, v in _PAD.items() if leaf.endswith(suffix)), 0)
-            tensor = _pad_intermediate(tensor, dim, padded / config.intermediate_size,
-                                       fill, kind == "gate_up" and
-                                       config.gate_up_layout == "concat")
-        out[name] = _split(tensor, kind, dim, config, shard)
-    return out
-
-
-def _split(t: torch.Tensor, kind: str, dim, config: ModelConfig, shard: Shard) -> torch.Tensor:
-    if kind == "replicate":
-        return t
-    if kind == "once":  # a bias added after the all-reduce: rank 0's alone
-        return t if shard.rank == 0 else torch.zeros_like(t)
-    if kind == "vocab":
-        rows = shard.vocab(config)
-        if rows != t.shape[0]:
-            t = torch.cat([t, t.new_zeros((rows - t.shape[0],) + tuple(t.shape[1:]))])
-        return t[shard.span(rows)].contiguous()
-    D = config.head_dim
-    if kind == "heads":
-        return t[shard.span(config.num_heads)].contiguous()
-    if kind == "qkv":
-        q, kv = config.num_heads * D, config.num_kv_heads * D
-        heads = shard.span(config.num_heads)
-        kv_heads = shard.kv_heads(config)
-        return torch.cat([t[heads.start * D:heads.stop * D],
-                          t[q + kv_heads.start * D:q + kv_heads.stop * D],
-                          t[q + kv + kv_heads.start * D:q + kv + kv_heads.stop * D]]).contiguous()
-    n = t.shape[dim]
-    if kind == "gate_up" and config.gate_up_layout == "concat":
-        gate, up = t.split(n // 2, dim=dim)
-        part = shard.span(n // 2)
-        return torch.cat([gate.narrow(dim, part.start, part.stop - part.start),
-                          up.narrow(dim, part.start, part.stop - part.start)], dim=dim)
-    part = shard.span(n)  # row, down, or gate/up interleaved: contiguous pairs
-    return t.narrow(dim, part.start, part.stop - part.start).contiguous()
-
-
-def _pad_intermediate(t: torch.Tensor, dim: int, ratio: float, fill: int,
-                      halves: bool) -> torch.Tensor:
-    """`t` with its intermediate dimension `dim` grown by `ratio` (each half when `halves`)."""
-    def grow(part: torch.Tensor) -> torch.Tensor:
-        extra = list(part.shape)
-        extra[dim] = round(part.shape[dim] * ratio) - part.shape[dim]
-        return torch.cat([part, torch.full(extra, fill, dtype=part.dtype)], dim=dim)
-
-    if halves:
-        return torch.cat([grow(h) for h in t.split(t.shape[dim] // 2, dim=dim)], dim=dim)
-    return grow(t)
-
-
-def _to_device(weights: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor]:
+def to_device(weights: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tensor]:
     device = torch.device(device)
     if device.type == "cpu":
         return weights
@@ -340,58 +260,3 @@ def _to_device(weights: Dict[str, torch.Tensor], device) -> Dict[str, torch.Tens
     moved["lm_head"] = (moved["embed"] if weights["lm_head"] is weights["embed"]
                         else weights["lm_head"].to(device))
     return {n: moved[n] for n in weights}
-
-
-# ---- random weights --------------------------------------------------------------------------
-
-def random_weights(config: ModelConfig, dtype: Union[None, str, torch.dtype] = None,
-                   seed: int = 0, *, mxfp4: Optional[bool] = None,
-                   device: Union[str, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
-    """The dict `load_weights` returns, filled with seeded random values: matrices and
-    embeddings ``N(0, 0.02^2)``, biases ``N(0, 0.02^2)``, norm weights ``1 + N(0, 0.1^2)``,
-    sinks ``N(0, 1)``. `mxfp4` (default: the config declares MXFP4 experts) quantises each
-    expert's random weights with `gnomon.ops.mxfp4_quantize` (the "ceil" rule of gpt-oss's
-    tooling), one expert at a time so the float copy stays small. Deterministic in `seed`."""
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed: expected an int, got {seed!r}")
-    dtype = _resolve_dtype(dtype, config)
-    if mxfp4 is None:
-        mxfp4 = config.quantization == "mxfp4"
-    shapes = weight_shapes(config, mxfp4=mxfp4)
-    gen = torch.Generator().manual_seed(seed)
-
-    def randn(shape, std: float, mean: float = 0.0) -> torch.Tensor:
-        t = torch.randn(shape, generator=gen, dtype=torch.float32)
-        return (t.mul_(std).add_(mean)).to(dtype)
-
-    out: Dict[str, torch.Tensor] = {}
-    for name, shape in shapes.items():
-        leaf = name.rsplit(".", 1)[-1]
-        if name == "lm_head" and config.tie_word_embeddings:
-            out[name] = out["embed"]
-        elif leaf.endswith("norm"):
-            out[name] = randn(shape, 0.1, 1.0)
-        elif leaf == "sinks":
-            out[name] = randn(shape, 1.0)
-        elif leaf.endswith("_scales"):
-            continue  # made with their codes
-        elif mxfp4 and leaf in ("w13", "w2"):
-            out[name], out[name + "_scales"] = _random_mxfp4(shape, gen)
-        else:
-            out[name] = randn(shape, 0.02)
-    return _to_device({n: out[n] for n in shapes}, device)
-
-
-def _random_mxfp4(shape: Tuple[int, ...], gen: torch.Generator
-                  ) -> Tuple[torch.Tensor, torch.Tensor]:
-    from gnomon.ops import mxfp4_quantize
-    E, N, half_k = shape
-    k = half_k * 2
-    codes = torch.empty((E, N, half_k), dtype=torch.uint8)
-    scales = torch.empty((E, N, k // MXFP4_BLOCK), dtype=torch.uint8)
-    for e in range(E):
-        w = torch.randn((N, k), generator=gen, dtype=torch.float32).mul_(0.02)
-        codes[e], scales[e] = mxfp4_quantize(w, scale_rule="ceil")
-    return codes, scales

@@ -18,7 +18,7 @@ that a simulation (which parses configs and counts weights) runs without torch:
    ``layers.{i}.``; ``load_layer(read, config, i, mxfp4)``: which HF tensors of layer ``i``
    become those weights, how they are fused (``qkv``, ``w13``) and how each splits across
    tensor-parallel ranks (``read.dense`` / ``read.codes`` take the split, and read only the
-   rank's rows); ``SHARDING``: how `gnomon.engine.weights.shard_weights` splits each
+   rank's rows); ``SHARDING``: how `gnomon.engine.weight_shards.shard_weights` splits each
    (``qkv``, ``gate_up``, ``down``, ``row``, ``heads``, ``once`` or ``replicate``, and the dim).
    The pieces several architectures share (a pre-norm layer's norms and attention, stacked
    experts, the tiny test config) are `gnomon.engine.models.common`'s.

@@ -17,7 +17,7 @@ def tiny(architecture: str, **fields) -> dict:
             "eos_token_id": 2, "bos_token_id": 1, "torch_dtype": "float32", **fields}
 
 
-# How tensor parallelism splits them (`gnomon.engine.weights.shard_weights`): kind and dim.
+# How tensor parallelism splits them (`gnomon.engine.weight_shards.shard_weights`): kind and dim.
 ATTENTION_SHARDING = {"attn_norm": ("replicate", None), "mlp_norm": ("replicate", None),
                       "qkv": ("qkv", 0), "qkv_bias": ("qkv", 0), "o": ("row", -1),
                       "o_bias": ("once", None), "sinks": ("heads", 0)}

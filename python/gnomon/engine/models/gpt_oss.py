@@ -91,7 +91,7 @@ def mlp_shapes(config, mxfp4: bool) -> dict:
     return shapes
 
 
-# How tensor parallelism splits them (`gnomon.engine.weights.shard_weights`): kind and dim.
+# How tensor parallelism splits them (`gnomon.engine.weight_shards.shard_weights`): kind and dim.
 # MXFP4 codes and scales split along N for w13 and along K for w2; w2's bias is added once.
 MLP_SHARDING = {"router": ("replicate", None), "router_bias": ("replicate", None),
                 "w13": ("gate_up", -2), "w13_scales": ("gate_up", -2),

@@ -61,7 +61,7 @@ def mlp_shapes(config, mxfp4: bool) -> dict:
     return {"w13": (2 * I, H), "w2": (H, I)}
 
 
-# How tensor parallelism splits them (`gnomon.engine.weights.shard_weights`): kind and dim.
+# How tensor parallelism splits them (`gnomon.engine.weight_shards.shard_weights`): kind and dim.
 MLP_SHARDING = {"w13": ("gate_up", -2), "w2": ("down", -1)}
 SHARDING = {**common.ATTENTION_SHARDING, **MLP_SHARDING}
 
