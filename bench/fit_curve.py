@@ -8,7 +8,7 @@ winner with its provenance: the grid, each value's MAPE, and the rows (groups an
 
     python bench/fit_curve.py --points PATH/silicon_sample.csv \
         --curve blackwell.grouped_gemm_memory --values 0.52,0.65,0.8 --metric tpot \
-        --model gpt-oss-120b --hardware B200 [--write]
+        --model gpt-oss-120b --hardware B200 [--weight-dtype nvfp4] [--write]
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def main(argv=None) -> int:
     parser.add_argument("--metric", choices=scorecard.METRICS, required=True)
     parser.add_argument("--model", default="")
     parser.add_argument("--hardware", default="")
+    parser.add_argument("--weight-dtype", default="",
+                        help="keep only the rows of these dense weight dtypes (comma-separated)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
@@ -67,7 +69,9 @@ def main(argv=None) -> int:
     points = scorecard.filter_points(
         points, split="fit", models=[m for m in args.model.split(",") if m],
         hardware=[h for h in args.hardware.split(",") if h])
-    points = [p for p in points if p.ep == 1 and p.dp == 1]
+    dtypes = [d for d in args.weight_dtype.split(",") if d]
+    points = [p for p in points if p.ep == 1 and p.dp == 1
+              and (not dtypes or p.weight_dtype in dtypes)]
     excluded = scorecard.under_specified(points)
     points = [p for p in points if p.id not in excluded]
     groups = Counter(f"{p.model} on {p.hardware} with {p.engine} ({p.source})" for p in points)

@@ -135,3 +135,24 @@ def test_step_cost_rejects_unknown_family_and_negative_time():
         StepCost.from_parts({"gemm": 1.0}, {"gemm": "guessed"})
     c = StepCost.from_parts({"gemm": 1.0, "overhead": 0.5}, {"gemm": "fitted"})
     assert math.isclose(c.seconds, 1.5) and c.provenance["attention"] == "analytical"
+
+
+def test_fp4_dense_weights_read_at_their_own_memory_curve():
+    # A decode of one token is memory bound on every dense GEMM: each reads its weights at the
+    # generation's gemm_memory_fp4 fraction of the HBM peak, the bf16 lm_head at gemm_memory's.
+    from gnomon.predict.efficiency import curves_for
+    from gnomon.predict.opcount import dense_ops
+
+    spec = ModelSpec.from_model("llama-3.1-70b", weight_dtype="nvfp4")
+    predictor = RooflinePredictor("B200")
+    curves, hbm = curves_for(predictor.hardware), predictor.hardware.hbm_tbps.value * 1e12
+    launch = predictor.efficiencies.launch_s
+    expected = 0.0
+    for op in dense_ops(spec, 1, 1, 1):
+        if op.family == "gemm":
+            curve = curves["gemm_memory_fp4" if op.compute == "fp4" else "gemm_memory"]
+            expected += op.bytes / (hbm * curve(op.bytes / op.launches)) + op.launches * launch
+    assert {op.compute for op in dense_ops(spec, 1, 1, 1) if op.family == "gemm"} == {
+        "fp4", "bfloat16"}
+    got = predictor.predict(StepShape.of(spec, [(1, 100)])).breakdown["gemm"]
+    assert got == pytest.approx(expected, rel=1e-9)

@@ -11,7 +11,9 @@ The roofline multiplies them (`gnomon.predict.roofline`):
 - ``grouped_gemm``: a grouped MoE GEMM's against the dense GEMM's of the same N and K, by
   tokens per expert;
 - ``gemm_memory``: a GEMM's achieved fraction of the HBM peak by the bytes the kernel moves
-  (small matrices do not saturate it); ``grouped_gemm_memory``: the MoE's, by tokens per expert;
+  (small matrices do not saturate it); ``gemm_memory_fp4``: the same for dense GEMMs of FP4
+  weights (NVFP4, MXFP4: a scale per 16 or 32 codes to read and apply);
+  ``grouped_gemm_memory``: the MoE's, by tokens per expert;
 - ``w4a16`` / ``w8a16``: a weight-only kernel (4- or 8-bit weights, bf16 math; MXFP4 or FP8 on
   a chip without that math) against the bf16 GEMM at the same M;
 - ``attention_prefill_d64`` / ``_d128``: attention's compute rate as a fraction of the bf16
@@ -34,8 +36,9 @@ from typing import Dict, Optional, Tuple
 
 from gnomon.hardware import Hardware
 
-CURVES = ("gemm", "gemm_k", "gemm_memory", "grouped_gemm", "grouped_gemm_memory", "w4a16",
-          "w8a16", "attention_prefill_d64", "attention_prefill_d128", "attention_decode")
+CURVES = ("gemm", "gemm_k", "gemm_memory", "gemm_memory_fp4", "grouped_gemm",
+          "grouped_gemm_memory", "w4a16", "w8a16", "attention_prefill_d64",
+          "attention_prefill_d128", "attention_decode")
 DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "efficiency.json")
 
 

@@ -149,7 +149,8 @@ class RooflinePredictor:
             elif grouped:
                 fraction = curves["grouped_gemm_memory"](op.rows)
             else:
-                fraction = curves["gemm_memory"](op.bytes / op.launches)
+                fraction = curves["gemm_memory_fp4" if op.compute == "fp4" else
+                                  "gemm_memory"](op.bytes / op.launches)
             memory = op.bytes / (self._hbm_bytes_per_s * fraction)
         compute = 0.0
         if op.flops:
