@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import gnomon.ops as ops
+from gnomon.formats import MXFP4_BLOCK
 from conftest import paired_speedup, record, speedup
 
 ROUTINGS = 8
@@ -59,10 +60,10 @@ class MoEBlock:
         if mxfp4:
             # Random codes (all 16 occur) with scales 2^-8 .. 2^-6: outputs of order one.
             self.w13_q = torch.randint(0, 256, (E, 2 * I, H // 2), generator=g, dtype=torch.uint8)
-            self.w13_scales = torch.randint(119, 122, (E, 2 * I, H // 32), generator=g,
+            self.w13_scales = torch.randint(119, 122, (E, 2 * I, H // MXFP4_BLOCK), generator=g,
                                             dtype=torch.uint8)
             self.w2_q = torch.randint(0, 256, (E, H, I // 2), generator=g, dtype=torch.uint8)
-            self.w2_scales = torch.randint(119, 122, (E, H, I // 32), generator=g,
+            self.w2_scales = torch.randint(119, 122, (E, H, I // MXFP4_BLOCK), generator=g,
                                            dtype=torch.uint8)
             self.w13 = dequantize_bf16(self.w13_q, self.w13_scales)
             self.w2 = dequantize_bf16(self.w2_q, self.w2_scales)

@@ -22,6 +22,7 @@ import torch
 
 from conftest import paired_speedup, record, speedup
 from gnomon import ops
+from gnomon.formats import MXFP4_BLOCK
 
 ROTATION_BYTES = 256 << 20  # the weight copies of one benchmark together: well above an LLC
 
@@ -29,7 +30,7 @@ GEMM_SHAPES = [(5760, 2880), (2880, 2880)]  # (N, K)
 
 
 def mxfp4_bytes(n, k):
-    return n * k // 2 + n * k // 32
+    return n * k // 2 + n * k // MXFP4_BLOCK
 
 
 def copies(enabled, nbytes):
@@ -74,7 +75,7 @@ def gemm_call(implementation, m, n, k, enabled):
 
     def weight(i):
         return (torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8),
-                torch.randint(120, 128, (n, k // 32), generator=g, dtype=torch.uint8))
+                torch.randint(120, 128, (n, k // MXFP4_BLOCK), generator=g, dtype=torch.uint8))
 
     if implementation == "gnomon":
         nbytes = mxfp4_bytes(n, k)
