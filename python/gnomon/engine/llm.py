@@ -328,7 +328,8 @@ class LLM:
                  num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
                  enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True,
                  tensor_parallel_size: int = 1, capacity_policy: str = "max_utilization",
-                 batch_wait_timeout_iters: int = 0, batch_wait_max_tokens_ratio: float = 0.0) -> None:
+                 batch_wait_timeout_iters: int = 0,
+                 batch_wait_max_tokens_ratio: float = 0.0) -> None:
         self.engine = LLMEngine(model, device=device, dtype=dtype, random_weights=random_weights,
                                 max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens,

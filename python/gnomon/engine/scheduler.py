@@ -293,9 +293,8 @@ class Scheduler:
             else:
                 prefilling.append(seq)
         budget -= len(plan)
-        waits = False
-        if plan and (prefilling or self._waiting) and (self.batch_wait_timeout_iters
-                                                       or self.batch_wait_max_tokens_ratio):
+        waits = False  # a timeout of 0 never waits, whatever the ratio (TensorRT-LLM's rule)
+        if plan and self.batch_wait_timeout_iters and (prefilling or self._waiting):
             waits = self._prompts_wait(len(plan), prefilling)
             if waits:
                 prefilling = []
