@@ -104,12 +104,12 @@ def test_engine_settings_reach_the_simulated_engine_and_unknown_ones_are_refused
 
 
 @pytest.mark.parametrize("over, reason", [
-    ({"model_path": "deepseek-ai/DeepSeek-R1"}, "model_path 'deepseek-ai/DeepSeek-R1': no gnomon model"),
+    ({"model_path": "MiniMaxAI/MiniMax-M2.5"}, "model_path 'MiniMaxAI/MiniMax-M2.5': no gnomon model"),
     ({"mode": "disagg"}, "disaggregated serving is not simulated"),
     ({"system": "mi355x"}, "system 'mi355x'"),
     ({"backend": "tgi"}, "backend 'tgi'"),
     ({"gemm_quant_mode": "int4_wo", "moe_quant_mode": "int4_wo"}, "quant label 'int4_wo'"),
-    ({"gemm_quant_mode": "fp8", "moe_quant_mode": "nvfp4"}, "mixed quant labels"),
+    ({"gemm_quant_mode": "fp8", "moe_quant_mode": "nvfp4"}, r"'fp8/nvfp4' \(gemm_quant_mode"),
     ({"pp_size": "2"}, "pipeline parallelism"),
     ({"tp_size": "4", "moe_tp_size": "2", "moe_ep_size": "1"}, "inconsistent"),
 ])

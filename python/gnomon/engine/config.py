@@ -15,6 +15,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 from . import models
 from .config_json import RopeScaling, check_dtype, read_config
 from .kv_cache import KVCacheGroups
+from .models.mla import MLA
+from .parallel import kv_heads_per_gpu
 
 SUPPORTED_ARCHITECTURES = models.architectures()  # the built-in ones (`models` registers more)
 
@@ -26,12 +28,19 @@ class ModelConfig:
 
     `layer_types` holds ``"full"`` or ``"sliding"`` per layer (sliding layers attend to the
     last `sliding_window` positions). `num_experts` is 0 for a dense MLP. `routing` is
-    ``"softmax_topk"`` (Mixtral) or ``"topk_softmax"`` (gpt-oss), None for a dense model.
+    ``"softmax_topk"`` (Mixtral), ``"topk_softmax"`` (gpt-oss) or ``"sigmoid_group_topk"``
+    (DeepSeek-V3), None for a dense model.
     `gate_up_layout` names how gnomon's w13 keeps gate and up rows (``"concat"`` or
     ``"interleaved"``). `quantization` is ``"mxfp4"`` when the config.json declares MXFP4
     experts (gpt-oss hub checkpoints), ``"fp8"``, ``"nvfp4"`` or ``"mxfp4-dense"`` for FP8 or
     FP4 linear weights (which only a simulation runs yet), else None; the weight loader reads whichever layout the files hold.
-    `kv_cache_dtype` is ``"fp8"`` when the config declares an FP8 KV cache."""
+    `kv_cache_dtype` is ``"fp8"`` when the config declares an FP8 KV cache.
+
+    DeepSeek-style models: `mla` holds Multi-head Latent Attention's widths
+    (`gnomon.engine.models.mla`; None for multi-head or grouped-query attention); the first
+    `first_dense_layers` layers have a dense gated MLP `dense_intermediate_size` wide, the rest
+    experts `intermediate_size` wide, with `shared_experts` always-active experts of that width
+    beside the routed ones."""
 
     architecture: str
     vocab_size: int
@@ -59,6 +68,10 @@ class ModelConfig:
     torch_dtype: str
     quantization: Optional[str] = None
     kv_cache_dtype: Optional[str] = None  # "fp8" where quantization_config declares an FP8 KV
+    mla: Optional[MLA] = None
+    first_dense_layers: int = 0
+    dense_intermediate_size: int = 0
+    shared_experts: int = 0
 
     # ---- derived -------------------------------------------------------------------------
 
@@ -77,6 +90,13 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def kv_cache_width(self, tp: int = 1) -> int:
+        """Elements one token adds to one layer's KV cache on one GPU of `tp`: its K and V
+        heads (replicated where `tp` exceeds them), or MLA's latent (replicated on every rank)."""
+        if self.mla is not None:
+            return self.mla.latent
+        return 2 * kv_heads_per_gpu(self, tp) * self.head_dim
 
     @property
     def dtype(self):

@@ -164,7 +164,8 @@ def read_config(raw: Dict[str, Any], source: str) -> Dict[str, Any]:
     max_pos = r.optional("max_position_embeddings", defaults["max_position_embeddings"])
     if eps <= 0 or theta <= 0 or max_pos < 1:
         r.fail("rms_norm_eps and rope_theta must be > 0 and max_position_embeddings >= 1")
-    scaling = _parse_rope_scaling(r, raw.get("rope_scaling"), arch, model.ROPE_SCALING)
+    scaling = _parse_rope_scaling(r, raw.get("rope_scaling"), arch, model.ROPE_SCALING,
+                                  runs=models.simulation_only(arch) is None)
     tie = r.optional("tie_word_embeddings", False, bool)
     quantization, kv_cache_dtype = _parse_quantization(r, raw.get("quantization_config"),
                                                        model.MXFP4_TENSOR is not None)
@@ -253,8 +254,11 @@ def _parse_quantization(r: ConfigReader, quant, mxfp4_experts: bool):
            f"{', '.join(QUANT_METHODS)}")
 
 
-def _parse_rope_scaling(r: ConfigReader, raw, arch: str,
-                        allowed: Tuple[str, ...]) -> Optional[RopeScaling]:
+def _parse_rope_scaling(r: ConfigReader, raw, arch: str, allowed: Tuple[str, ...],
+                        runs: bool = True) -> Optional[RopeScaling]:
+    """The config's RoPE scaling; `runs` False for a simulation-only architecture, whose RoPE
+    tables are never built, so that DeepSeek's YaRN ``mscale`` (which only changes the
+    forward) is read past rather than refused."""
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -283,7 +287,7 @@ def _parse_rope_scaling(r: ConfigReader, raw, arch: str,
                    f"{high}")
         return RopeScaling("llama3", factor, orig, low_freq_factor=low, high_freq_factor=high)
     for key in ("mscale", "mscale_all_dim"):
-        if raw.get(key):
+        if raw.get(key) and runs:
             r.fail(f"rope_scaling.{key} is not supported")
     attention_factor = raw.get("attention_factor")
     if attention_factor is not None:

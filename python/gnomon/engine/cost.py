@@ -13,7 +13,9 @@ each layer's op by the layers that share its cost. Counting:
 - GEMMs read their weights once and their input and output activations once;
 - MoE reads the expected number of distinct experts under uniform routing,
   ``E (1 - (1 - k/E)^T)`` for T tokens, and computes ``k`` experts per token, in two grouped
-  GEMMs (w13 with K = hidden, w2 with K = intermediate / tp);
+  GEMMs (w13 with K = hidden, w2 with K = intermediate / tp); shared experts (DeepSeek's) are a
+  dense gated MLP every token runs; a block may cover some of the layers (DeepSeek's first dense
+  ones), its ops then multiplied by those;
 - lm_head, the final norm and sampling run only on the sequences that sample;
 - with ``tp > 1`` what the runner does: an all-reduce of the hidden states after the
   vocab-parallel embedding and two per layer (after the attention and after the MLP), and an
@@ -82,10 +84,12 @@ class StepOps:
     # ---- primitives ----------------------------------------------------------------------
 
     def gemm(self, family: str, name: str, k: int, n: int, *, weight_bytes=None,
-             compute=None) -> None:
-        """Every layer's GEMM of ``[T, k] x [k, n]`` over the step's T tokens, its weights in
-        the linear dtype and math unless `weight_bytes` / `compute` say otherwise."""
-        p, m, layers = self.pricing, self.T, self.config.num_layers
+             compute=None, layers=None) -> None:
+        """Every layer's (or `layers` layers') GEMM of ``[T, k] x [k, n]`` over the step's T
+        tokens, its weights in the linear dtype and math unless `weight_bytes` / `compute` say
+        otherwise."""
+        p, m = self.pricing, self.T
+        layers = self.config.num_layers if layers is None else layers
         w = p.linear_bytes if weight_bytes is None else weight_bytes
         a = p.activation_bytes
         self.ops.append(Op(family, name, layers * 2.0 * m * k * n,
@@ -125,20 +129,25 @@ class StepOps:
         self.elementwise("rotary_embedding", 2 * self.T * (q + kv) * a, 1)
         self.gemm("gemm", "o_proj", q, c.hidden_size)
 
-    def gated_mlp(self) -> None:
-        """The dense gated MLP: gate/up, the activation, down."""
+    def gated_mlp(self, intermediate=None, layers=None, family="gemm", name="") -> None:
+        """The dense gated MLP (`intermediate` wide, the config's by default, on `layers`
+        layers, every one by default): gate/up, the activation, down."""
         c, a = self.config, self.pricing.activation_bytes
-        inter = c.intermediate_size // self.tp
-        self.gemm("gemm", "gate_up_proj", c.hidden_size, 2 * inter)
-        self.elementwise("silu_and_mul", 3 * self.T * inter * a, 1)
-        self.gemm("gemm", "down_proj", inter, c.hidden_size)
+        inter = (c.intermediate_size if intermediate is None else intermediate) // self.tp
+        L = c.num_layers if layers is None else layers
+        self.gemm(family, name + "gate_up_proj", c.hidden_size, 2 * inter, layers=L)
+        self.elementwise(name + "silu_and_mul", 3 * self.T * inter * a, 1, layers=L)
+        self.gemm(family, name + "down_proj", inter, c.hidden_size, layers=L)
 
-    def moe(self) -> None:
-        """Router, top-k routing and the fused MoE's two grouped GEMMs over the experts."""
-        c, p, T, L = self.config, self.pricing, self.T, self.config.num_layers
+    def moe(self, layers=None) -> None:
+        """Router, top-k routing and the fused MoE's two grouped GEMMs over the experts, on
+        `layers` layers (every one by default), and the config's shared experts: a gated MLP
+        ``shared_experts x intermediate_size`` wide that every token runs."""
+        c, p, T = self.config, self.pricing, self.T
+        L = c.num_layers if layers is None else layers
         a, H = p.activation_bytes, c.hidden_size
         E, k, inter = c.num_experts, c.top_k, c.intermediate_size // self.tp
-        self.gemm("moe", "router", H, E, weight_bytes=a, compute="bfloat16")
+        self.gemm("moe", "router", H, E, weight_bytes=a, compute="bfloat16", layers=L)
         self.ops.append(Op("moe", "topk_routing", L * 5.0 * T * E,
                            L * (T * E * a + 2 * T * k * 4), L))
         distinct = E * (1.0 - (1.0 - k / E) ** T) if T else 0.0
@@ -151,6 +160,8 @@ class StepOps:
         self.ops.append(Op("moe", "fused_moe[w2]", L * 2.0 * T * k * inter * H,
                            L * (weights + T * k * inter * a + T * H * a), L, experts,
                            rows=per_expert, depth=inter))
+        if c.shared_experts:
+            self.gated_mlp(c.shared_experts * c.intermediate_size, L, "moe", "shared_expert_")
 
     def decoder(self, mlp, after_qkv=None) -> None:
         """A pre-norm decoder's step: the embedding, every layer's `attention_block` (with

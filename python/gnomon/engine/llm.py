@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from . import models
 from .batch import ScheduledBatch, ScheduledSequence, StepOutput
 from .config import PRESETS, ModelConfig, torch_dtype
 from .config_json import DTYPE_BYTES
@@ -158,6 +159,9 @@ class LLMEngine:
         else:
             raise TypeError(f"model: expected a folder path or preset name, got "
                             f"{type(model).__name__}")
+        reason = models.simulation_only(config.architecture)
+        if runner is None and reason:
+            raise ValueError(f"model: {reason}; gnomon simulate can price it")
         if runner is None and (config.quantization in ("fp8", "nvfp4", "mxfp4-dense")
                                or config.kv_cache_dtype == "fp8"):
             what = (f"{config.quantization} weights" if config.quantization != "mxfp4"
@@ -211,7 +215,6 @@ class LLMEngine:
         self._sample: Optional[_SamplerAdapter] = None  # the engine's own runner samples here
         self.is_driver = True
         if runner is None:
-            from . import models
             from .launch import RunnerBuilder, start_runner
             from .sampler import Sampler
 

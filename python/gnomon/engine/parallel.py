@@ -31,7 +31,9 @@ def check_tp(config, tensor_parallel_size, arg: str = "tensor_parallel_size") ->
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"{arg}: expected a positive int, got {n!r}")
     for what, size in (("attention heads (num_attention_heads)", config.num_heads),
-                       ("intermediate size (intermediate_size)", config.intermediate_size)):
+                       ("intermediate size (intermediate_size)", config.intermediate_size),
+                       ("dense layers' intermediate size (intermediate_size)",
+                        config.dense_intermediate_size)):
         if size % n:
             raise ValueError(f"{arg}: {n} does not divide the {size} {what}")
     kv = config.num_kv_heads
@@ -88,4 +90,5 @@ class Shard:
         return replace(config, num_heads=config.num_heads // self.size,
                        num_kv_heads=kv.stop - kv.start,
                        intermediate_size=self.intermediate(config, mxfp4) // self.size,
+                       dense_intermediate_size=config.dense_intermediate_size // self.size,
                        vocab_size=self.vocab(config) // self.size)

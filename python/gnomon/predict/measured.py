@@ -312,13 +312,12 @@ def from_silicon(row: dict) -> MeasuredPoint:
         raise PointRefused(f"model_path {row.get('model_path')!r}: no gnomon model for it")
     label = row.get("gemm_quant_mode") or ""
     moe_label = row.get("moe_quant_mode") or ""
-    if moe_label not in ("", label):
-        raise PointRefused(f"gemm_quant_mode {label!r} with moe_quant_mode {moe_label!r}: "
-                           f"mixed quant labels are not mapped")
-    quant = model["quant"].get(label)
+    key = label if moe_label in ("", label) else f"{label}/{moe_label}"  # GEMM/MoE labels
+    quant = model["quant"].get(key)
     if quant is None:
-        raise PointRefused(f"quant label {label!r} of {row.get('model_path')}: not mapped "
-                           f"(mapped: {', '.join(repr(k) for k in model['quant'])})")
+        raise PointRefused(f"quant label {key!r} (gemm_quant_mode, or gemm/moe_quant_mode where "
+                           f"they differ) of {row.get('model_path')}: not mapped (mapped: "
+                           f"{', '.join(repr(k) for k in model['quant'])})")
     system = table["systems"].get(row.get("system", ""))
     if system is None:
         raise PointRefused(f"system {row.get('system')!r}: no gnomon hardware for it")

@@ -6,7 +6,8 @@ architecture's own ops (`dense_ops`: its module's ``step_ops`` over `gnomon.engi
 vocabulary, which states how each is counted) and the attention, which depends on each
 sequence's context: query ``j`` of ``n`` new tokens after ``c`` cached ones attends
 ``min(c + j + 1, window)`` keys (2 FLOPs per key element for QK and 2 for PV) and reads the KV
-of the union of its queries' windows, in the KV cache's dtype (`ModelSpec.kv_bytes`).
+of the union of its queries' windows, in the KV cache's dtype (`ModelSpec.kv_bytes`). A model
+with Multi-head Latent Attention counts it as `gnomon.engine.models.mla` states.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import List, Tuple
 
 from gnomon.engine import models
 from gnomon.engine.cost import Op, StepOps
+from gnomon.engine.models import mla
 from gnomon.engine.parallel import kv_heads_per_gpu
 
 from .shapes import ModelSpec, StepShape
@@ -49,6 +51,13 @@ def step_ops(shape: StepShape) -> List[Op]:
 
 def attention_ops(shape: StepShape) -> List[Op]:
     spec, c, tp = shape.model, shape.model.config, shape.tp
+    if c.mla is not None:  # its decode and prefill forms differ (gnomon.engine.models.mla)
+        decode = [r for r in shape.requests if r[0] == 1 and r[1] > 0]
+        prefill = [r for r in shape.requests if not (r[0] == 1 and r[1] > 0)]
+        return mla.attention_ops(c, tp, spec.pricing, spec.kv_bytes,
+                                 (len(decode), *attention_sums(decode, NO_WINDOW)),
+                                 (sum(n for n, _ in prefill),
+                                  *attention_sums(prefill, NO_WINDOW)))
     a, T, ckv = spec.dtype_bytes, shape.num_tokens, spec.kv_bytes
     q = c.q_size // tp
     kv = kv_heads_per_gpu(c, tp) * c.head_dim

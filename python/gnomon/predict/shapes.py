@@ -17,7 +17,7 @@ from gnomon.engine.batch import ScheduledBatch
 from gnomon.engine.config import ModelConfig
 from gnomon.engine.cost import Pricing
 from gnomon.engine.models import weight_shapes
-from gnomon.engine.parallel import Shard, kv_heads_per_gpu
+from gnomon.engine.parallel import Shard
 from gnomon.formats import MXFP4_BITS, NVFP4_BITS
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -172,10 +172,9 @@ class ModelSpec:
         return total
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
-        """K and V of one token over all layers on one GPU: what one token adds to a full
-        cache (a sliding layer keeps at most its window of them)."""
-        c = self.config
-        return 2 * c.num_layers * kv_heads_per_gpu(c, tp) * c.head_dim * self.kv_bytes
+        """One token's KV over all layers on one GPU (`ModelConfig.kv_cache_width`): what one
+        token adds to a full cache (a sliding layer keeps at most its window of them)."""
+        return self.config.num_layers * self.config.kv_cache_width(tp) * self.kv_bytes
 
 
 @dataclass(frozen=True)

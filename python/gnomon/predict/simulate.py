@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict
 from typing import Callable, List, Mapping, Optional, Union
 
+from gnomon.engine.models import simulation_only
 from gnomon.hardware import Hardware
 
 from .calibrated import CalibratedPredictor
@@ -52,6 +53,14 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
         out.append(f"{model.name}'s sliding-window layers keep full KV (hybrid KV cache off): "
                    f"the KV capacity is smaller than an engine that keeps only "
                    f"{c.sliding_window} tokens on those layers")
+    if c.mla is not None:
+        out.append(f"attention: Multi-head Latent Attention, its KV cache the "
+                   f"{c.mla.latent}-element latent per token per layer, replicated on every "
+                   f"tensor-parallel GPU; absorbed decode and naive prefill "
+                   f"(gnomon.engine.models.mla)")
+    reason = simulation_only(c.architecture)
+    if reason:
+        out.append(f"{reason}: the simulation is ahead of the kernels")
     if model.quantized:
         out.append(f"weights {model.linear_dtype}, KV {model.kv_dtype or model.dtype}: the "
                    f"simulation is ahead of the kernels; gnomon's real engine has no kernel "

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Set
 from gnomon.engine.batch import ScheduledBatch, StepOutput
 from gnomon.engine.block_tables import stale_delta
 from gnomon.engine.kv_cache import resolve_num_blocks
-from gnomon.engine.parallel import check_tp, kv_heads_per_gpu
+from gnomon.engine.parallel import check_tp
 from gnomon.hardware import Hardware
 
 from .cost import PredictionRefused
@@ -122,9 +122,8 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
         usable = weights + acts + max(hbm - weights - acts, 0.0) * gpu_memory_utilization
     else:
         usable = hbm * gpu_memory_utilization
-    per_block = c.kv_cache_groups(enable_hybrid_kv).bytes_per_block(
-        block_size=block_size, num_kv_heads=kv_heads_per_gpu(c, tp), head_dim=c.head_dim,
-        dtype_size=model.kv_bytes)
+    per_block = (c.kv_cache_groups(enable_hybrid_kv).layers_per_group * block_size
+                 * c.kv_cache_width(tp) * model.kv_bytes)
     budget = usable - weights - acts
     if budget < per_block:
         raise PredictionRefused(

@@ -29,6 +29,10 @@ that a simulation (which parses configs and counts weights) runs without torch:
    ``(h, residual)`` after layer ``i``, built only from `gnomon.ops` and torch matmuls (the
    shared pieces are in `gnomon.engine.models.layers`).
 
+An architecture the engine has no kernel for (MLA's) sets ``SIMULATION_ONLY`` to the reason:
+its ``load_layer`` and ``forward_layer`` refuse with it, ``gnomon.LLM`` refuses the model with it,
+and the simulator prices it all the same (`simulation_only`).
+
 `register` adds an architecture by its module path, so a model defined in a user's own module
 works wherever gnomon looks architectures up; a new architecture is one new file and one
 `register` call (or one line in ``_BUILTIN``).
@@ -37,6 +41,7 @@ works wherever gnomon looks architectures up; a new architecture is one new file
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from types import ModuleType
 from typing import Dict, Tuple, Union
 
@@ -48,6 +53,7 @@ _BUILTIN = {
     "GptOssForCausalLM": "gnomon.engine.models.gpt_oss",
     "Qwen3ForCausalLM": "gnomon.engine.models.qwen3",
     "Qwen3MoeForCausalLM": "gnomon.engine.models.qwen3_moe",
+    "DeepseekV3ForCausalLM": "gnomon.engine.models.deepseek_v3",
 }
 _registry: Dict[str, str] = dict(_BUILTIN)
 _REQUIRED = ("ARCHITECTURE", "DEFAULTS", "ROPE_SCALING", "MXFP4_TENSOR", "config_fields",
@@ -109,10 +115,26 @@ def weight_shapes(config, *, mxfp4: bool = False) -> Dict[str, Tuple[int, ...]]:
     c, H = config, config.hidden_size
     shapes: Dict[str, Tuple[int, ...]] = {"embed": (c.vocab_size, H), "norm": (H,),
                                           "lm_head": (c.vocab_size, H)}
-    layer = model_module(c.architecture).layer_shapes(c, mxfp4)
+    module = model_module(c.architecture)
+    layer = module.layer_shapes(c, mxfp4)
+    dense = module.layer_shapes(dense_layer_config(c), False) if c.first_dense_layers else {}
     for i in range(c.num_layers):
-        shapes.update((f"layers.{i}.{name}", shape) for name, shape in layer.items())
+        shapes.update((f"layers.{i}.{name}", shape)
+                      for name, shape in (dense if i < c.first_dense_layers else layer).items())
     return shapes
+
+
+def dense_layer_config(config):
+    """`config` as its first ``first_dense_layers`` layers see it: the same attention and a
+    dense MLP ``dense_intermediate_size`` wide (no experts)."""
+    return replace(config, num_experts=0, top_k=0, routing=None, shared_experts=0,
+                   intermediate_size=config.dense_intermediate_size, first_dense_layers=0)
+
+
+def simulation_only(architecture: str):
+    """Why the engine cannot run `architecture` (its module's ``SIMULATION_ONLY``), or None
+    where it can."""
+    return getattr(model_module(architecture), "SIMULATION_ONLY", None)
 
 
 def check_mxfp4(config) -> None:
