@@ -13,7 +13,10 @@ each layer's op by the layers that share its cost. Counting:
 - GEMMs read their weights once and their input and output activations once;
 - MoE reads the expected number of distinct experts under uniform routing,
   ``E (1 - (1 - k/E)^T)`` for T tokens, and computes ``k`` experts per token, in two grouped
-  GEMMs (w13 with K = hidden, w2 with K = intermediate / tp); shared experts (DeepSeek's) are a
+  GEMMs (w13 with K = hidden, w2 with K = intermediate / tp); under expert parallelism over
+  ``ep`` of the GPUs each holds ``E / ep`` experts ``ep / tp`` of their width and, routing being
+  balanced, computes ``1 / ep`` of the token-expert pairs; the tokens are already on every GPU
+  (tensor-parallel attention), so the experts' outputs are summed by the same all-reduce; shared experts (DeepSeek's) are a
   dense gated MLP every token runs; a block may cover some of the layers (DeepSeek's first dense
   ones), its ops then multiplied by those;
 - lm_head, the final norm and sampling run only on the sequences that sample;
@@ -75,10 +78,12 @@ class Pricing(NamedTuple):
 
 class StepOps:
     """Collects the ops of one step of `config` for T tokens, R of which sample, on one GPU of
-    `tp`; an architecture module's ``step_ops`` calls its blocks in its runner's order."""
+    `tp`, the routed experts split over `ep` of them (`gnomon.engine.parallel.check_ep`); an
+    architecture module's ``step_ops`` calls its blocks in its runner's order."""
 
-    def __init__(self, config, pricing: Pricing, tp: int, T: int, R: int) -> None:
+    def __init__(self, config, pricing: Pricing, tp: int, T: int, R: int, ep: int = 1) -> None:
         self.config, self.pricing, self.tp, self.T, self.R = config, pricing, tp, T, R
+        self.ep = ep
         self.ops: List[Op] = []
 
     # ---- primitives ----------------------------------------------------------------------
@@ -145,20 +150,22 @@ class StepOps:
         ``shared_experts x intermediate_size`` wide that every token runs."""
         c, p, T = self.config, self.pricing, self.T
         L = c.num_layers if layers is None else layers
-        a, H = p.activation_bytes, c.hidden_size
-        E, k, inter = c.num_experts, c.top_k, c.intermediate_size // self.tp
+        a, H, ep = p.activation_bytes, c.hidden_size, self.ep
+        E, k, inter = c.num_experts, c.top_k, c.intermediate_size * ep // self.tp
         self.gemm("moe", "router", H, E, weight_bytes=a, compute="bfloat16", layers=L)
         self.ops.append(Op("moe", "topk_routing", L * 5.0 * T * E,
                            L * (T * E * a + 2 * T * k * 4), L))
         distinct = E * (1.0 - (1.0 - k / E) ** T) if T else 0.0
-        weights = distinct * H * inter * p.expert_bytes
+        # under expert parallelism this GPU holds 1/ep of them, and balanced routing sends it
+        # 1/ep of the (token, expert) pairs
+        weights = distinct / ep * H * inter * p.expert_bytes
         experts = "fp4" if p.mxfp4_experts else p.linear_compute
         per_expert = round(T * k / distinct) if T else 0  # the grouped GEMMs' M
-        self.ops.append(Op("moe", "fused_moe[w13]", L * 2.0 * T * k * 2 * inter * H,
-                           L * (2 * weights + T * H * a + T * k * 2 * inter * a), L, experts,
-                           rows=per_expert, depth=H))
-        self.ops.append(Op("moe", "fused_moe[w2]", L * 2.0 * T * k * inter * H,
-                           L * (weights + T * k * inter * a + T * H * a), L, experts,
+        self.ops.append(Op("moe", "fused_moe[w13]", L * 2.0 * T * k / ep * 2 * inter * H,
+                           L * (2 * weights + T * H * a + T * k / ep * 2 * inter * a), L,
+                           experts, rows=per_expert, depth=H))
+        self.ops.append(Op("moe", "fused_moe[w2]", L * 2.0 * T * k / ep * inter * H,
+                           L * (weights + T * k / ep * inter * a + T * H * a), L, experts,
                            rows=per_expert, depth=inter))
         if c.shared_experts:
             self.gated_mlp(c.shared_experts * c.intermediate_size, L, "moe", "shared_expert_")

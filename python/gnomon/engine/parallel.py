@@ -43,6 +43,26 @@ def check_tp(config, tensor_parallel_size, arg: str = "tensor_parallel_size") ->
     return n
 
 
+def check_ep(config, tp: int, ep, arg: str = "ep") -> int:
+    """`ep` if the experts can be split over `ep` of the `tp` GPUs (expert parallelism: each
+    group of ``tp / ep`` GPUs holds ``num_experts / ep`` whole experts, each split
+    ``tp / ep`` ways on its intermediate size, as vLLM's and TensorRT-LLM's EP lay them out
+    beside tensor-parallel attention): 1, or a divisor of `tp` and of the experts of a MoE
+    model. ValueError naming `arg` otherwise."""
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise ValueError(f"{arg}: expected a positive int, got {ep!r}")
+    if ep == 1:
+        return ep
+    if not config.is_moe:
+        raise ValueError(f"{arg}: {ep}, but {config.architecture} has no experts to split")
+    if tp % ep:
+        raise ValueError(f"{arg}: {ep} does not divide tp {tp} (the experts are split over the "
+                         f"tensor-parallel GPUs; attention data parallelism is not priced)")
+    if config.num_experts % ep:
+        raise ValueError(f"{arg}: {ep} does not divide the {config.num_experts} experts")
+    return ep
+
+
 def kv_heads_per_gpu(config, tp: int) -> int:
     """KV heads one of `tp` ranks holds: split when tp divides them, replicated beyond."""
     return max(config.num_kv_heads // tp, 1)

@@ -48,7 +48,7 @@ FIELDS: Dict[str, Tuple[str, Optional[str]]] = {
     "engine": ("an engine profile (vllm, sglang, trtllm, gnomon) or a .json file", None),
     "engine_version": ("the engine's version, '' when the source does not say", ""),
     "tp": ("tensor-parallel GPUs", "1"),
-    "ep": ("expert-parallel GPUs (> 1 is refused: not priced yet)", "1"),
+    "ep": ("expert-parallel GPUs among the tp ones (the routed experts split over them)", "1"),
     "dp": ("attention data-parallel GPUs (> 1 is refused: not priced yet)", "1"),
     "weight_dtype": ("auto, bfloat16, fp8, nvfp4 or mxfp4: the dense linear weights", "auto"),
     "kv_dtype": ("auto, bfloat16 or fp8", "auto"),
@@ -147,11 +147,12 @@ class MeasuredPoint:
 
     def simulate_args(self) -> dict:
         """`simulate`'s keyword arguments for this run, or `PointRefused`."""
-        if self.ep > 1 or self.dp > 1:
+        if self.dp > 1:
             raise PointRefused(
-                f"expert parallelism (ep {self.ep}) and attention data parallelism (dp "
-                f"{self.dp}) are not priced yet: the simulator models tensor parallelism only")
+                f"attention data parallelism (dp {self.dp}) is not priced yet: the simulator "
+                f"models tensor-parallel attention only")
         args = dict(model=self.model, hardware=self.hardware, engine=self.engine, tp=self.tp,
+                    ep=self.ep,
                     weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
                     workload=self.workload, num_requests=self.num_requests,
                     concurrency=self.concurrency,
@@ -334,6 +335,13 @@ def from_silicon(row: dict) -> MeasuredPoint:
     moe_tp = _int(row, "moe_tp_size", blank=tp)
     if ep == 1 and dp == 1 and moe_tp not in (1, tp):
         raise PointRefused(f"moe_tp_size {moe_tp} with tp_size {tp} and no ep: inconsistent")
+    if ep > 1 and dp == 1 and moe_tp * ep != tp:
+        raise PointRefused(f"moe_tp_size {moe_tp} x moe_ep_size {ep} is not tp_size {tp}: the "
+                           f"experts must split over the GPUs the attention runs on")
+    if tp * dp > system["nvlink_domain"]:
+        raise PointRefused(f"tp_size {tp} x attention_dp_size {dp} on {row.get('system')}: "
+                           f"wider than its {system['nvlink_domain']}-GPU NVLink domain (a "
+                           f"layout across domains is not priced)")
     work = table["workload"]
     isl, osl, conc = _int(row, "isl"), _int(row, "osl"), _int(row, "batch_size")
 

@@ -45,7 +45,8 @@ def attention_sums(requests, window: int) -> Tuple[int, int]:
 def step_ops(shape: StepShape) -> List[Op]:
     """Every op of the step: `dense_ops` (which depend only on the token counts) and
     `attention_ops` (which depend on each sequence's context)."""
-    return list(dense_ops(shape.model, shape.num_tokens, shape.num_sampled, shape.tp)) + \
+    return list(dense_ops(shape.model, shape.num_tokens, shape.num_sampled, shape.tp,
+                          shape.ep)) + \
         attention_ops(shape)
 
 
@@ -77,9 +78,9 @@ def attention_ops(shape: StepShape) -> List[Op]:
 
 
 @functools.lru_cache(maxsize=4096)
-def dense_ops(spec: ModelSpec, T: int, R: int, tp: int) -> Tuple[Op, ...]:
+def dense_ops(spec: ModelSpec, T: int, R: int, tp: int, ep: int = 1) -> Tuple[Op, ...]:
     """The ops that depend only on the step's token count T and sampled rows R, as the
     architecture's module lists them (cached: decode steps repeat the same few)."""
-    step = StepOps(spec.config, spec.pricing, tp, T, R)
+    step = StepOps(spec.config, spec.pricing, tp, T, R, ep)
     models.model_module(spec.config.architecture).step_ops(step)
     return tuple(step.ops)

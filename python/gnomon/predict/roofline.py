@@ -111,7 +111,7 @@ class RooflinePredictor:
                             f"{type(overhead).__name__}")
         self.overhead = overhead
         self.name = f"roofline({self.hardware.name})"
-        self._dense_seconds: Dict[tuple, Dict[str, float]] = {}  # (model, T, R, tp) -> parts
+        self._dense_seconds: Dict[tuple, Dict[str, float]] = {}  # (model, T, R, tp, ep) -> parts
         self._hbm_bytes_per_s = self.hardware.hbm_tbps.value * 1e12
         self._bytes_per_s = self._hbm_bytes_per_s * self.efficiencies.memory
         self._flops_per_s: Dict[str, tuple] = {}  # compute -> (best FLOP/s, weight-only curve)
@@ -182,7 +182,7 @@ class RooflinePredictor:
     def predict(self, shape: StepShape) -> StepCost:
         if not isinstance(shape, StepShape):
             raise TypeError(f"shape: expected a StepShape, got {type(shape).__name__}")
-        key = (shape.model, shape.num_tokens, shape.num_sampled, shape.tp)
+        key = (shape.model, shape.num_tokens, shape.num_sampled, shape.tp, shape.ep)
         dense = self._dense_seconds.get(key)
         if dense is None:  # decode steps repeat the same few token counts
             dense = dict.fromkeys(FAMILIES, 0.0)

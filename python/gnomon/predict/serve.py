@@ -72,13 +72,13 @@ class RunTrace:
     sent: Dict[str, float] = field(default_factory=dict)  # request id -> the client's send
 
 
-def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
+def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1, ep: int = 1,
                      args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None,
                      keep_batches: bool = False,
                      gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                      kv_memory: str = "total") -> LLMEngine:
     """An `LLMEngine` over a `SimulatedRunner` on a fresh `VirtualClock` at 0 (its step records
-    keep their batches only with `keep_batches`); its KV blocks fill `gpu_memory_utilization`
+    keep their batches only with `keep_batches`; `ep`: `SimulatedRunner`'s); its KV blocks fill `gpu_memory_utilization`
     of the HBM left after weights and activations, unless `num_kv_blocks` says."""
     check_tp(model.config, tp, "tp")
     if num_kv_blocks is None:
@@ -88,7 +88,7 @@ def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_hybrid_kv=args.enable_hybrid_kv, kv_memory=kv_memory)
     clock = VirtualClock()
-    runner = SimulatedRunner(model, predictor, clock, tp=tp, keep_batches=keep_batches)
+    runner = SimulatedRunner(model, predictor, clock, tp=tp, ep=ep, keep_batches=keep_batches)
     return LLMEngine(model.config, clock=clock, runner=runner, dtype=model.dtype,
                      num_kv_blocks=num_kv_blocks, **args.kwargs())
 

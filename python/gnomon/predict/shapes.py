@@ -180,7 +180,8 @@ class ModelSpec:
 @dataclass(frozen=True)
 class StepShape:
     """One step: per sequence ``(new_tokens, context_len)`` in batch order, how many sequences
-    sample a token, the split into prefill and decode tokens, the model and ``tp``."""
+    sample a token, the split into prefill and decode tokens, the model, ``tp`` and the expert
+    parallelism ``ep`` over those GPUs (`gnomon.engine.parallel.check_ep`)."""
 
     model: ModelSpec
     requests: Tuple[Tuple[int, int], ...]
@@ -188,19 +189,21 @@ class StepShape:
     num_prefill_tokens: int
     num_decode_tokens: int
     tp: int = 1
+    ep: int = 1
 
     @classmethod
-    def from_batch(cls, batch: ScheduledBatch, model: ModelSpec, tp: int = 1) -> "StepShape":
+    def from_batch(cls, batch: ScheduledBatch, model: ModelSpec, tp: int = 1,
+                   ep: int = 1) -> "StepShape":
         if not isinstance(batch, ScheduledBatch):
             raise TypeError(f"batch: expected a ScheduledBatch, got {type(batch).__name__}")
         seqs = batch.sequences
         return cls(model, tuple([(len(s.token_ids), s.num_computed_tokens) for s in seqs]),
                    sum([s.is_last_prefill_chunk for s in seqs]),
-                   batch.num_prefill_tokens, batch.num_decode_tokens, tp)
+                   batch.num_prefill_tokens, batch.num_decode_tokens, tp, ep)
 
     @classmethod
-    def of(cls, model: ModelSpec, requests, tp: int = 1, num_sampled: Optional[int] = None
-           ) -> "StepShape":
+    def of(cls, model: ModelSpec, requests, tp: int = 1, num_sampled: Optional[int] = None,
+           ep: int = 1) -> "StepShape":
         """A shape from ``(new_tokens, context_len)`` pairs: one-token entries with context
         count as decodes, every sequence samples unless `num_sampled` says otherwise."""
         pairs = tuple((int(n), int(c)) for n, c in requests)
@@ -211,7 +214,7 @@ class StepShape:
         decode = sum(1 for n, c in pairs if n == 1 and c > 0)
         total = sum(n for n, _ in pairs)
         return cls(model, pairs, len(pairs) if num_sampled is None else num_sampled,
-                   total - decode, decode, tp)
+                   total - decode, decode, tp, ep)
 
     @property
     def num_tokens(self) -> int:

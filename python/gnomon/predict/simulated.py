@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Set
 from gnomon.engine.batch import ScheduledBatch, StepOutput
 from gnomon.engine.block_tables import stale_delta
 from gnomon.engine.kv_cache import resolve_num_blocks
-from gnomon.engine.parallel import check_tp
+from gnomon.engine.parallel import check_ep, check_tp
 from gnomon.hardware import Hardware
 
 from .cost import PredictionRefused
@@ -144,7 +144,7 @@ class SimulatedRunner:
     never saw in full fails as in the real runner."""
 
     def __init__(self, model: ModelSpec, predictor, clock: VirtualClock, *, tp: int = 1,
-                 keep_batches: bool = False) -> None:
+                 ep: int = 1, keep_batches: bool = False) -> None:
         if not isinstance(model, ModelSpec):
             raise TypeError(f"model: expected a ModelSpec, got {type(model).__name__}")
         if not callable(getattr(predictor, "predict", None)):
@@ -152,6 +152,7 @@ class SimulatedRunner:
                             f"{type(predictor).__name__}")
         self.model, self.predictor, self.clock = model, predictor, clock
         self.tp = check_tp(model.config, tp, "tp")
+        self.ep = check_ep(model.config, self.tp, ep)
         self.token = _filler_token(model)
         self.keep_batches = bool(keep_batches)
         self.known: Set[int] = set()
@@ -167,7 +168,7 @@ class SimulatedRunner:
                 raise stale_delta(s)
         if batch.is_empty:
             return StepOutput(())
-        cost = self.predictor.predict(StepShape.from_batch(batch, self.model, self.tp))
+        cost = self.predictor.predict(StepShape.from_batch(batch, self.model, self.tp, self.ep))
         start = self.clock()
         self.clock.advance(cost.seconds)
         self.steps.append(StepRecord.of(start, batch, cost.seconds, cost.breakdown,
@@ -179,7 +180,7 @@ class SimulatedRunner:
         pairs, every sequence already known): predicted, timed and recorded as `execute`
         would, its sampled tokens all ``token``."""
         n = len(pairs)
-        cost = self.predictor.predict(StepShape(self.model, pairs, n, 0, n, self.tp))
+        cost = self.predictor.predict(StepShape(self.model, pairs, n, 0, n, self.tp, self.ep))
         start = self.clock()
         self.clock.advance(cost.seconds)
         self.steps.append(StepRecord(start, cost.seconds, cost.breakdown, 0, n, n))

@@ -43,7 +43,8 @@ from gnomon.documents import DocumentError
 KIND = "gnomon.predict.sweep"
 SCHEMA_VERSION = 3
 ACCEPTED_VERSIONS = (2, 3)
-AXES = ("hardware", "tp", "concurrency", "max_num_batched_tokens", "max_num_seqs", "rate")
+AXES = ("hardware", "tp", "ep", "concurrency", "max_num_batched_tokens", "max_num_seqs",
+        "rate")
 COMPLETE, REFUSED = "complete", "refused"
 FRONTIER = ("max_ttft_s", "max_tpot_s", "usd_per_gpu_hour")  # the spec's frontier part
 
@@ -457,7 +458,7 @@ def usd_per_million_tokens(row: Optional[Row], prices: Mapping[str, float]) -> O
 
 def describe(point: Mapping[str, Any]) -> str:
     """A point's configuration in a few characters: ``H100 tp2 c64 b8192``."""
-    short = {"tp": "tp", "concurrency": "c", "max_num_batched_tokens": "b",
+    short = {"tp": "tp", "ep": "ep", "concurrency": "c", "max_num_batched_tokens": "b",
              "max_num_seqs": "s", "rate": "r"}
     parts = [str(point["hardware"])] if "hardware" in point else []
     parts += [f"{short[a]}{point[a]}" for a in AXES if a in point and a != "hardware"]
