@@ -106,7 +106,8 @@ def test_engine_settings_reach_the_simulated_engine_and_unknown_ones_are_refused
 
 
 @pytest.mark.parametrize("over, reason", [
-    ({"model_path": "MiniMaxAI/MiniMax-M2.5"}, "model_path 'MiniMaxAI/MiniMax-M2.5': no gnomon model"),
+    ({"model_path": "MiniMaxAI/MiniMax-M2.5"},
+     "model_path 'MiniMaxAI/MiniMax-M2.5': no gnomon model"),
     ({"mode": "disagg"}, "disaggregated serving is not simulated"),
     ({"system": "mi355x"}, "system 'mi355x'"),
     ({"backend": "tgi"}, "backend 'tgi'"),

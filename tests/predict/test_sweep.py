@@ -279,3 +279,19 @@ def test_the_cli_prints_the_frontier_and_the_refusals(tmp_path):
                                    for f in doc["frontier"])
     assert run.stdout.count("refused") == 2  # tp 3 at both concurrencies
     assert "tp: 3 does not divide the 32 attention heads" in run.stdout
+
+
+def _worker_limit(base, point):
+    import resource
+
+    return {"point": point, "limit": resource.getrlimit(resource.RLIMIT_AS)[0]}
+
+
+def test_pool_workers_run_under_a_memory_cap_and_a_point_past_it_is_refused_by_name():
+    # the cap makes a runaway point raise MemoryError in its own worker (recorded as refused),
+    # where the kernel's out-of-memory killer would end the pool and the run
+    records = list(sweep._local_results({}, [{"i": 0}, {"i": 1}], 2, task=_worker_limit))
+    assert [r["limit"] for r in records] == [sweep.worker_memory_cap(2)] * 2
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert sweep.worker_memory_cap(2) == max(int(total * 0.85 / 2), 2 << 30)
+    assert "ran out of its worker's memory" in sweep.out_of_memory()

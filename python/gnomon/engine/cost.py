@@ -16,9 +16,9 @@ each layer's op by the layers that share its cost. Counting:
   GEMMs (w13 with K = hidden, w2 with K = intermediate / tp); under expert parallelism over
   ``ep`` of the GPUs each holds ``E / ep`` experts ``ep / tp`` of their width and, routing being
   balanced, computes ``1 / ep`` of the token-expert pairs; the tokens are already on every GPU
-  (tensor-parallel attention), so the experts' outputs are summed by the same all-reduce; shared experts (DeepSeek's) are a
-  dense gated MLP every token runs; a block may cover some of the layers (DeepSeek's first dense
-  ones), its ops then multiplied by those;
+  (tensor-parallel attention), so the experts' outputs are summed by the same all-reduce;
+  shared experts (DeepSeek's) are a dense gated MLP every token runs; a block may cover some of
+  the layers (DeepSeek's first dense ones), its ops then multiplied by those;
 - lm_head, the final norm and sampling run only on the sequences that sample;
 - with ``tp > 1`` what the runner does: an all-reduce of the hidden states after the
   vocab-parallel embedding and two per layer (after the attention and after the MLP), and an

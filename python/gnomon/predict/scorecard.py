@@ -138,6 +138,10 @@ def run_row(base: Mapping, point_json: Mapping) -> dict:
         report, _ = simulate(**args)
     except ValueError as refusal:  # PointRefused and PredictionRefused are ValueErrors
         record.update(status=REFUSED, reason=str(getattr(refusal, "reason", refusal)))
+    except MemoryError:
+        from .sweep import out_of_memory
+
+        record.update(status=REFUSED, reason=out_of_memory())
     else:
         m = report["metrics"]
         per = m["per_request"]

@@ -78,8 +78,9 @@ def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1, ep: 
                      gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                      kv_memory: str = "total") -> LLMEngine:
     """An `LLMEngine` over a `SimulatedRunner` on a fresh `VirtualClock` at 0 (its step records
-    keep their batches only with `keep_batches`; `ep`: `SimulatedRunner`'s); its KV blocks fill `gpu_memory_utilization`
-    of the HBM left after weights and activations, unless `num_kv_blocks` says."""
+    keep their batches only with `keep_batches`; `ep`: `SimulatedRunner`'s); its KV blocks fill
+    `gpu_memory_utilization` of the HBM left after weights and activations, unless
+    `num_kv_blocks` says."""
     check_tp(model.config, tp, "tp")
     if num_kv_blocks is None:
         num_kv_blocks = kv_blocks_for_hardware(

@@ -152,6 +152,8 @@ def run_point(base: Mapping[str, Any], point: Mapping[str, Any]) -> Dict[str, An
         record.update(status=COMPLETE, report=report)
     except ValueError as refusal:  # PredictionRefused is one too
         record.update(status=REFUSED, reason=str(refusal))
+    except MemoryError:
+        record.update(status=REFUSED, reason=out_of_memory())
     record.update(host=socket.gethostname(), pid=os.getpid(),
                   wall_seconds=time.perf_counter() - began)
     return record
@@ -247,9 +249,35 @@ class OutputLock:
 
 # --------------------------------------------------------------------------- executors
 
+def worker_memory_cap(jobs: int) -> int:
+    """Bytes of address space each of `jobs` pool workers may take: 85% of this machine's
+    memory shared among them (at least 2 GiB)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(int(total * 0.85 / jobs), 2 << 30)
+
+
+def _cap_memory(limit: int) -> None:
+    """A pool worker's initializer: a point that needs more than `limit` bytes raises
+    MemoryError in its own worker, which records it as refused (`out_of_memory`), instead of the
+    kernel's out-of-memory killer ending a worker, the pool and the whole run with it."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def out_of_memory() -> str:
+    """The refusal of a point whose simulation ran out of its worker's memory."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    cap = "" if limit == resource.RLIM_INFINITY else f" of {limit / 2**30:.1f} GiB"
+    return (f"the simulation ran out of its worker's memory{cap} (this machine's memory shared "
+            f"by the --jobs workers; fewer jobs give each more)")
+
+
 def _local_results(base, points, jobs: int, task=None):
     """Records as they finish, each ``task(base, point)`` (default `run_point`): inline for one
-    job, else a process pool of `jobs`."""
+    job, else a process pool of `jobs`, each worker's memory capped (`worker_memory_cap`)."""
     task = task or run_point
     if jobs == 1:
         for point in points:
@@ -259,8 +287,9 @@ def _local_results(base, points, jobs: int, task=None):
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     # spawn: a fresh interpreter per worker, no inherited threads or locks
-    with ProcessPoolExecutor(max_workers=jobs,
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_cap_memory,
+                             initargs=(worker_memory_cap(jobs),)) as pool:
         futures = [pool.submit(task, base, point) for point in points]
         for future in as_completed(futures):
             yield future.result()

@@ -48,8 +48,9 @@ def config_fields(r, base) -> dict:
         r.fail(f"first_k_dense_replace must be in [0, num_hidden_layers), got {dense}")
     return dict(head_dim=m.qk_head_dim, attention_bias=r.optional("attention_bias", False, bool),
                 intermediate_size=r.required("moe_intermediate_size"), num_experts=experts,
-                top_k=top_k, routing="sigmoid_group_topk", layer_types=("full",) * base["num_layers"],
-                sliding_window=None, has_sinks=False, activation="silu", gate_up_layout="concat",
+                top_k=top_k, routing="sigmoid_group_topk",
+                layer_types=("full",) * base["num_layers"], sliding_window=None,
+                has_sinks=False, activation="silu", gate_up_layout="concat",
                 mla=m, first_dense_layers=dense,
                 dense_intermediate_size=base["intermediate_size"] if dense else 0,
                 shared_experts=r.optional("n_shared_experts", 0))
