@@ -295,3 +295,15 @@ def test_pool_workers_run_under_a_memory_cap_and_a_point_past_it_is_refused_by_n
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert sweep.worker_memory_cap(2) == max(int(total * 0.85 / 2), 2 << 30)
     assert "ran out of its worker's memory" in sweep.out_of_memory()
+
+
+def _worker_pid(base, point):
+    return {"point": point, "pid": os.getpid()}
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="max_tasks_per_child is Python 3.11's")
+def test_pool_workers_are_replaced_after_their_share_of_points():
+    n = 2 * sweep.TASKS_PER_WORKER + 1
+    records = list(sweep._local_results({}, [{"i": i} for i in range(n)], 2, task=_worker_pid))
+    pids = {r["pid"] for r in records}
+    assert len(records) == n and len(pids) >= 3
