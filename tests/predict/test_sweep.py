@@ -301,7 +301,6 @@ def _worker_pid(base, point):
     return {"point": point, "pid": os.getpid()}
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="max_tasks_per_child is Python 3.11's")
 def test_pool_workers_are_replaced_after_their_share_of_points():
     n = 2 * sweep.TASKS_PER_WORKER + 1
     records = list(sweep._local_results({}, [{"i": i} for i in range(n)], 2, task=_worker_pid))

@@ -32,7 +32,6 @@ import itertools
 import math
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,17 +291,24 @@ def _local_results(base, points, jobs: int, task=None):
             yield task(base, point)
         return
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    # spawn: a fresh interpreter per worker, no inherited threads or locks
-    # replacing workers needs Python 3.11's max_tasks_per_child
-    recycle = {"max_tasks_per_child": TASKS_PER_WORKER} if sys.version_info >= (3, 11) else {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_cap_memory, initargs=(worker_memory_cap(jobs),),
-                             **recycle) as pool:
-        futures = [pool.submit(task, base, point) for point in points]
-        for future in as_completed(futures):
-            yield future.result()
+    # spawn: a fresh interpreter per worker, no inherited threads or locks. multiprocessing's
+    # Pool, not concurrent.futures': Python 3.11's ProcessPoolExecutor with max_tasks_per_child
+    # hung once its workers were replaced (no worker left, the run waiting for ever)
+    pool = multiprocessing.get_context("spawn").Pool(
+        jobs, initializer=_cap_memory, initargs=(worker_memory_cap(jobs),),
+        maxtasksperchild=TASKS_PER_WORKER)
+    try:
+        yield from pool.imap_unordered(_call, [(task, base, point) for point in points])
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _call(job):
+    """A pool worker's task: ``task(base, point)`` from the tuple `job`."""
+    task, base, point = job
+    return task(base, point)
 
 
 RAY_CONNECT_TIMEOUT_S = 30
