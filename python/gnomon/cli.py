@@ -274,8 +274,12 @@ def _add_serving_arguments(p, sweep: bool) -> None:  # noqa: ANN001
     p.add_argument("--tp", default="1", help=f"tensor-parallel GPUs (default 1){many}")
     p.add_argument("--ep", default="1",
                    help=f"expert parallelism: split a MoE model's routed experts over this many "
-                        f"of the tp GPUs (default 1: every GPU holds a slice of every expert)"
-                        f"{many}")
+                        f"of the tp x dp GPUs (default 1: every GPU holds a slice of every "
+                        f"expert){many}")
+    p.add_argument("--dp", default="1",
+                   help=f"attention data parallelism: this many groups of tp GPUs, each with its "
+                        f"own scheduler, requests and KV cache, sharing a MoE model's expert "
+                        f"layers (default 1){many}")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--slo-ttft-ms", type=float, default=None,
                    help="TTFT bound in ms (goodput's, default 2000; sweep: keep only the "
@@ -380,7 +384,7 @@ def _serving_spec(args, sweep: bool):  # noqa: ANN001
                 workloads.parse_length(text, flag)  # refused now, not in every point
     integer = lambda item, flag: _positive(item, flag)  # noqa: E731
     given = {"hardware": (args.hardware, lambda item, flag: item),
-             "tp": (args.tp, integer), "ep": (args.ep, integer),
+             "tp": (args.tp, integer), "ep": (args.ep, integer), "dp": (args.dp, integer),
              "concurrency": (args.concurrency, integer),
              "max_num_batched_tokens": (args.max_num_batched_tokens, integer),
              "max_num_seqs": (args.max_num_seqs, integer),

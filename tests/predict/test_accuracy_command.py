@@ -26,9 +26,10 @@ from gnomon.predict.engines import ServingPath
 from gnomon.predict.measured import MeasuredPoint, PointRefused
 
 DATA = os.path.join(os.path.dirname(__file__), os.pardir, "data", "silicon_sample_ci.csv")
-# What this build reaches on the 32 answered rows (TTFT 24.6%, TPOT 8.9%), plus 3-4 points: a
-# predictor change that loses more fails here.
-TTFT_MAPE_BOUND = 0.28
+# What this build reaches on the 34 rows (TTFT 27.0%, TPOT 9.3%; the two attention-DP rows, priced
+# since, have their TTFT 2.5-3.5x too fast), plus 3 points: a predictor change that loses more
+# fails here.
+TTFT_MAPE_BOUND = 0.30
 TPOT_MAPE_BOUND = 0.12
 
 
@@ -121,15 +122,14 @@ def test_silicon_rows_outside_the_table_are_refused_by_name(over, reason):
         measured.from_silicon(_row(**over))
 
 
-def test_expert_parallel_points_run_with_their_ep_and_data_parallel_ones_are_refused():
+def test_expert_and_data_parallel_points_run_with_their_layout():
     p = measured.from_silicon(_row(tp_size="8", moe_tp_size="1", moe_ep_size="8"))
     assert (p.tp, p.ep) == (8, 8) and p.simulate_args()["ep"] == 8
     p = measured.from_silicon(_row(tp_size="4", moe_tp_size="2", moe_ep_size="2"))
     assert (p.tp, p.ep) == (4, 2)
     dp = measured.from_silicon(_row(tp_size="1", moe_tp_size="1", moe_ep_size="8",
                                     attention_dp_size="8"))
-    with pytest.raises(PointRefused, match=r"attention data parallelism \(dp 8\) is not priced"):
-        dp.simulate_args()
+    assert {k: dp.simulate_args()[k] for k in ("tp", "ep", "dp")} == dict(tp=1, ep=8, dp=8)
 
 
 @pytest.mark.parametrize("over, reason", [
@@ -231,10 +231,11 @@ def test_the_ci_sample_against_its_measurements(tmp_path):
     rows = {r["id"]: r for r in doc["rows"]}
     answered = [r for r in rows.values() if r["status"] == scorecard.ANSWERED]
     refusals = [r for r in rows.values() if r["status"] == scorecard.REFUSED]
-    assert len(answered) == 32 and len(refusals) == 2
-    for r in refusals:
-        assert "attention data parallelism" in r["reason"] and "not priced" in r["reason"]
-    assert sum(r["point"]["ep"] == 4 for r in answered) == 2
+    assert len(answered) == 34 and not refusals
+    assert sum(r["point"]["ep"] == 4 for r in answered) == 3
+    # the two attention-DP rows: 4 groups of 16 users (batch_size is one group's)
+    assert sorted((r["point"]["dp"], r["point"]["concurrency"]) for r in answered
+                  if r["point"]["dp"] > 1) == [(4, 64), (4, 64)]
     for r in answered:
         for k in ("ttft_ms", "tpot_ms"):
             assert r["predicted"][k] > 0 and r["measured"][k] > 0
@@ -244,7 +245,7 @@ def test_the_ci_sample_against_its_measurements(tmp_path):
     # the figures are what the rows say
     ttft = [abs(r["ratio"]["ttft"] - 1) for r in answered]
     assert doc["overall"]["ttft"]["mape"] == pytest.approx(sum(ttft) / len(ttft))
-    assert doc["coverage"]["answered"] == 32 and doc["coverage"]["rows"] == 34
+    assert doc["coverage"]["answered"] == 34 and doc["coverage"]["rows"] == 34
     assert sum(g["rows"] for g in doc["groups"]) == 34
     print(f"CI sample: TTFT MAPE {doc['overall']['ttft']['mape']:.3f}, TPOT MAPE "
           f"{doc['overall']['tpot']['mape']:.3f}")
@@ -261,13 +262,13 @@ def test_the_command_prints_the_table_and_writes_the_document_and_plot(tmp_path,
     with open(small, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        w.writerows([rows[0], rows[-1]])  # one answered, one refused
+        w.writerows([rows[0], {**rows[1], "pp_size": "2"}])  # one answered, one refused
     out, png = tmp_path / "a.json", tmp_path / "a.png"
     code = main(["accuracy", "--points", str(small), "--jobs", "1", "--out", str(out),
                  "--plot", str(png)])
     text = capsys.readouterr().out
     assert code == 0
-    assert "answered 1 of 2 rows" in text and "refused 1: attention data parallelism" in text
+    assert "answered 1 of 2 rows" in text and "refused 1: pp_size #: pipeline parallelism is not priced" in text
     assert scorecard.load(out)["coverage"]["answered"] == 1 and png.stat().st_size > 10_000
     assert main(["accuracy", "--points", str(small), "--split", "held-out"]) == 2
     assert "no row is left after the filters" in capsys.readouterr().err

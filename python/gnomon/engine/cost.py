@@ -19,11 +19,21 @@ each layer's op by the layers that share its cost. Counting:
   (tensor-parallel attention), so the experts' outputs are summed by the same all-reduce;
   shared experts (DeepSeek's) are a dense gated MLP every token runs; a block may cover some of
   the layers (DeepSeek's first dense ones), its ops then multiplied by those;
+- under attention data parallelism over ``dp`` groups of ``tp`` GPUs, one group's step runs its
+  own T tokens through everything but the routed experts, which see the X tokens of every
+  group: each of the ``tp dp`` GPUs holds ``E / ep`` experts ``ep / (tp dp)`` of their width and
+  computes ``1 / ep`` of the X tokens' pairs. Each MoE layer dispatches the tokens to their
+  experts' GPUs and combines the outputs back, two all-to-alls in the activation dtype: a token
+  goes once to every GPU that holds at least one of its k experts (``1 - (1 - 1/ep)^k`` of them,
+  its experts taken as independent uniform picks), and a GPU sends its group's T / tp tokens to
+  the others and receives the others' for its experts, so it moves ``(N - 1)/N`` of
+  ``max(X, dp T)`` tokens times that share (``N = tp dp``; the busiest group's GPUs bound it);
 - lm_head, the final norm and sampling run only on the sequences that sample;
-- with ``tp > 1`` what the runner does: an all-reduce of the hidden states after the
-  vocab-parallel embedding and two per layer (after the attention and after the MLP), and an
-  all-gather of the sampled rows' float32 logits (the vocabulary padded to a multiple of tp),
-  each counted as the bytes one rank sends in a ring (`ring_bytes`, `Op.comm_bytes`).
+- with ``tp > 1`` (within a data-parallel group) what the runner does: an all-reduce of the
+  hidden states after the vocab-parallel embedding and two per layer (after the attention and
+  after the MLP), and an all-gather of the sampled rows' float32 logits (the vocabulary padded
+  to a multiple of tp), each counted as the bytes one rank sends in a ring (`ring_bytes`,
+  `Op.comm_bytes`).
 
 The attention itself (the KV write and paged attention over each window's layers) depends on
 every sequence's context, so `gnomon.predict.opcount` counts it per step.
@@ -78,12 +88,15 @@ class Pricing(NamedTuple):
 
 class StepOps:
     """Collects the ops of one step of `config` for T tokens, R of which sample, on one GPU of
-    `tp`, the routed experts split over `ep` of them (`gnomon.engine.parallel.check_ep`); an
-    architecture module's ``step_ops`` calls its blocks in its runner's order."""
+    `tp`, the routed experts split over `ep` of the ``tp x dp`` GPUs
+    (`gnomon.engine.parallel.check_ep`) and fed the X tokens of all `dp` data-parallel groups
+    (T when ``dp`` is 1); an architecture module's ``step_ops`` calls its blocks in its
+    runner's order."""
 
-    def __init__(self, config, pricing: Pricing, tp: int, T: int, R: int, ep: int = 1) -> None:
+    def __init__(self, config, pricing: Pricing, tp: int, T: int, R: int, ep: int = 1,
+                 dp: int = 1, X: int = 0) -> None:
         self.config, self.pricing, self.tp, self.T, self.R = config, pricing, tp, T, R
-        self.ep = ep
+        self.ep, self.dp, self.X = ep, dp, (X or T)
         self.ops: List[Op] = []
 
     # ---- primitives ----------------------------------------------------------------------
@@ -146,27 +159,33 @@ class StepOps:
 
     def moe(self, layers=None) -> None:
         """Router, top-k routing and the fused MoE's two grouped GEMMs over the experts, on
-        `layers` layers (every one by default), and the config's shared experts: a gated MLP
-        ``shared_experts x intermediate_size`` wide that every token runs."""
-        c, p, T = self.config, self.pricing, self.T
+        `layers` layers (every one by default), the data-parallel groups' dispatch and combine,
+        and the config's shared experts: a gated MLP ``shared_experts x intermediate_size`` wide
+        that every token runs."""
+        c, p, T, X = self.config, self.pricing, self.T, self.X
         L = c.num_layers if layers is None else layers
-        a, H, ep = p.activation_bytes, c.hidden_size, self.ep
-        E, k, inter = c.num_experts, c.top_k, c.intermediate_size * ep // self.tp
+        a, H, ep, gpus = p.activation_bytes, c.hidden_size, self.ep, self.tp * self.dp
+        E, k, inter = c.num_experts, c.top_k, c.intermediate_size * ep // gpus
         self.gemm("moe", "router", H, E, weight_bytes=a, compute="bfloat16", layers=L)
         self.ops.append(Op("moe", "topk_routing", L * 5.0 * T * E,
                            L * (T * E * a + 2 * T * k * 4), L))
-        distinct = E * (1.0 - (1.0 - k / E) ** T) if T else 0.0
+        distinct = E * (1.0 - (1.0 - k / E) ** X) if X else 0.0
         # under expert parallelism this GPU holds 1/ep of them, and balanced routing sends it
         # 1/ep of the (token, expert) pairs
         weights = distinct / ep * H * inter * p.expert_bytes
         experts = "fp4" if p.mxfp4_experts else p.linear_compute
-        per_expert = round(T * k / distinct) if T else 0  # the grouped GEMMs' M
-        self.ops.append(Op("moe", "fused_moe[w13]", L * 2.0 * T * k / ep * 2 * inter * H,
-                           L * (2 * weights + T * H * a + T * k / ep * 2 * inter * a), L,
+        per_expert = round(X * k / distinct) if X else 0  # the grouped GEMMs' M
+        self.ops.append(Op("moe", "fused_moe[w13]", L * 2.0 * X * k / ep * 2 * inter * H,
+                           L * (2 * weights + X * H * a + X * k / ep * 2 * inter * a), L,
                            experts, rows=per_expert, depth=H))
-        self.ops.append(Op("moe", "fused_moe[w2]", L * 2.0 * T * k / ep * inter * H,
-                           L * (weights + T * k / ep * inter * a + T * H * a), L, experts,
+        self.ops.append(Op("moe", "fused_moe[w2]", L * 2.0 * X * k / ep * inter * H,
+                           L * (weights + X * k / ep * inter * a + X * H * a), L, experts,
                            rows=per_expert, depth=inter))
+        if self.dp > 1:
+            share = 1.0 - (1.0 - 1.0 / ep) ** k  # of the GPUs, those a token's experts are on
+            moved = (gpus - 1) / gpus * share * max(X, self.dp * T) * H * a
+            self.ops.append(Op("communication", "all_to_all", 0.0, 0.0, 2 * L,
+                               comm_bytes=2 * L * moved, collectives=2 * L))
         if c.shared_experts:
             self.gated_mlp(c.shared_experts * c.intermediate_size, L, "moe", "shared_expert_")
 

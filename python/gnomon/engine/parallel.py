@@ -43,24 +43,41 @@ def check_tp(config, tensor_parallel_size, arg: str = "tensor_parallel_size") ->
     return n
 
 
-def check_ep(config, tp: int, ep, arg: str = "ep") -> int:
-    """`ep` if the experts can be split over `ep` of the `tp` GPUs (expert parallelism: each
-    group of ``tp / ep`` GPUs holds ``num_experts / ep`` whole experts, each split
-    ``tp / ep`` ways on its intermediate size, as vLLM's and TensorRT-LLM's EP lay them out
-    beside tensor-parallel attention): 1, or a divisor of `tp` and of the experts of a MoE
-    model. ValueError naming `arg` otherwise."""
+def check_ep(config, tp: int, ep, arg: str = "ep", dp: int = 1) -> int:
+    """`ep` if the experts can be split over `ep` groups of the ``tp x dp`` GPUs (expert
+    parallelism: each group of ``tp dp / ep`` GPUs holds ``num_experts / ep`` whole experts, each
+    split ``tp dp / ep`` ways on its intermediate size, as vLLM's, SGLang's and TensorRT-LLM's
+    EP lay them out beside tensor- or data-parallel attention): 1, or a divisor of ``tp x dp``
+    and of the experts of a MoE model. ValueError naming `arg` otherwise."""
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
         raise ValueError(f"{arg}: expected a positive int, got {ep!r}")
-    if ep == 1:
-        return ep
-    if not config.is_moe:
+    gpus = tp * dp
+    if ep > 1 and not config.is_moe:
         raise ValueError(f"{arg}: {ep}, but {config.architecture} has no experts to split")
-    if tp % ep:
-        raise ValueError(f"{arg}: {ep} does not divide tp {tp} (the experts are split over the "
-                         f"tensor-parallel GPUs; attention data parallelism is not priced)")
-    if config.num_experts % ep:
+    if gpus % ep:
+        raise ValueError(f"{arg}: {ep} does not divide tp {tp} x dp {dp}, the GPUs the experts "
+                         f"are split over")
+    if config.is_moe and config.num_experts % ep:
         raise ValueError(f"{arg}: {ep} does not divide the {config.num_experts} experts")
+    if config.is_moe and config.intermediate_size % (gpus // ep):
+        raise ValueError(f"{arg}: {ep} leaves each expert split {gpus // ep} ways (tp {tp} x "
+                         f"dp {dp} / ep), which does not divide its {config.intermediate_size} "
+                         f"intermediate size")
     return ep
+
+
+def check_dp(config, dp, arg: str = "dp") -> int:
+    """`dp` if attention can run data-parallel over `dp` groups of GPUs (SGLang's
+    ``--enable-dp-attention``, TensorRT-LLM's ``enable_attention_dp``, vLLM's data-parallel
+    attention): each group serves its own requests through attention, and the MoE layers are
+    shared by all of them, so `config` must have experts. ValueError naming `arg` otherwise."""
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"{arg}: expected a positive int, got {dp!r}")
+    if dp > 1 and not config.is_moe:
+        raise ValueError(f"{arg}: {dp}, but {config.architecture} has no MoE layers for the "
+                         f"data-parallel groups to share; a dense model at dp {dp} is {dp} "
+                         f"independent replicas (simulate one at 1/{dp} of the load)")
+    return dp
 
 
 def kv_heads_per_gpu(config, tp: int) -> int:

@@ -51,6 +51,8 @@ cdef class Scheduler:
     @cython.locals(seq=Sequence, n=cython.longlong)
     cpdef begin_decode(self, double now)
 
+    cpdef bint decode_ready(self, double now)
+
     @cython.locals(seq=Sequence)
     cpdef end_decode(self, long long token, double now)
 

@@ -512,15 +512,19 @@ class Scheduler:
         batch order. None, with nothing changed, when the step is not plain after all: an
         arrival is due by `now`, or the free blocks might not give every running sequence a
         new block in every KV-cache group (`schedule` then decides, preempting if it must)."""
-        if self._arrivals and self._arrivals[0][0] <= now:
+        if not self.decode_ready(now):
             return None
         n = len(self._running)
-        if self.kv.num_free_blocks < n * len(self.kv.windows):
-            return None
         if self._allocate([[seq, 1, True] for seq in self._running]) != n:
             raise RuntimeError("begin_decode: the allocator refused a slot it had free blocks for")
         self._outstanding = PLAIN_DECODE  # schedule() and update() refuse until end_decode
         return tuple([(1, seq.num_computed_tokens) for seq in self._running])
+
+    def decode_ready(self, now: float) -> bool:
+        """Whether `begin_decode` at `now` would begin its step: no arrival due by `now`, and
+        free blocks for a new one per running sequence in every KV-cache group."""
+        return not (self._arrivals and self._arrivals[0][0] <= now) and \
+            self.kv.num_free_blocks >= len(self._running) * len(self.kv.windows)
 
     def end_decode(self, token: int, now: float) -> None:
         """Ends the step `begin_decode` began, as `update` would: commits every running

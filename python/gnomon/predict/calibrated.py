@@ -225,9 +225,9 @@ class CalibratedPredictor:
         if shape.tp != d["tp"]:
             raise PredictionRefused(f"tp = {shape.tp}: calibrated at tp {d['tp']} only "
                                     f"(gnomon calibrate --tp {shape.tp} calibrates that)")
-        if shape.ep != 1:
-            raise PredictionRefused(f"ep = {shape.ep}: calibrated on gnomon's engine, which has "
-                                    f"no expert parallelism")
+        if (shape.ep, shape.dp) != (1, 1):
+            raise PredictionRefused(f"ep = {shape.ep}, dp = {shape.dp}: calibrated on gnomon's "
+                                    f"engine, which has no expert or data parallelism")
         for what, value in (("num_tokens", shape.num_tokens), ("num_seqs", shape.num_seqs),
                             ("max_context", shape.max_context)):
             if value > d[what]:

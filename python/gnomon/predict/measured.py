@@ -17,8 +17,12 @@ Two ways in:
   installed; nothing is downloaded.
 
 A point maps to `simulate`'s arguments (`MeasuredPoint.simulate_args`), or is refused with the
-reason that names what is missing (`PointRefused`): expert or attention data parallelism, which
-the simulator does not price yet, is refused, never approximated as plain tensor parallelism.
+reason that names what is missing (`PointRefused`). A row's ``tp_size`` is each attention
+group's GPUs, ``attention_dp_size`` the groups, and ``moe_tp_size x moe_ep_size`` must be all
+of their GPUs (aiconfigurator's own rule); a row that breaks it, or that is wider than its
+system's NVLink domain, is refused, never approximated as another layout. ``batch_size`` is
+one data-parallel group's concurrency, as aiconfigurator reads it: the closed loop runs
+``batch_size x attention_dp_size`` users.
 
 The split: ``fit`` points may tune the predictors; ``held-out`` points are only reported. A point
 of neither (``""``) counts only in ``--split all``.
@@ -48,8 +52,9 @@ FIELDS: Dict[str, Tuple[str, Optional[str]]] = {
     "engine": ("an engine profile (vllm, sglang, trtllm, gnomon) or a .json file", None),
     "engine_version": ("the engine's version, '' when the source does not say", ""),
     "tp": ("tensor-parallel GPUs", "1"),
-    "ep": ("expert-parallel GPUs among the tp ones (the routed experts split over them)", "1"),
-    "dp": ("attention data-parallel GPUs (> 1 is refused: not priced yet)", "1"),
+    "ep": ("expert-parallel groups of the tp x dp GPUs (the routed experts split over them)",
+           "1"),
+    "dp": ("attention data-parallel groups of tp GPUs", "1"),
     "weight_dtype": ("auto, bfloat16, fp8, nvfp4 or mxfp4: the dense linear weights", "auto"),
     "kv_dtype": ("auto, bfloat16 or fp8", "auto"),
     "workload": ("random, sharegpt, chat or trace:FILE", "random"),
@@ -147,13 +152,8 @@ class MeasuredPoint:
 
     def simulate_args(self) -> dict:
         """`simulate`'s keyword arguments for this run, or `PointRefused`."""
-        if self.dp > 1:
-            raise PointRefused(
-                f"attention data parallelism (dp {self.dp}) is not priced yet: the simulator "
-                f"models tensor-parallel attention only")
         args = dict(model=self.model, hardware=self.hardware, engine=self.engine, tp=self.tp,
-                    ep=self.ep,
-                    weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
+                    ep=self.ep, dp=self.dp, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
                     workload=self.workload, num_requests=self.num_requests,
                     concurrency=self.concurrency,
                     engine_settings=parse_settings(self.engine_settings, "engine_settings"))
@@ -335,15 +335,19 @@ def from_silicon(row: dict) -> MeasuredPoint:
     moe_tp = _int(row, "moe_tp_size", blank=tp)
     if ep == 1 and dp == 1 and moe_tp not in (1, tp):
         raise PointRefused(f"moe_tp_size {moe_tp} with tp_size {tp} and no ep: inconsistent")
-    if ep > 1 and dp == 1 and moe_tp * ep != tp:
-        raise PointRefused(f"moe_tp_size {moe_tp} x moe_ep_size {ep} is not tp_size {tp}: the "
-                           f"experts must split over the GPUs the attention runs on")
+    if (ep > 1 or dp > 1) and moe_tp * ep != tp * dp:
+        raise PointRefused(f"moe_tp_size {moe_tp} x moe_ep_size {ep} is not tp_size {tp} x "
+                           f"attention_dp_size {dp}: the experts must split over the GPUs the "
+                           f"attention runs on")
     if tp * dp > system["nvlink_domain"]:
         raise PointRefused(f"tp_size {tp} x attention_dp_size {dp} on {row.get('system')}: "
                            f"wider than its {system['nvlink_domain']}-GPU NVLink domain (a "
                            f"layout across domains is not priced)")
     work = table["workload"]
-    isl, osl, conc = _int(row, "isl"), _int(row, "osl"), _int(row, "batch_size")
+    # batch_size is one attention-DP rank's: the server's concurrency is dp of them
+    # (aiconfigurator's own reading, "global_bs = bs * attention_dp_size", and the rows'
+    # silicon_concurrency wherever their source records it)
+    isl, osl, conc = _int(row, "isl"), _int(row, "osl"), _int(row, "batch_size") * dp
 
     def length(x: int) -> str:
         return f"{max(int(x * work['range_ratio']), 1)}:{x}"

@@ -46,15 +46,17 @@ def step_ops(shape: StepShape) -> List[Op]:
     """Every op of the step: `dense_ops` (which depend only on the token counts) and
     `attention_ops` (which depend on each sequence's context)."""
     return list(dense_ops(shape.model, shape.num_tokens, shape.num_sampled, shape.tp,
-                          shape.ep)) + \
-        attention_ops(shape)
+                          shape.ep, shape.dp, shape.dp_tokens)) + attention_ops(shape)
 
 
 def attention_ops(shape: StepShape) -> List[Op]:
     spec, c, tp = shape.model, shape.model.config, shape.tp
     if c.mla is not None:  # its decode and prefill forms differ (gnomon.engine.models.mla)
-        decode = [r for r in shape.requests if r[0] == 1 and r[1] > 0]
-        prefill = [r for r in shape.requests if not (r[0] == 1 and r[1] > 0)]
+        if shape.num_prefill_tokens:
+            decode = [r for r in shape.requests if r[0] == 1 and r[1] > 0]
+            prefill = [r for r in shape.requests if not (r[0] == 1 and r[1] > 0)]
+        else:  # a decode step (every DP group's, most steps)
+            decode, prefill = shape.requests, ()
         return mla.attention_ops(c, tp, spec.pricing, spec.kv_bytes,
                                  (len(decode), *attention_sums(decode, NO_WINDOW)),
                                  (sum(n for n, _ in prefill),
@@ -78,9 +80,11 @@ def attention_ops(shape: StepShape) -> List[Op]:
 
 
 @functools.lru_cache(maxsize=4096)
-def dense_ops(spec: ModelSpec, T: int, R: int, tp: int, ep: int = 1) -> Tuple[Op, ...]:
-    """The ops that depend only on the step's token count T and sampled rows R, as the
-    architecture's module lists them (cached: decode steps repeat the same few)."""
-    step = StepOps(spec.config, spec.pricing, tp, T, R, ep)
+def dense_ops(spec: ModelSpec, T: int, R: int, tp: int, ep: int = 1, dp: int = 1,
+              X: int = 0) -> Tuple[Op, ...]:
+    """The ops that depend only on the step's token count T, sampled rows R and, under
+    attention data parallelism, the X tokens of all groups, as the architecture's module lists
+    them (cached: decode steps repeat the same few)."""
+    step = StepOps(spec.config, spec.pricing, tp, T, R, ep, dp, X)
     models.model_module(spec.config.architecture).step_ops(step)
     return tuple(step.ops)

@@ -111,7 +111,8 @@ class RooflinePredictor:
                             f"{type(overhead).__name__}")
         self.overhead = overhead
         self.name = f"roofline({self.hardware.name})"
-        self._dense_seconds: Dict[tuple, Dict[str, float]] = {}  # (model, T, R, tp, ep) -> parts
+        self._dense_seconds: Dict[tuple, Dict[str, float]] = {}  # dense_ops' key -> parts
+        self._repeated_seconds: Dict[object, float] = {}  # attention_ops' non-attention ops
         self._hbm_bytes_per_s = self.hardware.hbm_tbps.value * 1e12
         self._bytes_per_s = self._hbm_bytes_per_s * self.efficiencies.memory
         self._flops_per_s: Dict[str, tuple] = {}  # compute -> (best FLOP/s, weight-only curve)
@@ -182,7 +183,8 @@ class RooflinePredictor:
     def predict(self, shape: StepShape) -> StepCost:
         if not isinstance(shape, StepShape):
             raise TypeError(f"shape: expected a StepShape, got {type(shape).__name__}")
-        key = (shape.model, shape.num_tokens, shape.num_sampled, shape.tp, shape.ep)
+        key = (shape.model, shape.num_tokens, shape.num_sampled, shape.tp, shape.ep, shape.dp,
+               shape.dp_tokens)
         dense = self._dense_seconds.get(key)
         if dense is None:  # decode steps repeat the same few token counts
             dense = dict.fromkeys(FAMILIES, 0.0)
@@ -192,8 +194,18 @@ class RooflinePredictor:
                 self._dense_seconds.clear()
             self._dense_seconds[key] = dense
         parts = dict(dense)
+        repeated = self._repeated_seconds
         for op in attention_ops(shape):
-            parts[op.family] += self.op_seconds(op)
+            if op.family == "attention":  # depends on the contexts, new every step
+                parts["attention"] += self.op_seconds(op)
+                continue
+            seconds = repeated.get(op)  # MLA's absorbed GEMMs: by the decode count alone
+            if seconds is None:
+                if len(repeated) > 65536:
+                    repeated.clear()
+                seconds = repeated[op] = self.op_seconds(op)
+            parts[op.family] += seconds
         if self.overhead is not None:
             parts["overhead"] = self.overhead.seconds(shape.num_seqs, sum(parts.values()))
-        return StepCost.from_parts(parts, ANALYTICAL)
+        # every family, each a sum of non-negative seconds: from_parts' checks hold already
+        return StepCost(sum(parts.values()), parts, ANALYTICAL)

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from gnomon.engine.llm import LLMEngine, RequestOutput
-from gnomon.engine.parallel import check_tp
+from gnomon.engine.parallel import check_dp, check_tp
 from gnomon.engine.sampling_params import SamplingParams
 
+from .data_parallel import DataParallelEngine, DataParallelRunner
 from .engines import ServingPath
 from .hardware import resolve_hardware
 from .shapes import ModelSpec
@@ -73,25 +74,35 @@ class RunTrace:
 
 
 def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1, ep: int = 1,
-                     args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None,
-                     keep_batches: bool = False,
+                     dp: int = 1, args: EngineArgs = EngineArgs(),
+                     num_kv_blocks: Optional[int] = None, keep_batches: bool = False,
                      gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-                     kv_memory: str = "total") -> LLMEngine:
+                     kv_memory: str = "total") -> Union[LLMEngine, DataParallelEngine]:
     """An `LLMEngine` over a `SimulatedRunner` on a fresh `VirtualClock` at 0 (its step records
     keep their batches only with `keep_batches`; `ep`: `SimulatedRunner`'s); its KV blocks fill
     `gpu_memory_utilization` of the HBM left after weights and activations, unless
-    `num_kv_blocks` says."""
+    `num_kv_blocks` says. With `dp` > 1, a `DataParallelEngine` of `dp` such engines (each
+    with those blocks) over one `DataParallelRunner`; it keeps no batches."""
     check_tp(model.config, tp, "tp")
+    check_dp(model.config, dp)
+    if dp > 1 and keep_batches:
+        raise ValueError("keep_batches: a data-parallel simulation records its steps without "
+                         "their batches")
     if num_kv_blocks is None:
         num_kv_blocks = kv_blocks_for_hardware(
             model, resolve_hardware(hardware), block_size=args.block_size, tp=tp,
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization,
-            enable_hybrid_kv=args.enable_hybrid_kv, kv_memory=kv_memory)
+            enable_hybrid_kv=args.enable_hybrid_kv, kv_memory=kv_memory, dp=dp)
     clock = VirtualClock()
-    runner = SimulatedRunner(model, predictor, clock, tp=tp, ep=ep, keep_batches=keep_batches)
-    return LLMEngine(model.config, clock=clock, runner=runner, dtype=model.dtype,
-                     num_kv_blocks=num_kv_blocks, **args.kwargs())
+    if dp > 1:
+        runner = DataParallelRunner(model, predictor, clock, tp=tp, ep=ep, dp=dp)
+    else:
+        runner = SimulatedRunner(model, predictor, clock, tp=tp, ep=ep,
+                                 keep_batches=keep_batches)
+    groups = [LLMEngine(model.config, clock=clock, runner=runner, dtype=model.dtype,
+                        num_kv_blocks=num_kv_blocks, **args.kwargs()) for _ in range(dp)]
+    return DataParallelEngine(groups, runner) if dp > 1 else groups[0]
 
 
 def timed_engine(model: Union[str, ModelSpec], *, random_weights: bool = False,
@@ -108,7 +119,7 @@ def timed_engine(model: Union[str, ModelSpec], *, random_weights: bool = False,
     return engine
 
 
-def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional[int] = None,
+def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workload, *, concurrency: Optional[int] = None,
                  serving: ServingPath = ServingPath(),
                  progress: Optional[Callable[[int, int], None]] = None) -> RunTrace:
     """Run `workload` to completion on `engine` (built by `simulated_engine` or
@@ -126,8 +137,8 @@ def run_workload(engine: LLMEngine, workload: Workload, *, concurrency: Optional
     ``response_s`` after the step ends, or after the next step ends under async scheduling
     (``output_lag_steps`` 1). The metrics read it back from the trace."""
     clock, runner = engine.clock, engine.runner
-    if not isinstance(clock, VirtualClock) or not isinstance(runner,
-                                                             (SimulatedRunner, TimedRunner)):
+    if not isinstance(clock, VirtualClock) or not isinstance(
+            runner, (SimulatedRunner, TimedRunner, DataParallelRunner)):
         raise TypeError("engine: expected one built by simulated_engine or timed_engine "
                         "(a VirtualClock and a recording runner)")
     if concurrency is not None and (isinstance(concurrency, bool)

@@ -151,11 +151,13 @@ class ModelSpec:
         """FP8 or FP4 weights or KV beyond what gnomon's real engine runs (MXFP4 experts)."""
         return self.weight_dtype in _QUANT_BYTES or self.kv_dtype == "fp8"
 
-    def weight_bytes(self, tp: int = 1) -> float:
+    def weight_bytes(self, tp: int = 1, dp: int = 1) -> float:
         """Bytes of weights one of `tp` GPUs holds, counted over the architecture's weight
         table (`gnomon.engine.models.weight_shapes`) for that rank's shard: the decoder's
         matrices in the linear dtype (MXFP4 experts as their uint8 codes and scales), the
-        embedding, lm_head, router, norms, biases and sinks in the activation dtype."""
+        embedding, lm_head, router, norms, biases and sinks in the activation dtype. Under
+        attention data parallelism over `dp` groups the routed experts (the tensors with one
+        entry per expert) are split over all ``tp x dp`` GPUs, the rest within the group."""
         c, a, w = self.config, self.dtype_bytes, self.linear_bytes
         local = Shard(0, tp).local_config(c, self.mxfp4_experts)
         total = 0.0
@@ -163,6 +165,8 @@ class ModelSpec:
             leaf, n = name.rsplit(".", 1)[-1], math.prod(shape)
             if name == "lm_head" and c.tie_word_embeddings:
                 continue
+            if c.is_moe and len(shape) > 1 and shape[0] == c.num_experts and leaf != "router":
+                n /= dp
             if self.mxfp4_experts and leaf in MXFP4_TENSORS:
                 total += n  # uint8
             elif len(shape) > 1 and name.startswith("layers.") and leaf != "router":
@@ -180,8 +184,10 @@ class ModelSpec:
 @dataclass(frozen=True)
 class StepShape:
     """One step: per sequence ``(new_tokens, context_len)`` in batch order, how many sequences
-    sample a token, the split into prefill and decode tokens, the model, ``tp`` and the expert
-    parallelism ``ep`` over those GPUs (`gnomon.engine.parallel.check_ep`)."""
+    sample a token, the split into prefill and decode tokens, the model, ``tp``, the expert
+    parallelism ``ep`` over the GPUs (`gnomon.engine.parallel.check_ep`) and, under attention
+    data parallelism, the ``dp`` groups' step: the shape is one group's batch, and
+    ``dp_tokens`` the tokens of every group, which the routed experts see (0: dp is 1)."""
 
     model: ModelSpec
     requests: Tuple[Tuple[int, int], ...]
@@ -190,16 +196,18 @@ class StepShape:
     num_decode_tokens: int
     tp: int = 1
     ep: int = 1
+    dp: int = 1
+    dp_tokens: int = 0
 
     @classmethod
-    def from_batch(cls, batch: ScheduledBatch, model: ModelSpec, tp: int = 1,
-                   ep: int = 1) -> "StepShape":
+    def from_batch(cls, batch: ScheduledBatch, model: ModelSpec, tp: int = 1, ep: int = 1,
+                   dp: int = 1, dp_tokens: int = 0) -> "StepShape":
         if not isinstance(batch, ScheduledBatch):
             raise TypeError(f"batch: expected a ScheduledBatch, got {type(batch).__name__}")
         seqs = batch.sequences
         return cls(model, tuple([(len(s.token_ids), s.num_computed_tokens) for s in seqs]),
                    sum([s.is_last_prefill_chunk for s in seqs]),
-                   batch.num_prefill_tokens, batch.num_decode_tokens, tp, ep)
+                   batch.num_prefill_tokens, batch.num_decode_tokens, tp, ep, dp, dp_tokens)
 
     @classmethod
     def of(cls, model: ModelSpec, requests, tp: int = 1, num_sampled: Optional[int] = None,

@@ -46,15 +46,22 @@ def make_predictor(spec: str, hardware: Union[str, Hardware],
 
 def limits_for(model: ModelSpec, predictor, hardware: Hardware,
                engine: Optional[EngineProfile] = None, hybrid_kv: bool = True,
-               ep: int = 1) -> List[str]:
+               ep: int = 1, dp: int = 1) -> List[str]:
     """What the report cannot see, stated next to its figures."""
     out = []
     c = model.config
     if ep > 1:
         out.append(f"expert parallelism over {ep} GPUs: each holds {c.num_experts // ep} "
                    f"experts; routing is taken as balanced (each computes 1/{ep} of the "
-                   f"token-expert pairs, none waits for a busier one), and the experts' outputs "
-                   f"are summed by the all-reduce tensor-parallel attention already makes")
+                   f"token-expert pairs, none waits for a busier one)"
+                   + (", and the experts' outputs are summed by the all-reduce tensor-parallel "
+                      "attention already makes" if dp == 1 else ""))
+    if dp > 1:
+        out.append(f"attention data parallelism: {dp} schedulers with their own requests and KV "
+                   f"pools in lockstep, a request to the group with the fewest unfinished "
+                   f"ones; a step lasts as long as the slowest group's, its routed experts "
+                   f"seeing every group's tokens, dispatched and combined by two all-to-alls "
+                   f"per MoE layer (gnomon.predict.data_parallel, gnomon.engine.cost)")
     if "sliding" in c.layer_types and not hybrid_kv:
         out.append(f"{model.name}'s sliding-window layers keep full KV (hybrid KV cache off): "
                    f"the KV capacity is smaller than an engine that keeps only "
@@ -115,7 +122,7 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
              workload: Union[str, Workload] = DEFAULT_WORKLOAD, *,
              rate: Optional[float] = DEFAULT_RATE,
              num_requests: Optional[int] = DEFAULT_NUM_REQUESTS,
-             predictor="roofline", tp: int = 1, ep: int = 1,
+             predictor="roofline", tp: int = 1, ep: int = 1, dp: int = 1,
              args: Optional[EngineArgs] = None,
              engine: Union[str, EngineProfile] = DEFAULT_ENGINE,
              concurrency: Optional[int] = None, input_len: Optional[LengthDist] = None,
@@ -134,8 +141,10 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
     `concurrency` caps the requests in flight (`run_workload`); `input_len` / `output_len`
     replace a synthetic workload's lengths; `weight_dtype` / `kv_dtype` ("auto", "bfloat16",
     "fp8") override what the model's config declares. `enable_hybrid_kv` False keeps full KV on
-    sliding-window layers (`gnomon.engine.kv_cache`), unless `args` says. `ep` splits the
-    routed experts over that many of the `tp` GPUs (`gnomon.engine.parallel.check_ep`)."""
+    sliding-window layers (`gnomon.engine.kv_cache`), unless `args` says. `dp` runs attention
+    data-parallel over that many groups of `tp` GPUs (`gnomon.predict.data_parallel`); `ep`
+    splits the routed experts over that many of the ``tp x dp`` GPUs
+    (`gnomon.engine.parallel.check_ep`)."""
     spec = model if isinstance(model, ModelSpec) else ModelSpec.from_model(
         model, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     hw = resolve_hardware(hardware)
@@ -170,14 +179,14 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
         workload = resolve(workload, num_requests=num_requests, rate=synthetic_rate,
                            vocab_size=spec.config.vocab_size, seed=seed, input_len=input_len,
                            output_len=output_len)
-    sim = simulated_engine(spec, hw, pred, tp=tp, ep=ep, args=args,
+    sim = simulated_engine(spec, hw, pred, tp=tp, ep=ep, dp=dp, args=args,
                            gpu_memory_utilization=profile.gpu_memory_utilization,
                            kv_memory=profile.kv_memory)
     trace: RunTrace = run_workload(sim, workload, concurrency=concurrency,
                                    serving=profile.serving, progress=progress)
     rate_shown = "inf" if synthetic_rate is not None and math.isinf(synthetic_rate) \
         else synthetic_rate
-    setup = {"model": spec.name, "hardware": hw.name, "predictor": pred.name, "tp": tp, "ep": ep,
+    setup = {"model": spec.name, "hardware": hw.name, "predictor": pred.name, "tp": tp, "ep": ep, "dp": dp,
              "dtypes": {"activations": spec.dtype, "weights": spec.linear_dtype,
                         "experts": "mxfp4" if spec.mxfp4_experts else spec.linear_dtype,
                         "kv_cache": spec.kv_dtype or spec.dtype},
@@ -192,7 +201,8 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
                         "overhead": (asdict(profile.overhead)
                                      if isinstance(pred, RooflinePredictor) else None),
                         "serving": asdict(profile.serving)}}
-    report = build_report(trace=trace, metrics=compute_metrics(trace, slo or SLO(), num_gpus=tp),
+    report = build_report(trace=trace, metrics=compute_metrics(trace, slo or SLO(), num_gpus=tp * dp),
                           setup=setup,
-                          limits=limits_for(spec, pred, hw, profile, args.enable_hybrid_kv, ep))
+                          limits=limits_for(spec, pred, hw, profile, args.enable_hybrid_kv, ep,
+                                            dp))
     return report, trace

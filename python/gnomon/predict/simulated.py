@@ -71,11 +71,22 @@ class StepRecord:
                    len(batch.sequences), batch if keep_batch else None)
 
 
-def _sampled(batch: ScheduledBatch, token: int):
+def sampled(batch: ScheduledBatch, token: int):
     return tuple(token if s.is_last_prefill_chunk else None for s in batch.sequences)
 
 
-def _filler_token(model: ModelSpec) -> int:
+def track(known: Set[int], batch: ScheduledBatch) -> None:
+    """Updates `known`, the sequences a runner has seen in full, by `batch`; a delta to a
+    sequence it never saw in full fails as in the real runner."""
+    known.difference_update(batch.finished_seq_ids)
+    for s in batch.sequences:
+        if s.full:
+            known.add(s.seq_id)
+        elif s.seq_id not in known:
+            raise stale_delta(s)
+
+
+def filler_token(model: ModelSpec) -> int:
     """The smallest token id that is not an EOS id."""
     eos = set(model.config.eos_token_ids)
     return next(t for t in range(len(eos) + 1) if t not in eos)
@@ -98,15 +109,18 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
                            tp: int = 1, max_num_batched_tokens: int = 8192,
                            max_num_seqs: int = 256,
                            gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-                           enable_hybrid_kv: bool = True, kv_memory: str = "total") -> int:
+                           enable_hybrid_kv: bool = True, kv_memory: str = "total",
+                           dp: int = 1) -> int:
     """KV blocks that fit on `hardware` (per GPU, times ``tp`` GPUs in lockstep), by the
     engine's budget arithmetic (`kv_memory`, as `gnomon.predict.engines.KV_MEMORY` states):
     ``gpu_memory_utilization`` of the HBM less the weights and the activations ("total",
     vLLM's), of what those leave free ("free", TensorRT-LLM's ``free_gpu_memory_fraction``),
     or of the HBM less the weights alone ("static", SGLang's ``mem_fraction_static``, whose
     rest holds the activations); a block holds one token slot of every layer of one KV-cache
-    group (`gnomon.engine.kv_cache`). Raises `PredictionRefused` with the bytes needed and the
-    bytes available when the model does not fit."""
+    group (`gnomon.engine.kv_cache`); under attention data parallelism (`dp` groups of `tp`)
+    the blocks of one group, its GPUs holding their share of the experts
+    (`ModelSpec.weight_bytes`). Raises `PredictionRefused` with the bytes needed and the bytes
+    available when the model does not fit."""
     c = model.config
     check_tp(c, tp, "tp")
     if not 0 < gpu_memory_utilization <= 1:
@@ -115,7 +129,7 @@ def kv_blocks_for_hardware(model: ModelSpec, hardware: Hardware, *, block_size: 
     if kv_memory not in KV_MEMORY:
         raise ValueError(f"kv_memory: expected one of {', '.join(KV_MEMORY)}, got {kv_memory!r}")
     hbm = hardware.hbm_gb.value * 1e9
-    weights = model.weight_bytes(tp)
+    weights = model.weight_bytes(tp, dp)
     acts = 0.0 if kv_memory == "static" else activation_bytes(
         model, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp)
     if kv_memory == "free":
@@ -153,19 +167,13 @@ class SimulatedRunner:
         self.model, self.predictor, self.clock = model, predictor, clock
         self.tp = check_tp(model.config, tp, "tp")
         self.ep = check_ep(model.config, self.tp, ep)
-        self.token = _filler_token(model)
+        self.token = filler_token(model)
         self.keep_batches = bool(keep_batches)
         self.known: Set[int] = set()
         self.steps: List[StepRecord] = []
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
-        known = self.known
-        known.difference_update(batch.finished_seq_ids)
-        for s in batch.sequences:
-            if s.full:
-                known.add(s.seq_id)
-            elif s.seq_id not in known:
-                raise stale_delta(s)
+        track(self.known, batch)
         if batch.is_empty:
             return StepOutput(())
         cost = self.predictor.predict(StepShape.from_batch(batch, self.model, self.tp, self.ep))
@@ -173,7 +181,7 @@ class SimulatedRunner:
         self.clock.advance(cost.seconds)
         self.steps.append(StepRecord.of(start, batch, cost.seconds, cost.breakdown,
                                         self.keep_batches))
-        return StepOutput(_sampled(batch, self.token), cost.seconds, cost.breakdown)
+        return StepOutput(sampled(batch, self.token), cost.seconds, cost.breakdown)
 
     def execute_decode(self, pairs) -> None:
         """A plain decode step without a batch (`Scheduler.begin_decode`'s ``(1, context_len)``

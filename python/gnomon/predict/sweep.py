@@ -43,7 +43,7 @@ from gnomon.documents import DocumentError
 KIND = "gnomon.predict.sweep"
 SCHEMA_VERSION = 3
 ACCEPTED_VERSIONS = (2, 3)
-AXES = ("hardware", "tp", "ep", "concurrency", "max_num_batched_tokens", "max_num_seqs",
+AXES = ("hardware", "tp", "ep", "dp", "concurrency", "max_num_batched_tokens", "max_num_seqs",
         "rate")
 COMPLETE, REFUSED = "complete", "refused"
 FRONTIER = ("max_ttft_s", "max_tpot_s", "usd_per_gpu_hour")  # the spec's frontier part
@@ -504,7 +504,7 @@ def usd_per_million_tokens(row: Optional[Row], prices: Mapping[str, float]) -> O
 
 def describe(point: Mapping[str, Any]) -> str:
     """A point's configuration in a few characters: ``H100 tp2 c64 b8192``."""
-    short = {"tp": "tp", "ep": "ep", "concurrency": "c", "max_num_batched_tokens": "b",
+    short = {"tp": "tp", "ep": "ep", "dp": "dp", "concurrency": "c", "max_num_batched_tokens": "b",
              "max_num_seqs": "s", "rate": "r"}
     parts = [str(point["hardware"])] if "hardware" in point else []
     parts += [f"{short[a]}{point[a]}" for a in AXES if a in point and a != "hardware"]
@@ -568,8 +568,8 @@ def plot(doc: dict, path) -> None:
     curves: Dict[str, List[Row]] = {}
     for r in all_rows:
         hardware = r.point.get("hardware", r.report.get("setup", {}).get("hardware"))
-        tp = r.point.get("tp", r.report.get("setup", {}).get("tp"))
-        curves.setdefault(f"{hardware} tp{tp}", []).append(r)
+        tp, dp = (r.point.get(k, r.report.get("setup", {}).get(k, 1)) for k in ("tp", "dp"))
+        curves.setdefault(f"{hardware} tp{tp}" + (f" dp{dp}" if dp > 1 else ""), []).append(r)
     for label, members in sorted(curves.items()):
         members.sort(key=lambda r: r.per_user)
         ax.plot([r.per_user for r in members], [r.per_gpu for r in members], marker="o",
