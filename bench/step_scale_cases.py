@@ -45,9 +45,10 @@ def _simulate_argv(args: dict) -> list:
         argv += ["--workload", f"trace:{trace}"]
     elif "num_requests" in args:
         argv += ["--num-requests", str(args["num_requests"])]
-    for flag in ("model", "hardware", "tp"):
+    for flag in ("model", "hardware", "tp", "ep", "dp", "concurrency", "engine", "weight_dtype",
+                 "kv_dtype"):
         if flag in args:
-            argv += [f"--{flag}", str(args[flag])]
+            argv += [f"--{flag.replace('_', '-')}", str(args[flag])]
     return argv, trace
 
 

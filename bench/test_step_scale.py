@@ -34,6 +34,8 @@ from test_allocator import _requests
 
 CASES_SCRIPT = str(Path(__file__).with_name("step_scale_cases.py"))
 LLAMA_70B_MI300X_TP8 = dict(model="llama-3.1-70b", hardware="MI300X", tp=8)
+DEEPSEEK_B200_DP8_EP8 = dict(model="deepseek-v3", hardware="B200", tp=1, ep=8, dp=8,
+                             engine="trtllm", weight_dtype="fp8", kv_dtype="fp8")
 
 
 def _smoke(config) -> bool:
@@ -79,6 +81,19 @@ def test_simulate_2k_2k_all_at_t0(benchmark, request, num_requests):
                     output_len=2048)
     result = _measure(benchmark, request, "simulate", args, ["wall_s", "peak_rss_mb"],
                       with_baseline=num_requests <= 100)
+    assert result["returncode"] == 0
+
+
+def test_simulate_deepseek_dp8_ep8_1k_1k(benchmark, request):
+    """DeepSeek-V3 at attention DP 8 x EP 8 on 8 B200 (FP8 weights and KV, TensorRT-LLM's
+    profile), 5,120 requests of 1,024 prompt and 1,024 output tokens in a closed loop of 512
+    (the MLA issue's goal: 20 s; smoke: 64 requests of 128/128 at 32). No baseline: the
+    previous contract had no data parallelism."""
+    n, length, c = (64, 128, 32) if _smoke(request.config) else (5120, 1024, 512)
+    args = dict(DEEPSEEK_B200_DP8_EP8, num_requests=n, input_len=length, output_len=length,
+                concurrency=c)
+    result = _measure(benchmark, request, "simulate", args, ["wall_s", "simulate_s"],
+                      with_baseline=False)
     assert result["returncode"] == 0
 
 

@@ -9,7 +9,10 @@ runtime: simulated execution configures hardware from this file alone (or from a
 Interconnect: the per-direction bandwidth one GPU can drive into a ring all-reduce, in GB/s.
 Datasheets quote bidirectional totals; gnomon halves them. On AMD's 8-GPU full mesh it is the
 sum over the 7 links (RCCL runs several rings at once), an upper bound that measured collectives
-stay below; override it with a hardware file or the predictor's efficiencies.
+stay below; override it with a hardware file or the predictor's efficiencies. It joins
+``scale_up_gpus`` GPUs (an HGX board's 8, an NVL72 rack's 72); a collective over more of them
+crosses the scale-out network, ``scale_out_gbps`` per GPU and direction (its NIC: 400 Gb/s is
+50 GB/s).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class Hardware:
     hbm_tbps: Figure
     hbm_gb: Figure
     interconnect_gbps: Figure = Figure(None, "not given", given=False)  # per direction
+    scale_up_gpus: Figure = Figure(None, "not given", given=False)  # one NVLink / IF domain
+    scale_out_gbps: Figure = Figure(None, "not given", given=False)  # per GPU, per direction
     generation: Optional[str] = None  # one of GENERATIONS: picks the kernel-efficiency curves
     device_names: Tuple[str, ...] = ()  # exact names torch.cuda.get_device_name reports
     aliases: Tuple[str, ...] = ()  # other names gpu() accepts
@@ -65,6 +70,9 @@ GENERATIONS = ("ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3", "cdna4"
 _NV_H100 = "NVIDIA H100 datasheet"
 _NV_H200 = "NVIDIA H200 datasheet"
 _NV_B200 = "NVIDIA DGX B200 datasheet"
+_NV_B300 = ("NVIDIA HGX B300 / DGX B300 specifications as third-party pages reproduce them "
+            "(acecloud.ai's HGX B300 page, glennklockwood.com's B300 notes; dense halves of the "
+            "sparse figures)")
 _AMD_300 = "AMD MI300X datasheet"
 _AMD_325 = "AMD MI325X datasheet"
 _AMD_355 = "AMD MI355X datasheet"
@@ -75,6 +83,8 @@ H100_SXM = GPU(
     fp4_tflops=Figure(None, f"{_NV_H100}: no FP4 math (MXFP4 runs weight-only)"),
     hbm_tbps=Figure(3.35, _NV_H100), hbm_gb=Figure(80, _NV_H100),
     interconnect_gbps=Figure(450, f"{_NV_H100}: NVLink 4, 900 GB/s bidirectional"),
+    scale_up_gpus=Figure(8, f"{_NV_H100}: DGX H100, 8 GPUs on NVSwitch"),
+    scale_out_gbps=Figure(50, f"{_NV_H100}: DGX H100, a 400 Gb/s ConnectX-7 per GPU"),
     generation="hopper",
     device_names=("NVIDIA H100 80GB HBM3",), aliases=("H100",))
 H200 = GPU(
@@ -83,6 +93,8 @@ H200 = GPU(
     fp4_tflops=Figure(None, f"{_NV_H200}: no FP4 math"),
     hbm_tbps=Figure(4.8, _NV_H200), hbm_gb=Figure(141, _NV_H200),
     interconnect_gbps=Figure(450, f"{_NV_H200}: NVLink 4, 900 GB/s bidirectional"),
+    scale_up_gpus=Figure(8, f"{_NV_H200}: HGX H200, 8 GPUs on NVSwitch"),
+    scale_out_gbps=Figure(50, f"{_NV_H200}: DGX H200, a 400 Gb/s ConnectX-7 per GPU"),
     generation="hopper",
     device_names=("NVIDIA H200",), aliases=("H200 SXM",))
 B200 = GPU(
@@ -92,8 +104,21 @@ B200 = GPU(
     hbm_tbps=Figure(8.0, f"{_NV_B200} (some tools use 7.7)"),
     hbm_gb=Figure(180, f"{_NV_B200}: 180 usable (192 physical)"),
     interconnect_gbps=Figure(900, f"{_NV_B200}: NVLink 5, 1.8 TB/s bidirectional"),
+    scale_up_gpus=Figure(8, f"{_NV_B200}: 8 GPUs on NVLink switches"),
+    scale_out_gbps=Figure(50, f"{_NV_B200}: a 400 Gb/s ConnectX-7 per GPU"),
     generation="blackwell",
     device_names=("NVIDIA B200",))
+B300 = GPU(
+    name="B300", vendor="NVIDIA",
+    bf16_tflops=Figure(2250, f"{_NV_B300}: FP16/BF16 36 PF with sparsity per 8 GPUs"),
+    fp8_tflops=Figure(4500, f"{_NV_B300}: FP8 72 PF with sparsity per 8 GPUs"),
+    fp4_tflops=Figure(13500, f"{_NV_B300}: FP4 108 PF dense per 8 GPUs (DGX B300)"),
+    hbm_tbps=Figure(8.0, f"{_NV_B300}: HBM3e up to 8 TB/s per GPU"),
+    hbm_gb=Figure(288, f"{_NV_B300}: 288 GB per GPU, 2.3 TB per 8 (no usable share stated)"),
+    interconnect_gbps=Figure(900, f"{_NV_B300}: NVLink 5, 1.8 TB/s bidirectional"),
+    scale_up_gpus=Figure(8, f"{_NV_B300}: 8 GPUs on NVLink switches"),
+    scale_out_gbps=Figure(100, f"{_NV_B300}: an 800 Gb/s ConnectX-8 per GPU"),
+    generation="blackwell")
 MI300X = GPU(
     name="MI300X", vendor="AMD",
     bf16_tflops=Figure(1307.4, _AMD_300), fp8_tflops=Figure(2614.9, _AMD_300),
@@ -101,6 +126,7 @@ MI300X = GPU(
     hbm_tbps=Figure(5.3, _AMD_300), hbm_gb=Figure(192, _AMD_300),
     interconnect_gbps=Figure(448, f"{_AMD_300}: 7 Infinity Fabric links x 128 GB/s "
                                   f"bidirectional"),
+    scale_up_gpus=Figure(8, f"{_AMD_300}: the 8-GPU platform, each GPU linked to the 7 others"),
     generation="cdna3",
     device_names=("AMD Instinct MI300X",))
 MI325X = GPU(
@@ -110,6 +136,7 @@ MI325X = GPU(
     hbm_tbps=Figure(6.0, _AMD_325), hbm_gb=Figure(256, _AMD_325),
     interconnect_gbps=Figure(448, f"{_AMD_325}: 7 Infinity Fabric links x 128 GB/s "
                                   f"bidirectional"),
+    scale_up_gpus=Figure(8, f"{_AMD_325}: the 8-GPU platform, each GPU linked to the 7 others"),
     generation="cdna3",
     device_names=("AMD Instinct MI325X",))
 MI355X = GPU(
@@ -119,6 +146,7 @@ MI355X = GPU(
     hbm_tbps=Figure(8.0, _AMD_355), hbm_gb=Figure(288, _AMD_355),
     interconnect_gbps=Figure(537.6, f"{_AMD_355}: 7 Infinity Fabric links x 153.6 GB/s "
                                     f"bidirectional"),
+    scale_up_gpus=Figure(8, f"{_AMD_355}: the 8-GPU platform, each GPU linked to the 7 others"),
     generation="cdna4",
     device_names=("AMD Instinct MI355X",))
 
@@ -179,6 +207,7 @@ GB200 = GPU(
     fp4_tflops=Figure(10000, _NV_GB200),
     hbm_tbps=Figure(8.0, _NV_GB200), hbm_gb=Figure(186, f"{_NV_GB200}: 13.4 TB HBM3e / 72"),
     interconnect_gbps=Figure(900, f"{_NV_GB200}: NVLink 5, 1.8 TB/s bidirectional"),
+    scale_up_gpus=Figure(72, f"{_NV_GB200}: 72 GPUs in one NVLink domain"),
     generation="blackwell", device_names=("NVIDIA GB200",))
 MI250X = GPU(
     name="MI250X", vendor="AMD",
@@ -199,7 +228,7 @@ MI300A = GPU(
     generation="cdna3", device_names=("AMD Instinct MI300A",))
 
 GPUS: Tuple[Hardware, ...] = (A100_40GB, A100_80GB, H100_SXM, H200, H20, L40S, RTX_PRO_6000,
-                              B200, GB200, MI250X, MI300X, MI300A, MI325X, MI355X)
+                              B200, B300, GB200, MI250X, MI300X, MI300A, MI325X, MI355X)
 
 
 def _normal(name: str) -> str:
@@ -225,7 +254,8 @@ def from_device_name(device_name: str) -> Optional[Hardware]:
     return None
 
 
-_FIGURES = ("bf16_tflops", "fp8_tflops", "fp4_tflops", "hbm_tbps", "hbm_gb", "interconnect_gbps")
+_FIGURES = ("bf16_tflops", "fp8_tflops", "fp4_tflops", "hbm_tbps", "hbm_gb", "interconnect_gbps",
+            "scale_up_gpus", "scale_out_gbps")
 
 
 def load_file(path: "str | os.PathLike") -> Hardware:
@@ -238,6 +268,8 @@ def load_file(path: "str | os.PathLike") -> Hardware:
         hbm_tbps: 5.3
         hbm_gb: 128
         interconnect_gbps: 384     # per direction
+        scale_up_gpus: 4           # optional: the GPUs that interconnect joins
+        scale_out_gbps: 50         # optional: per GPU and direction beyond them
         source: AMD MI300A datasheet   # applies to every figure without its own
         sources: {hbm_gb: "..."}       # optional per-figure sources
 

@@ -134,7 +134,8 @@ def test_expert_and_data_parallel_points_run_with_their_layout():
 
 @pytest.mark.parametrize("over, reason", [
     (dict(tp_size="8", moe_tp_size="2", moe_ep_size="8"), "moe_tp_size 2 x moe_ep_size 8 is not"),
-    (dict(tp_size="64", moe_tp_size="8", moe_ep_size="8"), "wider than its 8-GPU NVLink domain"),
+    (dict(tp_size="8", attention_dp_size="2", moe_tp_size="1", moe_ep_size="8"),
+     "moe_tp_size 1 x moe_ep_size 8 is not tp_size 8 x attention_dp_size 2"),
 ])
 def test_inconsistent_parallel_layouts_are_refused(over, reason):
     with pytest.raises(PointRefused, match=reason):

@@ -61,6 +61,7 @@ class Op(NamedTuple):  # a tuple: attention builds a few per step, 6x faster tha
     rows: int = 0  # what the kernel's efficiency depends on: a GEMM's M, the tokens per expert
     # of a grouped MoE GEMM, the keys per query of attention; 0 where nothing does
     depth: int = 0  # a GEMM's K (attention: the head dim)
+    ranks: int = 0  # the GPUs a communication op spans
 
 
 def ring_bytes(collective: str, payload: float, ranks: int) -> float:
@@ -185,7 +186,7 @@ class StepOps:
             share = 1.0 - (1.0 - 1.0 / ep) ** k  # of the GPUs, those a token's experts are on
             moved = (gpus - 1) / gpus * share * max(X, self.dp * T) * H * a
             self.ops.append(Op("communication", "all_to_all", 0.0, 0.0, 2 * L,
-                               comm_bytes=2 * L * moved, collectives=2 * L))
+                               comm_bytes=2 * L * moved, collectives=2 * L, ranks=gpus))
         if c.shared_experts:
             self.gated_mlp(c.shared_experts * c.intermediate_size, L, "moe", "shared_expert_")
 
@@ -206,7 +207,7 @@ class StepOps:
             reduces = 2 * L + 1
             self.ops.append(Op("communication", "all_reduce", 0.0, 0.0, reduces,
                                comm_bytes=reduces * ring_bytes("all_reduce", T * H * a, tp),
-                               collectives=reduces))
+                               collectives=reduces, ranks=tp))
         if not R:
             return
         self.elementwise("final_norm", 4 * R * H * a, 1, layers=1)
@@ -218,4 +219,4 @@ class StepOps:
         if tp > 1:
             self.ops.append(Op("communication", "all_gather", 0.0, 0.0, 1, comm_bytes=ring_bytes(
                 "all_gather", R * -(-c.vocab_size // tp) * tp * LOGITS_BYTES, tp),
-                collectives=1))
+                collectives=1, ranks=tp))

@@ -19,8 +19,9 @@ Two ways in:
 A point maps to `simulate`'s arguments (`MeasuredPoint.simulate_args`), or is refused with the
 reason that names what is missing (`PointRefused`). A row's ``tp_size`` is each attention
 group's GPUs, ``attention_dp_size`` the groups, and ``moe_tp_size x moe_ep_size`` must be all
-of their GPUs (aiconfigurator's own rule); a row that breaks it, or that is wider than its
-system's NVLink domain, is refused, never approximated as another layout. ``batch_size`` is
+of their GPUs (aiconfigurator's own rule); a row that breaks it is refused, never approximated
+as another layout, and one wider than an 8-GPU board pays the scale-out network the hardware
+catalogue gives for its collectives. ``batch_size`` is
 one data-parallel group's concurrency, as aiconfigurator reads it: the closed loop runs
 ``batch_size x attention_dp_size`` users.
 
@@ -339,10 +340,6 @@ def from_silicon(row: dict) -> MeasuredPoint:
         raise PointRefused(f"moe_tp_size {moe_tp} x moe_ep_size {ep} is not tp_size {tp} x "
                            f"attention_dp_size {dp}: the experts must split over the GPUs the "
                            f"attention runs on")
-    if tp * dp > system["nvlink_domain"]:
-        raise PointRefused(f"tp_size {tp} x attention_dp_size {dp} on {row.get('system')}: "
-                           f"wider than its {system['nvlink_domain']}-GPU NVLink domain (a "
-                           f"layout across domains is not priced)")
     work = table["workload"]
     # batch_size is one attention-DP rank's: the server's concurrency is dp of them
     # (aiconfigurator's own reading, "global_bs = bs * attention_dp_size", and the rows'

@@ -14,7 +14,10 @@ read efficiencies from its own curves. Hardware of no generation (``host``, made
 has no curves: its factors are 1.
 
 Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`) at the per-direction
-interconnect bandwidth plus ``allreduce_latency_s`` per collective. The engine's host work is
+interconnect bandwidth plus ``allreduce_latency_s`` per collective. A collective over more GPUs
+than the hardware's scale-up domain (``scale_up_gpus``) runs at its scale-out bandwidth per GPU
+(``scale_out_gbps``; refused where none is given): a ring at that rate, an all-to-all with its
+share to GPUs beyond the domain at that rate and the rest over the scale-up links at once. The engine's host work is
 the ``overhead`` family, from an `EngineOverhead` (`gnomon.predict.engines`; none by default).
 
 Best-shape fractions and the stated defaults (0.8 of the HBM peak, 4 µs per kernel launch,
@@ -173,12 +176,28 @@ class RooflinePredictor:
         return max(compute, memory) + op.launches * self.efficiencies.launch_s
 
     def _collective_seconds(self, op) -> float:
-        gbps = self.efficiencies.interconnect_gbps or self.hardware.interconnect_gbps.value
+        hw = self.hardware
+        gbps = self.efficiencies.interconnect_gbps or hw.interconnect_gbps.value
         if gbps is None:
             raise PredictionRefused(f"tp > 1 needs an interconnect bandwidth and "
-                                    f"{self.hardware.name} has none; pass "
+                                    f"{hw.name} has none; pass "
                                     f"efficiencies={{'interconnect_gbps': ...}}")
-        return (op.comm_bytes / (gbps * 1e9) + op.collectives * self.efficiencies.allreduce_latency_s)
+        latency = op.collectives * self.efficiencies.allreduce_latency_s
+        domain = hw.scale_up_gpus.value
+        if domain is None or op.ranks <= domain:
+            return op.comm_bytes / (gbps * 1e9) + latency
+        out = hw.scale_out_gbps.value
+        if out is None:
+            raise PredictionRefused(
+                f"{op.name} over {op.ranks} GPUs: wider than {hw.name}'s {domain:g}-GPU "
+                f"scale-up domain, and {hw.name} has no scale-out bandwidth (scale_out_gbps)")
+        if op.name != "all_to_all":  # a ring: every rank's traffic crosses its NIC's link
+            return op.comm_bytes / (out * 1e9) + latency
+        # an all-to-all sends (domain - 1) of its ranks - 1 peers' shares over the scale-up
+        # links and the rest over the scale-out network, both at once
+        near = (domain - 1) / (op.ranks - 1)
+        return max(op.comm_bytes * near / (gbps * 1e9),
+                   op.comm_bytes * (1 - near) / (out * 1e9)) + latency
 
     def predict(self, shape: StepShape) -> StepCost:
         if not isinstance(shape, StepShape):
