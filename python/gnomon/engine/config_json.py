@@ -130,6 +130,8 @@ def read_config(raw: Dict[str, Any], source: str) -> Dict[str, Any]:
         raise KeyError(f"{source}: config is missing the required key 'architectures'")
     if isinstance(archs, str):
         archs = [archs]
+    if isinstance(archs, list) and len(archs) == 1 and archs[0] in models.UNPRICED:
+        r.fail(models.UNPRICED[archs[0]])
     if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in models.architectures():
         r.fail(f"unsupported architecture {archs!r}; supported: "
                f"{', '.join(models.architectures())}")

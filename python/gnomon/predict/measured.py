@@ -39,6 +39,8 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from gnomon.engine import models
+
 SPLITS = ("fit", "held-out")
 MEASURES = ("ttft_ms", "tpot_ms", "output_tokens_per_s", "total_tokens_per_s")
 DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "silicon.json")
@@ -312,6 +314,9 @@ def from_silicon(row: dict) -> MeasuredPoint:
     model = table["models"].get(row.get("model_path", ""))
     if model is None:
         raise PointRefused(f"model_path {row.get('model_path')!r}: no gnomon model for it")
+    if "unpriced" in model:
+        raise PointRefused(f"model_path {row.get('model_path')!r}: "
+                           f"{models.UNPRICED[model['unpriced']]}")
     label = row.get("gemm_quant_mode") or ""
     moe_label = row.get("moe_quant_mode") or ""
     key = label if moe_label in ("", label) else f"{label}/{moe_label}"  # GEMM/MoE labels

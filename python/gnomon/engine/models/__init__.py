@@ -54,8 +54,19 @@ _BUILTIN = {
     "Qwen3ForCausalLM": "gnomon.engine.models.qwen3",
     "Qwen3MoeForCausalLM": "gnomon.engine.models.qwen3_moe",
     "DeepseekV3ForCausalLM": "gnomon.engine.models.deepseek_v3",
+    "MiniMaxM2ForCausalLM": "gnomon.engine.models.minimax_m2",
 }
 _registry: Dict[str, str] = dict(_BUILTIN)
+# Architectures gnomon knows of and cannot price yet, each refused with its reason
+UNPRICED = {
+    "GlmMoeDsaForCausalLM": (
+        "GlmMoeDsaForCausalLM (GLM-5): Multi-head Latent Attention with DeepSeek Sparse "
+        "Attention, an indexer picking index_topk keys per query, which gnomon does not price; "
+        "priced as dense MLA its attention would be overstated"),
+    "Qwen3_5MoeForConditionalGeneration": (
+        "Qwen3_5MoeForConditionalGeneration (Qwen3.5): linear attention in 3 of every 4 layers, "
+        "which gnomon does not price"),
+}
 _REQUIRED = ("ARCHITECTURE", "DEFAULTS", "ROPE_SCALING", "MXFP4_TENSOR", "config_fields",
              "PRESETS", "layer_shapes", "SHARDING", "load_layer", "step_ops", "forward_layer")
 
@@ -96,6 +107,8 @@ def module_path(architecture: str) -> str:
     try:
         return _registry[architecture]
     except KeyError:
+        if architecture in UNPRICED:
+            raise ValueError(UNPRICED[architecture]) from None
         raise ValueError(f"unsupported architecture {architecture!r}; supported: "
                          f"{', '.join(_registry)}") from None
 
