@@ -15,7 +15,8 @@ Reads ``aiconfigurator_core/systems/silicon_sample.csv`` (the measured
 TTFT/TPOT rows NVIDIA ships inside the installed ``aiconfigurator_core``
 package, located via ``importlib.resources``), keeps every row with
 ``mode == "agg"`` and ``model_path`` in ``MODELS`` (1,120 Llama and gpt-oss rows in 0.12.0, and
-536 Qwen3 ones, 731 DeepSeek-R1/V3 ones; ``--models`` picks some), and
+536 Qwen3 ones, 731 DeepSeek-R1/V3 ones, 8 of NVIDIA's NVFP4 DeepSeek checkpoints, 523
+MiniMax-M2.5 and 187 Kimi-K2.5 ones; ``--models`` picks some), and
 calls ``aiconfigurator.cli.api.cli_estimate`` for each row: once with the
 row's own quant labels and, only when that is refused for missing perf data of
 the row's quant mode, once more with the quant modes left to the checkpoint
@@ -153,6 +154,10 @@ MODELS = (
     "Qwen/Qwen3-235B-A22B-FP8",
     "deepseek-ai/DeepSeek-R1",
     "deepseek-ai/DeepSeek-V3",
+    "nvidia/DeepSeek-R1-NVFP4",
+    "nvidia/DeepSeek-V3.1-NVFP4",
+    "MiniMaxAI/MiniMax-M2.5",
+    "moonshotai/Kimi-K2.5",
 )
 PARALLEL_FIELDS = ("tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")
 AGG_FIELDS = ("batch_size", *PARALLEL_FIELDS)

@@ -7,8 +7,9 @@ import pytest
 from gnomon import hardware
 
 # (BF16, FP8, FP4, HBM TB/s, HBM GB), dense, per GPU device, from each vendor's datasheet
-# (H20 and RTX PRO 6000 from third-party copies of NVIDIA's tables; GB200 from the NVL72 rack's
-# sparse figures / 72 / 2; MI250X one GCD, half the package).
+# (H20, RTX PRO 6000 and B300 from third-party copies of NVIDIA's tables; GB200 from the NVL72
+# rack's sparse figures / 72 / 2; B300 from HGX B300's per 8 GPUs, sparse halved, and DGX
+# B300's dense FP4; MI250X one GCD, half the package).
 EXPECTED = {
     "A100 SXM 40GB": (312, None, None, 1.555, 40),
     "A100 SXM 80GB": (312, None, None, 2.039, 80),
@@ -18,6 +19,7 @@ EXPECTED = {
     "L40S": (362.05, 733, None, 0.864, 48),
     "RTX PRO 6000 Blackwell": (503.8, 1010, 2020, 1.792, 96),
     "B200": (2250, 4500, 9000, 8.0, 180),
+    "B300": (2250, 4500, 13500, 8.0, 288),
     "GB200": (2500, 5000, 10000, 8.0, 186),
     "MI250X": (191.5, None, None, 1.6, 64),
     "MI300X": (1307.4, 2614.9, None, 5.3, 192),
@@ -45,6 +47,19 @@ def test_catalogue_is_exactly_these_gpus_and_frozen():
     assert [g.name for g in hardware.GPUS] == list(EXPECTED)
     with pytest.raises(dataclasses.FrozenInstanceError):
         hardware.H100_SXM.name = "x"
+
+
+# (GPUs one NVLink or Infinity Fabric domain joins, scale-out GB/s per GPU and direction)
+SCALE = {"H100 SXM": (8, 50), "H200": (8, 50), "B200": (8, 50), "B300": (8, 100),
+         "GB200": (72, None), "MI300X": (8, None), "MI325X": (8, None), "MI355X": (8, None)}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_scale_up_and_scale_out_figures(name):
+    gpu = hardware.gpu(name)
+    assert (gpu.scale_up_gpus.value, gpu.scale_out_gbps.value) == SCALE.get(name, (None, None))
+    for figure in (gpu.scale_up_gpus, gpu.scale_out_gbps):
+        assert figure.given == (figure.value is not None) and figure.source
 
 
 def test_lookup_ignores_case_spaces_and_dashes():

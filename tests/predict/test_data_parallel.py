@@ -11,13 +11,14 @@ from gnomon.engine.config import ModelConfig
 from gnomon.engine.parallel import check_dp, check_ep
 from gnomon.predict.calibrated import CalibratedPredictor
 from gnomon.predict.cost import PredictionRefused
-from gnomon.predict.data_parallel import DataParallelEngine
+from gnomon.predict.data_parallel import AttentionDpBalance, DataParallelEngine
 from gnomon.predict.measured import PointRefused, from_silicon
 from gnomon.predict.opcount import step_ops
 from gnomon.predict.roofline import RooflinePredictor
 from gnomon.predict.serve import EngineArgs, run_workload, simulated_engine
 from gnomon.predict.shapes import ModelSpec, StepShape
 from gnomon.predict.simulate import simulate
+from gnomon.engine.sampling_params import SamplingParams
 from gnomon.predict.workloads import Workload, WorkloadRequest, parse_length
 
 
@@ -70,12 +71,15 @@ def test_experts_are_split_over_every_gpu_of_every_group():
     assert spec.weight_bytes(1, 1) - spec.weight_bytes(1, 8) == pytest.approx(experts * 7 / 8)
 
 
-def _tiny(dp=2, ep=2, **kw):
+def _tiny(dp=2, ep=2, args_balance=None):
     spec = ModelSpec.from_model("tiny-deepseek-v3")
     predictor = RooflinePredictor("H100 SXM")
-    return spec, predictor, simulated_engine(spec, "H100 SXM", predictor, tp=1, ep=ep, dp=dp,
-                                             args=EngineArgs(max_num_batched_tokens=512),
-                                             num_kv_blocks=64, **kw)
+    balance = {} if args_balance is None else dict(
+        attention_dp_balance=True, attention_dp_timeout_iters=args_balance[0],
+        attention_dp_batching_wait_iters=args_balance[1])
+    return spec, predictor, simulated_engine(
+        spec, "H100 SXM", predictor, tp=1, ep=ep, dp=dp,
+        args=EngineArgs(max_num_batched_tokens=512, **balance), num_kv_blocks=64)
 
 
 def test_a_step_lasts_as_long_as_the_slowest_groups():
@@ -109,6 +113,64 @@ def test_a_closed_loop_is_split_evenly_over_the_groups():
     assert all(groups.count(g) == 3 for g in range(4))
     assert max(len(g.scheduler._running) for g in engine.groups) == 0
     assert trace.num_kv_blocks == 4 * 64
+
+
+def _decoding_pair(timeout, batching):
+    spec, _, engine = _tiny(args_balance=(timeout, batching))
+    for rid in ("a", "b"):  # one per group, long enough to decode through the test
+        engine.add_request(rid, list(range(1, 9)), SamplingParams(max_tokens=200,
+                                                                  ignore_eos=True))
+    while not all(s.pending_work(engine.clock())[1] for s in engine._schedulers):
+        engine.step()
+    return engine
+
+
+def _steps_until_scheduled(engine, rid):
+    steps = 0
+    while engine.scheduler.get_request(rid).first_scheduled_time is None:
+        engine.step()
+        steps += 1
+    return steps
+
+
+def test_a_lone_prompt_waits_for_the_others_up_to_the_timeout():
+    # TensorRT-LLM's enable_balance with timeout_iters 5: one group has a prompt, the other
+    # only decodes, so the prompt waits; the wait counter runs through decode-only steps too
+    engine = _decoding_pair(timeout=5, batching=0)
+    engine.step()
+    engine.step()
+    before = engine._held  # 2: two decode-only steps counted
+    assert before == 2
+    engine.add_request("c", list(range(1, 9)), SamplingParams(max_tokens=4, ignore_eos=True),
+                       arrival_time=engine.clock())
+    assert _steps_until_scheduled(engine, "c") == 5 - before
+    assert engine._held == 0
+
+
+def test_prompts_on_every_group_gather_for_the_batching_wait():
+    engine = _decoding_pair(timeout=5, batching=2)
+    for rid in ("c", "d"):  # one per group (each has one unfinished request)
+        engine.add_request(rid, list(range(1, 9)), SamplingParams(max_tokens=4,
+                                                                  ignore_eos=True),
+                           arrival_time=engine.clock())
+    assert {engine._group_of["c"], engine._group_of["d"]} == {0, 1}
+    # both groups have prompt work and decode: held batching_wait_iters (2) steps, then both run
+    assert _steps_until_scheduled(engine, "c") == 3
+    assert engine.scheduler.get_request("d").first_scheduled_time == \
+        engine.scheduler.get_request("c").first_scheduled_time
+
+
+def test_a_group_with_nothing_to_decode_never_holds_prompts():
+    spec, _, engine = _tiny(args_balance=(50, 10))
+    engine.add_request("a", list(range(1, 9)), SamplingParams(max_tokens=4, ignore_eos=True))
+    assert _steps_until_scheduled(engine, "a") == 1  # the other group decodes nothing
+
+
+def test_balance_settings_are_checked():
+    with pytest.raises(ValueError, match="attention_dp_timeout_iters: expected an int >= 0"):
+        AttentionDpBalance(True, -1, 0)
+    with pytest.raises(ValueError, match="attention_dp_balance: expected true or false"):
+        AttentionDpBalance("yes")
 
 
 def test_dp_1_is_the_single_engine():

@@ -32,8 +32,10 @@ class ModelConfig:
     (DeepSeek-V3), None for a dense model.
     `gate_up_layout` names how gnomon's w13 keeps gate and up rows (``"concat"`` or
     ``"interleaved"``). `quantization` is ``"mxfp4"`` when the config.json declares MXFP4
-    experts (gpt-oss hub checkpoints), ``"fp8"``, ``"nvfp4"`` or ``"mxfp4-dense"`` for FP8 or
-    FP4 linear weights (which only a simulation runs yet), else None; the weight loader reads whichever layout the files hold.
+    experts (gpt-oss hub checkpoints), ``"int4"`` for INT4 routed experts (W4A16 in groups of
+    32, Kimi-K2.5's), ``"fp8"``, ``"nvfp4"`` or ``"mxfp4-dense"`` for FP8 or FP4 linear weights
+    (these four only a simulation runs yet), else None; the weight loader reads whichever
+    layout the files hold.
     `kv_cache_dtype` is ``"fp8"`` when the config declares an FP8 KV cache.
 
     DeepSeek-style models: `mla` holds Multi-head Latent Attention's widths

@@ -9,10 +9,16 @@ with a ValueError that lists those it does. A key the model cannot be built with
 Optional keys default to the values of the matching transformers config class (for example
 ``rms_norm_eps`` 1e-6 for Llama, 1e-5 for Mixtral and gpt-oss). Features the engine does not
 implement (an MLP bias, a partial rotary dim, rope scaling types other than ``llama3``/``yarn``,
-a gpt-oss ``swiglu_limit`` other than 7) are refused, not ignored."""
+a gpt-oss ``swiglu_limit`` other than 7) are refused, not ignored.
+
+A multimodal wrapper's config (Kimi-K2.5's ``KimiK25ForConditionalGeneration``) keeps its text
+model under ``text_config``: where the architecture's module defines ``text_config(r)``, the
+fields are read from the dict it returns (the text model's, with what the wrapper holds at the
+top level where the text model has none, such as its ``quantization_config``)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -137,6 +143,10 @@ def read_config(raw: Dict[str, Any], source: str) -> Dict[str, Any]:
                f"{', '.join(models.architectures())}")
     arch = archs[0]
     model = models.model_module(arch)
+    text_config = getattr(model, "text_config", None)  # a multimodal wrapper's text model
+    if text_config is not None:
+        raw = text_config(r)
+        r = ConfigReader(raw, f"{source} text_config")
 
     base = dict(vocab_size=r.required("vocab_size"), hidden_size=r.required("hidden_size"),
                 intermediate_size=r.required("intermediate_size"),
@@ -191,7 +201,24 @@ def read_config(raw: Dict[str, Any], source: str) -> Dict[str, Any]:
 
 
 QUANT_METHODS = ("mxfp4 (gpt-oss)", "fp8", "fbgemm_fp8", "modelopt (FP8, NVFP4)",
-                 "compressed-tensors (fp8, nvfp4, mxfp4)", "quark (fp8_e4m3)")
+                 "compressed-tensors (fp8, nvfp4, mxfp4, INT4 routed experts)",
+                 "quark (fp8_e4m3)")
+INT4_GROUP = 32  # elements that share one bf16 scale in INT4 experts (Kimi-K2.5's group_size)
+INT4_EXPERTS = (f"INT4 on the routed experts alone (W4A16: num_bits 4, type int, symmetric, "
+                f"strategy group, group_size {INT4_GROUP}, no input_activations; an ignore list "
+                f"that keeps attention, the dense MLP and the shared experts unquantized, as "
+                f"Kimi-K2.5's)")
+# A DeepSeek-V3-style decoder's linear modules as Hugging Face names them (Kimi-K2.5's text
+# model keeps DeepSeek-V3's names), by what an INT4-experts checkpoint does with them: these stay
+# in the activation dtype ...
+_INT4_KEPT = tuple(
+    [f"model.layers.0.self_attn.{m}" for m in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+                                               "kv_b_proj", "o_proj")]
+    + [f"model.layers.0.mlp.{m}" for m in ("gate_proj", "up_proj", "down_proj")]
+    + [f"model.layers.1.mlp.shared_experts.{m}" for m in ("gate_proj", "up_proj", "down_proj")])
+# ... and the routed experts' are INT4
+_INT4_QUANTIZED = tuple(f"model.layers.1.mlp.experts.0.{m}"
+                        for m in ("gate_proj", "up_proj", "down_proj"))
 
 
 def _fp4_spec(spec) -> Optional[str]:
@@ -210,13 +237,53 @@ def _is_fp8_spec(spec) -> bool:
         or spec.get("dtype") == "fp8_e4m3"
 
 
+def _matches(target: str, name: str) -> bool:
+    """Whether a compressed-tensors target or ignore entry names the linear module `name`:
+    ``"Linear"`` (the class) every one, ``"re:..."`` by a regex match from the start, else the
+    name itself (compressed-tensors' matching)."""
+    if target == "Linear":
+        return True
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return target == name
+
+
+def _int4_experts_problem(groups: Dict[str, Any], ignore) -> Optional[str]:
+    """Why a compressed-tensors config of integer weights is not `INT4_EXPERTS`, or None."""
+    targets = []
+    for key, group in groups.items():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if not isinstance(weights, dict):
+            return f"{key} has no weights scheme"
+        for field, want in (("num_bits", 4), ("type", "int"), ("symmetric", True),
+                            ("strategy", "group"), ("group_size", INT4_GROUP)):
+            if weights.get(field) != want:
+                return f"{key}'s weights have {field} {weights.get(field)!r}, not {want!r}"
+        if group.get("input_activations"):
+            return f"{key} quantizes its input activations too, not W4A16"
+        targets += [t for t in group.get("targets") or () if isinstance(t, str)]
+    ignore = [p for p in ignore or () if isinstance(p, str)]
+
+    def quantized(name):
+        return any(_matches(t, name) for t in targets) and not any(
+            _matches(p, name) for p in ignore)
+
+    for name in _INT4_KEPT:
+        if quantized(name):
+            return f"it would quantize {name} too (ignore {ignore!r})"
+    for name in _INT4_QUANTIZED:
+        if not quantized(name):
+            return f"it would leave the routed experts' {name} unquantized"
+    return None
+
+
 def _parse_quantization(r: ConfigReader, quant, mxfp4_experts: bool):
     """``(quantization, kv_cache_dtype)`` from a ``quantization_config``: "mxfp4" (gpt-oss's
-    experts), or the linear layers' weights: "fp8", "nvfp4" (ModelOpt or compressed-tensors,
-    FP4 in 16-element groups with FP8 scales) or "mxfp4-dense" (compressed-tensors FP4 in
-    32-element groups); and "fp8" where the config also declares an FP8 KV cache
-    (compressed-tensors' ``kv_cache_scheme``, ModelOpt's ``kv_cache_quant_algo``, quark's k/v
-    output tensors)."""
+    experts), "int4" (the routed experts alone in INT4, `INT4_EXPERTS`: Kimi-K2.5's), or the
+    linear layers' weights: "fp8", "nvfp4" (ModelOpt or compressed-tensors, FP4 in 16-element
+    groups with FP8 scales) or "mxfp4-dense" (compressed-tensors FP4 in 32-element groups); and
+    "fp8" where the config also declares an FP8 KV cache (compressed-tensors' and ModelOpt's
+    ``kv_cache_scheme``, ModelOpt's ``kv_cache_quant_algo``, quark's k/v output tensors)."""
     if quant is None:
         return None, None
     method = quant.get("quant_method") if isinstance(quant, dict) else None
@@ -232,16 +299,25 @@ def _parse_quantization(r: ConfigReader, quant, mxfp4_experts: bool):
             r.fail(f"quantization_config: modelopt is supported with quant_algo FP8 or "
                    f"NVFP4, got {quant.get('quant_algo')!r}")
         kv = str(quant.get("kv_cache_quant_algo") or "").upper()
-        return algo.lower(), "fp8" if kv == "FP8" else None
+        fp8_kv = kv == "FP8" or _is_fp8_spec(quant.get("kv_cache_scheme"))
+        return algo.lower(), "fp8" if fp8_kv else None
     if method == "compressed-tensors":
         groups = quant.get("config_groups") or {}
         weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)]
+        formats = ("one weight format for every group, FP8 (num_bits 8, type float), FP4 "
+                   "(num_bits 4, type float, group_size 16 or 32) or " + INT4_EXPERTS)
+        kv = "fp8" if _is_fp8_spec(quant.get("kv_cache_scheme")) else None
+        if weights and all(isinstance(w, dict) and w.get("type") == "int" for w in weights):
+            problem = _int4_experts_problem(groups, quant.get("ignore"))
+            if problem:
+                r.fail(f"quantization_config: compressed-tensors is supported with {formats}; "
+                       f"its integer weights are not: {problem}")
+            return "int4", kv
         kinds = {"fp8" if _is_fp8_spec(w) else _fp4_spec(w) for w in weights}
         if len(kinds) != 1 or None in kinds:
-            r.fail(f"quantization_config: compressed-tensors is supported with one weight "
-                   f"format for every group, FP8 (num_bits 8, type float) or FP4 (num_bits 4, "
-                   f"type float, group_size 16 or 32), got config_groups {groups!r}")
-        return kinds.pop(), "fp8" if _is_fp8_spec(quant.get("kv_cache_scheme")) else None
+            r.fail(f"quantization_config: compressed-tensors is supported with {formats}, got "
+                   f"config_groups {groups!r}")
+        return kinds.pop(), kv
     if method == "quark":
         weight = (quant.get("global_quant_config") or {}).get("weight")
         if not _is_fp8_spec(weight):

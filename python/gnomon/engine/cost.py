@@ -8,7 +8,8 @@ runs them, for T tokens of which R sample; the blocks count per GPU of ``tp`` an
 each layer's op by the layers that share its cost. Counting:
 
 - activations in the model's dtype; linear weights in the pricing's linear dtype (FP8 one byte,
-  its math FP8; NVFP4 4.5 and MXFP4 4.25 bits, their math FP4), MXFP4 experts 4.25 bits;
+  its math FP8; NVFP4 4.5 and MXFP4 4.25 bits, their math FP4), routed experts of a dtype of
+  their own in it (MXFP4 4.25 bits, math FP4; INT4 4.5 bits, weight-only at the bf16 peak);
   embedding, router and lm_head in the model's dtype;
 - GEMMs read their weights once and their input and output activations once;
 - MoE reads the expected number of distinct experts under uniform routing,
@@ -77,14 +78,16 @@ def ring_bytes(collective: str, payload: float, ranks: int) -> float:
 
 class Pricing(NamedTuple):
     """The bytes and math a step's ops are counted in (`gnomon.predict.shapes.ModelSpec` makes
-    one): activations, linear weights, their GEMMs' math, experts' bytes per parameter, and
-    whether the experts are MXFP4 (FP4 math)."""
+    one): activations, linear weights, their GEMMs' math, the routed experts' bytes per
+    parameter and their grouped GEMMs' math (the linear layers' unless the experts hold a dtype
+    of their own: "fp4" for MXFP4 experts, "w4a16" for INT4 ones, weight-only at the bf16
+    peak)."""
 
     activation_bytes: int
     linear_bytes: float
     linear_compute: str
     expert_bytes: float
-    mxfp4_experts: bool
+    expert_compute: str
 
 
 class StepOps:
@@ -174,7 +177,7 @@ class StepOps:
         # under expert parallelism this GPU holds 1/ep of them, and balanced routing sends it
         # 1/ep of the (token, expert) pairs
         weights = distinct / ep * H * inter * p.expert_bytes
-        experts = "fp4" if p.mxfp4_experts else p.linear_compute
+        experts = p.expert_compute
         per_expert = round(X * k / distinct) if X else 0  # the grouped GEMMs' M
         self.ops.append(Op("moe", "fused_moe[w13]", L * 2.0 * X * k / ep * 2 * inter * H,
                            L * (2 * weights + X * H * a + X * k / ep * 2 * inter * a), L,

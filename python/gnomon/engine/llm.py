@@ -162,7 +162,7 @@ class LLMEngine:
         reason = models.simulation_only(config.architecture)
         if runner is None and reason:
             raise ValueError(f"model: {reason}; gnomon simulate can price it")
-        if runner is None and (config.quantization in ("fp8", "nvfp4", "mxfp4-dense")
+        if runner is None and (config.quantization in ("fp8", "nvfp4", "mxfp4-dense", "int4")
                                or config.kv_cache_dtype == "fp8"):
             what = (f"{config.quantization} weights" if config.quantization != "mxfp4"
                     and config.quantization else "an fp8 KV cache")

@@ -27,6 +27,7 @@ cdef class Scheduler:
     cdef public long long batch_wait_timeout_iters
     cdef public double batch_wait_max_tokens_ratio
     cdef public long long _batch_wait_iters
+    cdef public bint hold_prompts
 
     @cython.locals(seq=Sequence, req=Request, k=cython.longlong, c=cython.longlong,
                    budget=cython.longlong, start=cython.longlong, ok=cython.longlong,
@@ -52,6 +53,9 @@ cdef class Scheduler:
     cpdef begin_decode(self, double now)
 
     cpdef bint decode_ready(self, double now)
+
+    @cython.locals(seq=Sequence, decoding=cython.longlong)
+    cpdef tuple pending_work(self, double now)
 
     @cython.locals(seq=Sequence)
     cpdef end_decode(self, long long token, double now)

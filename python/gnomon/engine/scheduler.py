@@ -44,6 +44,9 @@ Policy
   The tokens are counted as TensorRT-LLM counts them: one per decode, and each prompt that
   would be scheduled (continuing chunks, then admissions in FCFS order within the token budget
   and the free sequence slots) counted whole.
+- **Held prompts.** While ``hold_prompts`` is set (an attention data-parallel engine's balance,
+  `gnomon.predict.data_parallel`, sets it step by step from `pending_work`), a step runs its
+  decodes alone, as batch waiting's held steps do.
 - **Arrivals.** ``add(request_id, prompt_token_ids, params, arrival_time)``; ``schedule(now)``
   moves the requests with ``arrival_time <= now`` to the back of the waiting queue, in
   (arrival_time, add order). ``next_arrival_time()`` tells a virtual clock where to jump when a
@@ -152,6 +155,7 @@ class Scheduler:
             raise ValueError(f"batch_wait_max_tokens_ratio: expected a fraction in [0, 1], got "
                              f"{ratio!r}")
         self.batch_wait_max_tokens_ratio = float(ratio)
+        self.hold_prompts = False  # set for one step by a data-parallel engine's balance
         self._batch_wait_iters = 0  # steps whose prompt work has waited since it last ran
         self._reservations: Dict[int, int] = {}  # seq_id -> blocks reserved (guaranteed_no_evict)
         self._reserved = 0
@@ -293,8 +297,11 @@ class Scheduler:
             else:
                 prefilling.append(seq)
         budget -= len(plan)
-        waits = False  # a timeout of 0 never waits, whatever the ratio (TensorRT-LLM's rule)
-        if plan and self.batch_wait_timeout_iters and (prefilling or self._waiting):
+        waits = self.hold_prompts  # a data-parallel engine's balance holds them this step
+        if waits:
+            prefilling = []
+        # a timeout of 0 never waits, whatever the ratio (TensorRT-LLM's rule)
+        elif plan and self.batch_wait_timeout_iters and (prefilling or self._waiting):
             waits = self._prompts_wait(len(plan), prefilling)
             if waits:
                 prefilling = []
@@ -519,6 +526,17 @@ class Scheduler:
             raise RuntimeError("begin_decode: the allocator refused a slot it had free blocks for")
         self._outstanding = PLAIN_DECODE  # schedule() and update() refuse until end_decode
         return tuple([(1, seq.num_computed_tokens) for seq in self._running])
+
+    def pending_work(self, now: float) -> Tuple[bool, int]:
+        """What `schedule` at `now` would find, before any allocation: whether any prompt work
+        waits or continues (a request due by `now` counts), and how many sequences decode."""
+        decoding = 0
+        for seq in self._running:
+            if seq.is_decoding:
+                decoding += 1
+        prompts = decoding < len(self._running) or bool(self._waiting) or bool(
+            self._arrivals and self._arrivals[0][0] <= now)
+        return prompts, decoding
 
     def decode_ready(self, now: float) -> bool:
         """Whether `begin_decode` at `now` would begin its step: no arrival due by `now`, and

@@ -12,7 +12,17 @@ advances the clock by the slowest group's step: the groups meet at every MoE lay
 ends when the busiest group's does (TensorRT-LLM's attention-DP write-up states the same: "the
 iteration time is dominated by the slowest rank"). A group with nothing to run still joins the
 MoE layers with a dummy batch, as the engines do; its step is never the slowest, so it is not
-priced. Every group's scheduler then takes its tokens at the step's end.
+priced. Every group's scheduler then takes its tokens at the step's end. A group whose step is
+a plain decode takes it without a batch (`Scheduler.begin_decode`), and batch waiting is off in
+the groups, as TensorRT-LLM's executor skips it under attention DP.
+
+Balance (TensorRT-LLM's ``attention_dp_config``: ``enable_balance``, ``timeout_iters``,
+``batching_wait_iters``; `AttentionDpBalance`): every group's prompt work waits until every group
+has some, so that no step pairs one group's prefill with the others' decodes. While some group has
+none (and every group decodes), all hold their prompts, up to ``timeout_iters`` steps; once all
+have prompt work and all decode, they hold it ``batching_wait_iters`` steps more to gather more.
+Off by default, as in TensorRT-LLM; InferenceMAX's launches turn it on (`gnomon.predict.measured`'s
+launch rules).
 
 Load balancing: a request goes to the group with the fewest unfinished requests, ties to the one
 with the fewest prompt tokens among them, then the lowest index. This is TensorRT-LLM's
@@ -24,6 +34,7 @@ round-robin and vLLM's least-loaded balancer also do.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from gnomon.engine.batch import ScheduledBatch, StepOutput
@@ -33,6 +44,24 @@ from gnomon.engine.sequence import Request, SampleDelta
 
 from .shapes import ModelSpec, StepShape
 from .simulated import StepRecord, VirtualClock, filler_token, sampled, track
+
+
+@dataclass(frozen=True)
+class AttentionDpBalance:
+    """TensorRT-LLM's attention-DP balance (module docstring; its defaults, off)."""
+
+    enabled: bool = False
+    timeout_iters: int = 50
+    batching_wait_iters: int = 10
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"attention_dp_balance: expected true or false, got "
+                             f"{self.enabled!r}")
+        for name in ("timeout_iters", "batching_wait_iters"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"attention_dp_{name}: expected an int >= 0, got {value!r}")
 
 
 class DataParallelRunner:
@@ -133,7 +162,8 @@ class DataParallelEngine:
     of an `LLMEngine`: requests in, steps, outputs, and the groups' schedulers and KV pools
     read together (``scheduler``, ``kv``)."""
 
-    def __init__(self, groups: Sequence[LLMEngine], runner: DataParallelRunner) -> None:
+    def __init__(self, groups: Sequence[LLMEngine], runner: DataParallelRunner,
+                 balance: AttentionDpBalance = AttentionDpBalance()) -> None:
         if len(groups) != runner.dp:
             raise ValueError(f"groups: expected one engine per data-parallel group "
                              f"({runner.dp}), got {len(groups)}")
@@ -143,6 +173,8 @@ class DataParallelEngine:
         self.kv = _Pools(self.groups)
         self._group_of: Dict[object, int] = {}
         self._load = [[0, 0] for _ in self.groups]  # per group: unfinished requests, tokens
+        self.balance = balance
+        self._held = self._gathered = 0  # steps prompts were held waiting, and gathering
 
     def group(self, request_id) -> LLMEngine:
         try:
@@ -167,6 +199,10 @@ class DataParallelEngine:
         decodes and none finishes) takes it through `Scheduler.begin_decode` and `end_decode`,
         the same allocator calls and tokens as `schedule` and `update`, without a batch."""
         now, token = self.clock(), self.runner.token
+        if self.balance.enabled:
+            hold = self._hold_prompts(now)
+            for s in self._schedulers:
+                s.hold_prompts = hold
         work = [s.begin_decode(now) if s.plain_decode_steps(token) and s.decode_ready(now)
                 else s.schedule(now) for s in self._schedulers]
         outputs = self.runner.execute(work)
@@ -183,6 +219,26 @@ class DataParallelEngine:
                     load[0] -= 1
                     load[1] -= len(s.get_request(delta.request_id).prompt_token_ids)
         return deltas
+
+    def _hold_prompts(self, now: float) -> bool:
+        """The balance's decision for this step (module docstring), as TensorRT-LLM's
+        ``PyExecutor._balance_adp_requests`` makes it from every rank's counts."""
+        work = [s.pending_work(now) for s in self._schedulers]
+        decoding = all(d for _, d in work)
+        slots = all(d < s.max_num_seqs for (_, d), s in zip(work, self._schedulers))
+        if slots and all(p for p, _ in work):
+            self._held = 0
+            if decoding:
+                if self._gathered < self.balance.batching_wait_iters:
+                    self._gathered += 1
+                    return True
+                self._gathered = 0
+            return False
+        self._held += 1
+        if self._held >= self.balance.timeout_iters or not decoding:
+            self._held = 0
+            return False
+        return True
 
     def has_unfinished_requests(self) -> bool:
         return any(g.has_unfinished_requests() for g in self.groups)

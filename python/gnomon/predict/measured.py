@@ -176,7 +176,8 @@ class MeasuredPoint:
 
 
 def parse_settings(text: str, where: str) -> Dict[str, object]:
-    """``KEY=VALUE;...`` as a dict, each value an int, else a float, else the string."""
+    """``KEY=VALUE;...`` as a dict, each value true or false (any case) a bool, else an int,
+    else a float, else the string."""
     if not isinstance(text, str):
         raise ValueError(f"{where}: expected KEY=VALUE pairs joined by ';', got {text!r}")
     out: Dict[str, object] = {}
@@ -185,6 +186,9 @@ def parse_settings(text: str, where: str) -> Dict[str, object]:
         if not eq or not key.isidentifier() or not raw or key in out:
             raise ValueError(f"{where}: {pair!r}: expected KEY=VALUE with KEY an identifier, "
                              f"each KEY once")
+        if raw.lower() in ("true", "false"):
+            out[key] = raw.lower() == "true"
+            continue
         for kind in (int, float, str):
             try:
                 out[key] = kind(raw)
@@ -364,7 +368,7 @@ def from_silicon(row: dict) -> MeasuredPoint:
         if (source in rule["sources"] and row.get("backend") == rule["backend"]
                 and row.get("model_path") in rule["models"]
                 and all(_int(row, k) == rule[k] for k in ("isl", "osl") if k in rule)
-                and tp < rule.get("tp_below", math.inf)):
+                and tp < rule.get("tp_below", math.inf) and dp > rule.get("dp_above", 0)):
             settings.update(rule["settings"])
     return MeasuredPoint(
         id=rid, source=source, model=model["model"], hardware=system["hardware"],

@@ -9,7 +9,8 @@ summed by family. ``eff_compute`` is the GPU's best-shape GEMM fraction for the 
 (`Efficiencies.compute`) times the generation's measured curves (`gnomon.predict.efficiency`):
 the GEMM factors by M and by K, the grouped-GEMM factor by tokens per expert for the MoE, and the
 weight-only factor where the chip lacks the weights' math (MXFP4 on Hopper or CDNA3 runs
-w4a16, FP8 on Ampere or CDNA2 w8a16, both at bf16 peak). Attention takes its compute and KV
+w4a16, FP8 on Ampere or CDNA2 w8a16, both at bf16 peak) and for a weight-only scheme on every
+chip (INT4 experts with bf16 activations: w4a16 at bf16 peak). Attention takes its compute and KV
 read efficiencies from its own curves. Hardware of no generation (``host``, made-up units)
 has no curves: its factors are 1.
 
@@ -17,8 +18,9 @@ Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`
 interconnect bandwidth plus ``allreduce_latency_s`` per collective. A collective over more GPUs
 than the hardware's scale-up domain (``scale_up_gpus``) runs at its scale-out bandwidth per GPU
 (``scale_out_gbps``; refused where none is given): a ring at that rate, an all-to-all with its
-share to GPUs beyond the domain at that rate and the rest over the scale-up links at once. The engine's host work is
-the ``overhead`` family, from an `EngineOverhead` (`gnomon.predict.engines`; none by default).
+share to GPUs beyond the domain at that rate and the rest over the scale-up links at once.
+The engine's host work is the ``overhead`` family, from an `EngineOverhead`
+(`gnomon.predict.engines`; none by default).
 
 Best-shape fractions and the stated defaults (0.8 of the HBM peak, 4 µs per kernel launch,
 0.7 of the peak where no GEMM sweep was published) live with their sources in
@@ -42,7 +44,9 @@ from .shapes import StepShape
 
 ANALYTICAL = dict.fromkeys(FAMILIES, "analytical")  # every part's provenance
 _FIGURE_FIELD = {"bfloat16": "bf16_tflops", "fp8": "fp8_tflops", "fp4": "fp4_tflops"}
-_WEIGHT_ONLY = {"fp4": "w4a16", "fp8": "w8a16"}
+# the weight-only curve a chip without the weights' math runs them with, at its bf16 peak; a
+# weight-only scheme ("w4a16": INT4 weights, bf16 activations) runs so on every chip
+_WEIGHT_ONLY = {"fp4": "w4a16", "fp8": "w8a16", "w4a16": "w4a16"}
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,9 @@ class RooflinePredictor:
         hw, eff = self.hardware, self.efficiencies
         figure = hw.figure(compute)
         weight_only = None
-        if figure is not None and figure.value is None:
+        if figure is None and compute in _WEIGHT_ONLY:  # weight-only by its scheme
+            weight_only, compute = _WEIGHT_ONLY[compute], "bfloat16"
+        elif figure is not None and figure.value is None:
             if not figure.given:
                 raise PredictionRefused(
                     f"hardware {hw.name}: {_FIGURE_FIELD[compute]} is not given, and this "

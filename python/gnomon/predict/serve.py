@@ -19,7 +19,7 @@ from gnomon.engine.llm import LLMEngine, RequestOutput
 from gnomon.engine.parallel import check_dp, check_tp
 from gnomon.engine.sampling_params import SamplingParams
 
-from .data_parallel import DataParallelEngine, DataParallelRunner
+from .data_parallel import AttentionDpBalance, DataParallelEngine, DataParallelRunner
 from .engines import ServingPath
 from .hardware import resolve_hardware
 from .shapes import ModelSpec
@@ -41,6 +41,15 @@ class EngineArgs:
     capacity_policy: str = "max_utilization"  # or "guaranteed_no_evict" (engine.scheduler)
     batch_wait_timeout_iters: int = 0  # TensorRT-LLM's batch waiting (engine.scheduler)
     batch_wait_max_tokens_ratio: float = 0.0
+    # TensorRT-LLM's attention-DP balance, under attention data parallelism only
+    # (gnomon.predict.data_parallel.AttentionDpBalance)
+    attention_dp_balance: bool = False
+    attention_dp_timeout_iters: int = 50
+    attention_dp_batching_wait_iters: int = 10
+
+    def balance(self) -> AttentionDpBalance:
+        return AttentionDpBalance(self.attention_dp_balance, self.attention_dp_timeout_iters,
+                                  self.attention_dp_batching_wait_iters)
 
     def kwargs(self) -> dict:
         return dict(block_size=self.block_size, max_num_seqs=self.max_num_seqs,
@@ -100,9 +109,12 @@ def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1, ep: 
     else:
         runner = SimulatedRunner(model, predictor, clock, tp=tp, ep=ep,
                                  keep_batches=keep_batches)
+    knobs = args.kwargs()
+    if dp > 1:  # TensorRT-LLM skips batch waiting under attention DP (PyExecutor._schedule)
+        knobs["batch_wait_timeout_iters"] = 0
     groups = [LLMEngine(model.config, clock=clock, runner=runner, dtype=model.dtype,
-                        num_kv_blocks=num_kv_blocks, **args.kwargs()) for _ in range(dp)]
-    return DataParallelEngine(groups, runner) if dp > 1 else groups[0]
+                        num_kv_blocks=num_kv_blocks, **knobs) for _ in range(dp)]
+    return DataParallelEngine(groups, runner, args.balance()) if dp > 1 else groups[0]
 
 
 def timed_engine(model: Union[str, ModelSpec], *, random_weights: bool = False,
@@ -119,7 +131,8 @@ def timed_engine(model: Union[str, ModelSpec], *, random_weights: bool = False,
     return engine
 
 
-def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workload, *, concurrency: Optional[int] = None,
+def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workload, *,
+                 concurrency: Optional[int] = None,
                  serving: ServingPath = ServingPath(),
                  progress: Optional[Callable[[int, int], None]] = None) -> RunTrace:
     """Run `workload` to completion on `engine` (built by `simulated_engine` or

@@ -15,6 +15,7 @@ from typing import Optional, Tuple, Union
 
 from gnomon.engine.batch import ScheduledBatch
 from gnomon.engine.config import ModelConfig
+from gnomon.engine.config_json import INT4_GROUP
 from gnomon.engine.cost import Pricing
 from gnomon.engine.models import weight_shapes
 from gnomon.engine.parallel import Shard
@@ -24,13 +25,22 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FP8_BYTES = 1
 MXFP4_BYTES_PER_PARAM = MXFP4_BITS / 8  # 0.53125 (gnomon.formats)
 NVFP4_BYTES_PER_PARAM = NVFP4_BITS / 8  # 0.5625 (gnomon.formats)
-_QUANT_BYTES = {"fp8": FP8_BYTES, "nvfp4": NVFP4_BYTES_PER_PARAM, "mxfp4": MXFP4_BYTES_PER_PARAM}
-# the math a weight dtype's GEMMs run in where the chip has it (else weight-only at bf16)
-QUANT_COMPUTE = {"fp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
+# INT4 in symmetric groups of 32 (compressed-tensors' pack-quantized W4A16, Kimi-K2.5's experts):
+# a 4-bit code each and one bf16 scale per 32, no zero point: 4.5 bits
+INT4_BYTES_PER_PARAM = (4 + 16 / INT4_GROUP) / 8  # 0.5625
+_QUANT_BYTES = {"fp8": FP8_BYTES, "nvfp4": NVFP4_BYTES_PER_PARAM, "mxfp4": MXFP4_BYTES_PER_PARAM,
+                "int4": INT4_BYTES_PER_PARAM}
+# the math a weight dtype's GEMMs run in where the chip has it (else weight-only at bf16); INT4
+# with bf16 activations is weight-only on every chip ("w4a16": bf16 math)
+QUANT_COMPUTE = {"fp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4", "int4": "w4a16"}
 WEIGHT_DTYPES = ("auto", "bfloat16", "float16", "fp8", "nvfp4", "mxfp4")  # --weight-dtype
 KV_DTYPES = ("auto", "bfloat16", "float16", "fp8")  # what --kv-dtype accepts
 MXFP4_TENSORS = ("w13", "w2", "w13_scales", "w2_scales")  # an MXFP4 expert's uint8 tensors
+EXPERT_TENSORS = ("w13", "w2")  # a routed expert's matrices (stacked, one entry per expert)
 _CONFIG_WEIGHTS = {"fp8": "fp8", "nvfp4": "nvfp4", "mxfp4-dense": "mxfp4"}  # quantization
+# quantization -> the dtype a checkpoint holds its routed experts in, apart from its other
+# linear layers: gpt-oss's MXFP4 experts, Kimi-K2.5's INT4 ones
+_CONFIG_EXPERTS = {"mxfp4": "mxfp4", "int4": "int4"}
 
 
 def _dtype_bytes(name: str) -> float:
@@ -41,17 +51,20 @@ def _dtype_bytes(name: str) -> float:
 class ModelSpec:
     """A model as the predictors count it: `config` (the engine's), the activation `dtype`,
     the dtype of the linear layers' weights (`weight_dtype`: the activation dtype, "fp8",
-    "nvfp4" or "mxfp4"), the KV cache's (`kv_dtype`) and whether the experts are MXFP4 (as
-    gpt-oss checkpoints hold them, whatever the other weights are). Quantized weights cover
-    every linear layer of the decoder (attention projections, MLP and experts); the embedding,
-    lm_head, norms and router stay in `dtype`, as FP8 and FP4 checkpoints keep them. Bytes per
-    weight: FP8 1, NVFP4 4.5 bits (a 16-element block shares an FP8 scale), MXFP4 4.25 (32
-    share an E8M0 scale)."""
+    "nvfp4" or "mxfp4"), the routed experts' where the checkpoint holds them in a dtype of
+    their own (`expert_dtype`: "mxfp4" as gpt-oss's, "int4" as Kimi-K2.5's; None: the linear
+    dtype) and the KV cache's (`kv_dtype`). Quantized weights cover every linear layer of the
+    decoder (attention projections, MLP and experts) but experts of their own dtype; the
+    embedding, lm_head, norms and router stay in `dtype`, as FP8 and FP4 checkpoints keep them.
+    Bytes per weight: FP8 1, NVFP4 4.5 bits (a 16-element block shares an FP8 scale), MXFP4
+    4.25 (32 share an E8M0 scale), INT4 4.5 (32 share a bf16 scale; symmetric, no zero point).
+    The experts' math: FP4 for MXFP4 (weight-only at the bf16 peak where the chip has none),
+    weight-only W4A16 at the bf16 peak for INT4 (bf16 activations)."""
 
     name: str
     config: ModelConfig
     dtype: str = "bfloat16"
-    mxfp4_experts: bool = False
+    expert_dtype: Optional[str] = None  # None: the linear dtype
     weight_dtype: Optional[str] = None  # None: `dtype`
     kv_dtype: Optional[str] = None  # None: `dtype`
 
@@ -60,7 +73,11 @@ class ModelSpec:
                     mxfp4_experts: Optional[bool] = None, weight_dtype: str = "auto",
                     kv_dtype: str = "auto") -> "ModelSpec":
         """`weight_dtype` / `kv_dtype` "auto" follow the config's ``quantization_config``
-        (FP8 weights, an FP8 KV cache), else `dtype`."""
+        (FP8 weights, an FP8 KV cache), else `dtype`. Experts the checkpoint holds in a dtype
+        of their own (the config's, or MXFP4 where `mxfp4_experts` says so) keep it unless
+        `weight_dtype` names another dtype no wider (a checkpoint quantized anew, experts
+        included: NVIDIA's NVFP4 Kimi-K2.5 for its INT4 experts); a wider one, or the
+        checkpoint's own linear dtype, leaves them as they are."""
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
         dtype = config.torch_dtype if dtype is None else dtype
@@ -77,10 +94,23 @@ class ModelSpec:
         if kv_dtype == "auto":
             kv_dtype = config.kv_cache_dtype or dtype
         if mxfp4_experts is None:
-            mxfp4_experts = config.quantization == "mxfp4"
-        if mxfp4_experts and not config.is_moe:
-            raise ValueError(f"mxfp4_experts: {name} has no experts")
-        return cls(name, config, dtype, bool(mxfp4_experts),
+            experts = _CONFIG_EXPERTS.get(config.quantization)
+        else:
+            experts = "mxfp4" if mxfp4_experts else None
+        if experts and not config.is_moe:
+            raise ValueError(f"mxfp4_experts: {name} has no experts" if mxfp4_experts else
+                             f"quantization_config: {name} declares {experts} experts and has "
+                             f"none")
+        if experts and weight_dtype != experts \
+                and _dtype_bytes(weight_dtype) <= _dtype_bytes(experts):
+            experts = None  # re-quantized, experts included: they follow weight_dtype
+        if experts == "int4":
+            for field in ("hidden_size", "intermediate_size"):  # the experts' GEMMs' K
+                if getattr(config, field) % INT4_GROUP:
+                    raise ValueError(f"quantization_config: INT4 experts in groups of "
+                                     f"{INT4_GROUP} need {field} a multiple of {INT4_GROUP}, "
+                                     f"got {getattr(config, field)}")
+        return cls(name, config, dtype, experts,
                    None if weight_dtype == dtype else weight_dtype,
                    None if kv_dtype == dtype else kv_dtype)
 
@@ -137,38 +167,61 @@ class ModelSpec:
         return int(_dtype_bytes(self.kv_dtype or self.dtype))
 
     @property
+    def experts_dtype(self) -> str:
+        """The routed experts' weight dtype: `expert_dtype`, else the linear dtype."""
+        return self.expert_dtype or self.linear_dtype
+
+    @property
+    def mxfp4_experts(self) -> bool:
+        """Whether the experts are MXFP4 of their own (gpt-oss's; the engine runs them)."""
+        return self.expert_dtype == "mxfp4"
+
+    @property
     def expert_bytes_per_param(self) -> float:
-        return MXFP4_BYTES_PER_PARAM if self.mxfp4_experts else self.linear_bytes
+        return _dtype_bytes(self.experts_dtype)
+
+    @property
+    def expert_compute(self) -> str:
+        """The math of the routed experts' grouped GEMMs: "fp4" (MXFP4), "w4a16" (INT4:
+        weight-only at the bf16 peak), else the linear layers'."""
+        return QUANT_COMPUTE.get(self.experts_dtype, "bfloat16")
 
     @functools.cached_property
     def pricing(self) -> Pricing:
         """What the architecture's ops are counted in (`gnomon.engine.cost`)."""
         return Pricing(self.dtype_bytes, self.linear_bytes, self.linear_compute,
-                       self.expert_bytes_per_param, self.mxfp4_experts)
+                       self.expert_bytes_per_param, self.expert_compute)
 
     @property
     def quantized(self) -> bool:
-        """FP8 or FP4 weights or KV beyond what gnomon's real engine runs (MXFP4 experts)."""
-        return self.weight_dtype in _QUANT_BYTES or self.kv_dtype == "fp8"
+        """FP8, FP4 or INT4 weights or KV beyond what gnomon's real engine runs (MXFP4
+        experts)."""
+        return (self.weight_dtype in _QUANT_BYTES or self.kv_dtype == "fp8"
+                or self.expert_dtype == "int4")
 
     def weight_bytes(self, tp: int = 1, dp: int = 1) -> float:
         """Bytes of weights one of `tp` GPUs holds, counted over the architecture's weight
         table (`gnomon.engine.models.weight_shapes`) for that rank's shard: the decoder's
-        matrices in the linear dtype (MXFP4 experts as their uint8 codes and scales), the
-        embedding, lm_head, router, norms, biases and sinks in the activation dtype. Under
-        attention data parallelism over `dp` groups the routed experts (the tensors with one
-        entry per expert) are split over all ``tp x dp`` GPUs, the rest within the group."""
+        matrices in the linear dtype (the routed experts in theirs: MXFP4 ones as their uint8
+        codes and scales, INT4 ones at 4.5 bits), the embedding, lm_head, router, norms, biases
+        and sinks in the activation dtype. Under attention data parallelism over `dp` groups
+        the routed experts (the tensors with one entry per expert) are split over all
+        ``tp x dp`` GPUs, the rest within the group."""
         c, a, w = self.config, self.dtype_bytes, self.linear_bytes
         local = Shard(0, tp).local_config(c, self.mxfp4_experts)
+        e = self.expert_bytes_per_param
         total = 0.0
         for name, shape in weight_shapes(local, mxfp4=self.mxfp4_experts).items():
             leaf, n = name.rsplit(".", 1)[-1], math.prod(shape)
             if name == "lm_head" and c.tie_word_embeddings:
                 continue
-            if c.is_moe and len(shape) > 1 and shape[0] == c.num_experts and leaf != "router":
+            stacked = c.is_moe and len(shape) > 1 and shape[0] == c.num_experts
+            if stacked and leaf != "router":
                 n /= dp
             if self.mxfp4_experts and leaf in MXFP4_TENSORS:
                 total += n  # uint8
+            elif stacked and len(shape) == 3 and leaf in EXPERT_TENSORS:
+                total += n * e
             elif len(shape) > 1 and name.startswith("layers.") and leaf != "router":
                 total += n * w
             else:

@@ -78,6 +78,9 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
         out.append(f"weights {model.linear_dtype}, KV {model.kv_dtype or model.dtype}: the "
                    f"simulation is ahead of the kernels; gnomon's real engine has no kernel "
                    f"for them yet and refuses such a model")
+        if model.expert_compute == "w4a16":
+            out.append(f"INT4 routed experts ({model.experts_dtype}, groups of 32) run "
+                       f"weight-only (w4a16) at {hardware.name}'s bf16 peak")
         if model.linear_compute != "bfloat16" and hardware.tflops(model.linear_compute) is None:
             out.append(f"{hardware.name} has no {model.linear_compute} math: the "
                        f"{model.linear_dtype} GEMMs run weight-only at its bf16 peak")
@@ -186,9 +189,10 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
                                    serving=profile.serving, progress=progress)
     rate_shown = "inf" if synthetic_rate is not None and math.isinf(synthetic_rate) \
         else synthetic_rate
-    setup = {"model": spec.name, "hardware": hw.name, "predictor": pred.name, "tp": tp, "ep": ep, "dp": dp,
+    setup = {"model": spec.name, "hardware": hw.name, "predictor": pred.name, "tp": tp, "ep": ep,
+             "dp": dp,
              "dtypes": {"activations": spec.dtype, "weights": spec.linear_dtype,
-                        "experts": "mxfp4" if spec.mxfp4_experts else spec.linear_dtype,
+                        "experts": spec.experts_dtype,
                         "kv_cache": spec.kv_dtype or spec.dtype},
              "workload": {"name": workload.name, "description": workload.description,
                           "num_requests": workload.num_requests, "rate": rate_shown,
@@ -200,8 +204,11 @@ def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
                         "kv_capacity_tokens": trace.num_kv_blocks * args.block_size,
                         "overhead": (asdict(profile.overhead)
                                      if isinstance(pred, RooflinePredictor) else None),
-                        "serving": asdict(profile.serving)}}
-    report = build_report(trace=trace, metrics=compute_metrics(trace, slo or SLO(), num_gpus=tp * dp),
+                        "serving": asdict(profile.serving),
+                        **({"attention_dp_balance": asdict(args.balance())} if dp > 1
+                           else {})}}
+    report = build_report(trace=trace,
+                          metrics=compute_metrics(trace, slo or SLO(), num_gpus=tp * dp),
                           setup=setup,
                           limits=limits_for(spec, pred, hw, profile, args.enable_hybrid_kv, ep,
                                             dp))

@@ -13,7 +13,9 @@ that a simulation (which parses configs and counts weights) runs without torch:
    `gnomon.engine.config_json.ConfigReader` ``r``, given the architecture-independent ``base``
    fields.
    ``PRESETS``: its presets' config.json contents (real models and a tiny test config), which
-   `gnomon.engine.config.PRESETS` gathers.
+   `gnomon.engine.config.PRESETS` gathers. A multimodal wrapper's module may define
+   ``text_config(r)``: the text model's fields, read in place of the top-level ones
+   (`gnomon.engine.config_json`).
 2. **Its weight table.** ``layer_shapes(config, mxfp4)``: gnomon's names and shapes under
    ``layers.{i}.``; ``load_layer(read, config, i, mxfp4)``: which HF tensors of layer ``i``
    become those weights, how they are fused (``qkv``, ``w13``) and how each splits across
@@ -54,6 +56,7 @@ _BUILTIN = {
     "Qwen3ForCausalLM": "gnomon.engine.models.qwen3",
     "Qwen3MoeForCausalLM": "gnomon.engine.models.qwen3_moe",
     "DeepseekV3ForCausalLM": "gnomon.engine.models.deepseek_v3",
+    "KimiK25ForConditionalGeneration": "gnomon.engine.models.kimi_k25",
     "MiniMaxM2ForCausalLM": "gnomon.engine.models.minimax_m2",
 }
 _registry: Dict[str, str] = dict(_BUILTIN)
