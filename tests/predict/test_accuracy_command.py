@@ -144,6 +144,8 @@ def test_expert_and_data_parallel_points_run_with_their_layout():
     (dict(tp_size="8", moe_tp_size="2", moe_ep_size="8"), "moe_tp_size 2 x moe_ep_size 8 is not"),
     (dict(tp_size="8", attention_dp_size="2", moe_tp_size="1", moe_ep_size="8"),
      "moe_tp_size 1 x moe_ep_size 8 is not tp_size 8 x attention_dp_size 2"),
+    (dict(tp_size="64", moe_tp_size="8", moe_ep_size="8"),
+     "64 GPUs, more than one 8-GPU b200_sxm board"),
 ])
 def test_inconsistent_parallel_layouts_are_refused(over, reason):
     with pytest.raises(PointRefused, match=reason):

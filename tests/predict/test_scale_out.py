@@ -1,6 +1,7 @@
 """Layouts wider than one scale-up domain: a collective over more GPUs than an HGX board's 8 runs
 at the scale-out network's bandwidth per GPU (the catalogue's ``scale_out_gbps``), refused where
-the hardware gives none; silicon rows of several boards map onto such layouts."""
+the hardware gives none; silicon rows whose fields count more GPUs than their board are refused
+as inconsistent."""
 
 import json
 
@@ -9,7 +10,7 @@ import pytest
 from gnomon import hardware
 from gnomon.engine.cost import Op
 from gnomon.predict.cost import PredictionRefused
-from gnomon.predict.measured import from_silicon
+from gnomon.predict.measured import PointRefused, from_silicon
 from gnomon.predict.roofline import RooflinePredictor
 from gnomon.predict.simulate import simulate
 from gnomon.predict.workloads import parse_length
@@ -62,14 +63,17 @@ def test_a_hardware_file_gives_both_figures(tmp_path):
     assert across == pytest.approx(64 * MB / 25e9 + latency)
 
 
-def test_a_row_of_eight_boards_runs_as_aiconfigurator_reads_it():
+def test_a_row_wider_than_its_board_is_refused_and_such_a_layout_pays_the_nics():
     row = dict(id="r", silicon_data_source="source_file=runs.csv",
                model_path="deepseek-ai/DeepSeek-R1", system="b200_sxm", backend="trtllm",
                mode="agg", gemm_quant_mode="fp8", moe_quant_mode="fp8_block", isl="1024",
                osl="1024", batch_size="8", tp_size="64", pp_size="1", attention_dp_size="1",
                moe_tp_size="8", moe_ep_size="8", silicon_ttft_ms="100", silicon_tpot_ms="20")
-    point = from_silicon(row)
-    assert (point.tp, point.ep, point.dp, point.concurrency) == (64, 8, 1, 8)
+    # aiconfigurator's fields count 64 GPUs; the source's ids name tp8_ep8: inconsistent
+    with pytest.raises(PointRefused, match="tp_size 64 x attention_dp_size 1: 64 GPUs, more "
+                                           "than one 8-GPU b200_sxm board"):
+        from_silicon(row)
+    # a 64-GPU layout asked for directly is priced over the NICs
     kw = dict(model="deepseek-v3", hardware="B200", ep=8, weight_dtype="fp8", kv_dtype="fp8",
               engine="trtllm", num_requests=4, concurrency=2, rate=float("inf"),
               input_len=parse_length("128", "i"), output_len=parse_length("8", "o"))

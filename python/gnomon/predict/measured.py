@@ -20,8 +20,10 @@ A point maps to `simulate`'s arguments (`MeasuredPoint.simulate_args`), or is re
 reason that names what is missing (`PointRefused`). A row's ``tp_size`` is each attention
 group's GPUs, ``attention_dp_size`` the groups, and ``moe_tp_size x moe_ep_size`` must be all
 of their GPUs (aiconfigurator's own rule); a row that breaks it is refused, never approximated
-as another layout, and one wider than an 8-GPU board pays the scale-out network the hardware
-catalogue gives for its collectives. ``batch_size`` is
+as another layout. So is a row wider than one board of its system (tp_size 64, or
+attention_dp_size 64, on an 8-GPU b200_sxm): their ids name a layout of one board (``tp8_ep8``
+where tp_size is 64; ``tp4_ep4`` where tp_size x attention_dp_size is 16), so the fields
+multiply what ran. ``batch_size`` is
 one data-parallel group's concurrency, as aiconfigurator reads it: the closed loop runs
 ``batch_size x attention_dp_size`` users.
 
@@ -40,6 +42,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from gnomon.engine import models
+from gnomon.hardware import gpu
 
 SPLITS = ("fit", "held-out")
 MEASURES = ("ttft_ms", "tpot_ms", "output_tokens_per_s", "total_tokens_per_s")
@@ -349,6 +352,12 @@ def from_silicon(row: dict) -> MeasuredPoint:
         raise PointRefused(f"moe_tp_size {moe_tp} x moe_ep_size {ep} is not tp_size {tp} x "
                            f"attention_dp_size {dp}: the experts must split over the GPUs the "
                            f"attention runs on")
+    board = gpu(system["hardware"]).scale_up_gpus.value
+    if tp * dp > board:
+        raise PointRefused(f"tp_size {tp} x attention_dp_size {dp}: {tp * dp} GPUs, more than "
+                           f"one {board:g}-GPU {row.get('system')} board; such rows name "
+                           f"a layout of one board in their ids (tp8_ep8 where tp_size is "
+                           f"64), so their fields are inconsistent")
     work = table["workload"]
     # batch_size is one attention-DP rank's: the server's concurrency is dp of them
     # (aiconfigurator's own reading, "global_bs = bs * attention_dp_size", and the rows'
