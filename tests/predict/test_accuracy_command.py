@@ -264,6 +264,33 @@ def test_the_ci_sample_against_its_measurements(tmp_path):
     assert doc["overall"]["tpot"]["mape"] <= TPOT_MAPE_BOUND
 
 
+# The frontier-MoE sample: of DeepSeek-R1/V3, MiniMax-M2.5 and Kimi-K2.5's fit rows at 1k/1k,
+# each layout's (model, system, engine, tp, ep, dp, weight dtype) lowest concurrency up to 16, and
+# DeepSeek's attention-DP layouts' lowest. What this build reaches on it (TTFT 43.5%, TPOT 16.2%),
+# plus 3-4 points.
+MOE_DATA = os.path.join(os.path.dirname(__file__), os.pardir, "data",
+                        "silicon_sample_moe_ci.csv")
+MOE_TTFT_MAPE_BOUND, MOE_TPOT_MAPE_BOUND = 0.47, 0.20
+
+
+def test_the_frontier_moe_sample_against_its_measurements():
+    points, refused = measured.load_silicon(MOE_DATA)
+    assert len(points) == 26 and not refused
+    doc = scorecard.run(points, jobs=2, source="tests/data/silicon_sample_moe_ci.csv")
+    rows = [r for r in doc["rows"] if r["status"] == scorecard.ANSWERED]
+    assert len(rows) == 26
+    layouts = {(r["point"]["model"], r["point"]["ep"] > 1, r["point"]["dp"] > 1) for r in rows}
+    assert {("deepseek-v3", True, True), ("deepseek-v3", True, False),
+            ("minimax-m2.5", True, True), ("kimi-k2.5", True, False)} <= layouts
+    balanced = [r for r in rows if r["point"]["model"] == "deepseek-v3" and r["point"]["dp"] > 1]
+    assert len(balanced) == 3 and all(
+        "attention_dp_balance=True" in r["point"]["engine_settings"] for r in balanced)
+    print(f"MoE sample: TTFT MAPE {doc['overall']['ttft']['mape']:.3f}, TPOT MAPE "
+          f"{doc['overall']['tpot']['mape']:.3f}")
+    assert doc["overall"]["ttft"]["mape"] <= MOE_TTFT_MAPE_BOUND
+    assert doc["overall"]["tpot"]["mape"] <= MOE_TPOT_MAPE_BOUND
+
+
 def test_the_command_prints_the_table_and_writes_the_document_and_plot(tmp_path, capsys):
     from gnomon.cli import main
 
