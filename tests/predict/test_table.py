@@ -1,6 +1,7 @@
 """TablePredictor: exact on a power law (linear in log space), measured / interpolated labels,
 refusals outside the grid, files."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -53,6 +54,17 @@ def test_refuses_outside_the_grid():
         table.predict(StepShape.of(SPEC, [(5000, 0)]))
     with pytest.raises(PredictionRefused, match="context_tokens = 20000"):
         table.predict(StepShape.of(SPEC, [(1, 20000)]))
+
+
+def test_refuses_expert_and_data_parallel_steps():
+    # a table measured on gnomon's engine holds no such step: refused, never read as plain TP
+    moe = ModelSpec.from_config(ModelConfig.preset("tiny-mixtral"))
+    plain = StepShape.of(moe, [(16, 100)])
+    assert _table().predict(plain).seconds > 0
+    for ep, dp in ((2, 1), (1, 2)):
+        shape = dataclasses.replace(plain, ep=ep, dp=dp, dp_tokens=32 if dp > 1 else 0)
+        with pytest.raises(PredictionRefused, match=f"ep = {ep}, dp = {dp}: a table's steps"):
+            _table().predict(shape)
 
 
 def test_context_sums_over_sequences():

@@ -85,6 +85,9 @@ class TablePredictor:
     def predict(self, shape: StepShape) -> StepCost:
         if not isinstance(shape, StepShape):
             raise TypeError(f"shape: expected a StepShape, got {type(shape).__name__}")
+        if (shape.ep, shape.dp) != (1, 1):
+            raise PredictionRefused(f"ep = {shape.ep}, dp = {shape.dp}: a table's steps carry "
+                                    f"no expert or data parallelism")
         lows, weights, exact = [], [], True
         for axis, values in self.axes.items():
             x = coordinate(shape, axis)
