@@ -206,6 +206,17 @@ def test_other_integer_schemes_are_refused_by_name(change, reason):
         ModelConfig.from_json(_with_quant(change))
 
 
+def test_int4_experts_are_refused_where_the_architecture_names_no_int4_linears():
+    # the same quantization_config on an architecture whose module declares no INT4_LINEARS
+    # (Qwen3-MoE's): generic code knows no architecture's module names, so it refuses
+    raw = preset_json("tiny-qwen3-moe")
+    raw["quantization_config"] = preset_json("tiny-kimi-k2.5")["text_config"][
+        "quantization_config"]
+    with pytest.raises(ValueError, match="INT4 on the routed experts alone.*declares no INT4 "
+                                         "experts"):
+        ModelConfig.from_json(raw)
+
+
 def test_the_wrapper_without_its_text_model_names_the_key(tmp_path):
     raw = preset_json("tiny-kimi-k2.5")
     del raw["text_config"]

@@ -179,8 +179,7 @@ def read_config(raw: Dict[str, Any], source: str) -> Dict[str, Any]:
     scaling = _parse_rope_scaling(r, raw.get("rope_scaling"), arch, model.ROPE_SCALING,
                                   runs=models.simulation_only(arch) is None)
     tie = r.optional("tie_word_embeddings", False, bool)
-    quantization, kv_cache_dtype = _parse_quantization(r, raw.get("quantization_config"),
-                                                       model.MXFP4_TENSOR is not None)
+    quantization, kv_cache_dtype = _parse_quantization(r, raw.get("quantization_config"), model)
 
     eos = raw.get("eos_token_id")
     if eos is None:
@@ -208,19 +207,6 @@ INT4_EXPERTS = (f"INT4 on the routed experts alone (W4A16: num_bits 4, type int,
                 f"strategy group, group_size {INT4_GROUP}, no input_activations; an ignore list "
                 f"that keeps attention, the dense MLP and the shared experts unquantized, as "
                 f"Kimi-K2.5's)")
-# A DeepSeek-V3-style decoder's linear modules as Hugging Face names them (Kimi-K2.5's text
-# model keeps DeepSeek-V3's names), by what an INT4-experts checkpoint does with them: these stay
-# in the activation dtype ...
-_INT4_KEPT = tuple(
-    [f"model.layers.0.self_attn.{m}" for m in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
-                                               "kv_b_proj", "o_proj")]
-    + [f"model.layers.0.mlp.{m}" for m in ("gate_proj", "up_proj", "down_proj")]
-    + [f"model.layers.1.mlp.shared_experts.{m}" for m in ("gate_proj", "up_proj", "down_proj")])
-# ... and the routed experts' are INT4
-_INT4_QUANTIZED = tuple(f"model.layers.1.mlp.experts.0.{m}"
-                        for m in ("gate_proj", "up_proj", "down_proj"))
-
-
 def _fp4_spec(spec) -> Optional[str]:
     """"nvfp4" (16-element groups) or "mxfp4-dense" (32) for a compressed-tensors weight spec
     of 4-bit floats, else None."""
@@ -248,8 +234,13 @@ def _matches(target: str, name: str) -> bool:
     return target == name
 
 
-def _int4_experts_problem(groups: Dict[str, Any], ignore) -> Optional[str]:
-    """Why a compressed-tensors config of integer weights is not `INT4_EXPERTS`, or None."""
+def _int4_experts_problem(groups: Dict[str, Any], ignore, linears) -> Optional[str]:
+    """Why a compressed-tensors config of integer weights is not `INT4_EXPERTS` for an
+    architecture whose ``INT4_LINEARS`` are ``linears`` (its HF linear module names, ``(kept,
+    quantized)``), or None."""
+    if linears is None:
+        return "this architecture declares no INT4 experts (INT4_LINEARS)"
+    kept, routed = linears
     targets = []
     for key, group in groups.items():
         weights = group.get("weights") if isinstance(group, dict) else None
@@ -268,27 +259,29 @@ def _int4_experts_problem(groups: Dict[str, Any], ignore) -> Optional[str]:
         return any(_matches(t, name) for t in targets) and not any(
             _matches(p, name) for p in ignore)
 
-    for name in _INT4_KEPT:
+    for name in kept:
         if quantized(name):
             return f"it would quantize {name} too (ignore {ignore!r})"
-    for name in _INT4_QUANTIZED:
+    for name in routed:
         if not quantized(name):
             return f"it would leave the routed experts' {name} unquantized"
     return None
 
 
-def _parse_quantization(r: ConfigReader, quant, mxfp4_experts: bool):
+def _parse_quantization(r: ConfigReader, quant, model):
     """``(quantization, kv_cache_dtype)`` from a ``quantization_config``: "mxfp4" (gpt-oss's
     experts), "int4" (the routed experts alone in INT4, `INT4_EXPERTS`: Kimi-K2.5's), or the
     linear layers' weights: "fp8", "nvfp4" (ModelOpt or compressed-tensors, FP4 in 16-element
     groups with FP8 scales) or "mxfp4-dense" (compressed-tensors FP4 in 32-element groups); and
     "fp8" where the config also declares an FP8 KV cache (compressed-tensors' and ModelOpt's
-    ``kv_cache_scheme``, ModelOpt's ``kv_cache_quant_algo``, quark's k/v output tensors)."""
+    ``kv_cache_scheme``, ModelOpt's ``kv_cache_quant_algo``, quark's k/v output tensors).
+    ``model`` is the architecture's module: its ``MXFP4_TENSOR`` allows "mxfp4", its
+    ``INT4_LINEARS`` (optional) "int4"."""
     if quant is None:
         return None, None
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if method == "mxfp4":
-        if not mxfp4_experts:
+        if model.MXFP4_TENSOR is None:
             r.fail("quantization_config: quant_method 'mxfp4' is supported on gpt-oss only")
         return "mxfp4", None
     if method in ("fp8", "fbgemm_fp8"):
@@ -308,7 +301,8 @@ def _parse_quantization(r: ConfigReader, quant, mxfp4_experts: bool):
                    "(num_bits 4, type float, group_size 16 or 32) or " + INT4_EXPERTS)
         kv = "fp8" if _is_fp8_spec(quant.get("kv_cache_scheme")) else None
         if weights and all(isinstance(w, dict) and w.get("type") == "int" for w in weights):
-            problem = _int4_experts_problem(groups, quant.get("ignore"))
+            problem = _int4_experts_problem(groups, quant.get("ignore"),
+                                            getattr(model, "INT4_LINEARS", None))
             if problem:
                 r.fail(f"quantization_config: compressed-tensors is supported with {formats}; "
                        f"its integer weights are not: {problem}")

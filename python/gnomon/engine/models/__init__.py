@@ -7,7 +7,9 @@ that a simulation (which parses configs and counts weights) runs without torch:
 1. **Its config.json mapping.** ``ARCHITECTURE`` (the HF name), ``DEFAULTS`` (transformers'
    config-class defaults for ``rms_norm_eps``, ``rope_theta`` and ``max_position_embeddings``),
    ``ROPE_SCALING`` (the ``rope_scaling`` types it accepts besides none), ``MXFP4_TENSOR`` (the
-   checkpoint tensor of layer 0 whose presence means MXFP4 experts, or None), and
+   checkpoint tensor of layer 0 whose presence means MXFP4 experts, or None), optionally
+   ``INT4_LINEARS`` (HF linear module names a checkpoint of INT4 routed experts keeps and
+   quantizes, checked against its compressed-tensors targets; without it INT4 is refused), and
    ``config_fields(r, base)``: its own `ModelConfig` fields (head dim, attention bias, experts and
    routing, layer types and window, sinks, activation, gate/up layout) read through the
    `gnomon.engine.config_json.ConfigReader` ``r``, given the architecture-independent ``base``

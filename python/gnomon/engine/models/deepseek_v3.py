@@ -27,6 +27,16 @@ SIMULATION_ONLY = f"{ARCHITECTURE}: simulation only; the engine has no MLA kerne
 DEFAULTS = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096}
 ROPE_SCALING = ("yarn",)
 MXFP4_TENSOR = None
+# Linear modules as Hugging Face names them, by what a checkpoint of INT4 routed experts
+# (`gnomon.engine.config_json.INT4_EXPERTS`, Kimi-K2's) does with them: attention, the dense MLP
+# and the shared experts stay in the activation dtype; the routed experts are INT4
+INT4_LINEARS = (
+    tuple([f"model.layers.0.self_attn.{m}" for m in ("q_a_proj", "q_b_proj",
+                                                    "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")]
+          + [f"model.layers.0.mlp.{m}" for m in ("gate_proj", "up_proj", "down_proj")]
+          + [f"model.layers.1.mlp.shared_experts.{m}"
+             for m in ("gate_proj", "up_proj", "down_proj")]),
+    tuple(f"model.layers.1.mlp.experts.0.{m}" for m in ("gate_proj", "up_proj", "down_proj")))
 
 
 def config_fields(r, base) -> dict:

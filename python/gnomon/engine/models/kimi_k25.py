@@ -49,6 +49,7 @@ SIMULATION_ONLY = f"{ARCHITECTURE}: simulation only; the engine has no MLA kerne
 DEFAULTS = text.DEFAULTS
 ROPE_SCALING = text.ROPE_SCALING
 MXFP4_TENSOR = None
+INT4_LINEARS = text.INT4_LINEARS  # the text model keeps DeepSeek-V3's module names
 # what the wrapper may hold at its top level for the text model (NVIDIA's NVFP4 checkpoint keeps
 # its quantization_config there, Moonshot's inside text_config)
 _INHERITED = ("quantization_config", "eos_token_id", "tie_word_embeddings", "torch_dtype",
