@@ -114,30 +114,32 @@ def main(argv=None) -> int:
                  ("1.10x, 7 runs a side", dict(side=7, history=False), 1.10),
                  ("1.10x, 1 run a side + history", dict(side=1, history=True), 1.10)]
         for name, kw, factor in plans:
-            flagged, ambiguous, caught, missed = 0, Counter(), 0, Counter()
+            flagged, ambiguous, caught, missed = Counter(), Counter(), 0, Counter()
             for _ in range(args.repeats):
                 key = rng.choice(keys) if factor else None
                 verdicts = scenario(doc, rng, folder, slow_key=key, factor=factor or 1.0, **kw)
                 others = {k: v for k, v in verdicts.items() if k != key}
-                flagged += sum(v in (stats.REGRESSION, stats.IMPROVEMENT)
-                               for v in others.values())
+                flagged.update(f"{k}: {v}" for k, v in others.items()
+                               if v in (stats.REGRESSION, stats.IMPROVEMENT))
                 ambiguous.update(k for k, v in others.items() if v == stats.AMBIGUOUS)
                 if key is not None:
                     if verdicts[key] == stats.REGRESSION:
                         caught += 1
                     else:
                         missed[f"{key}: {verdicts[key]}"] += 1
-            row = {"false_alarm_keys": flagged,
+            row = {"false_alarm_keys": sum(flagged.values()),
+                   "false_alarms_by_key": dict(flagged.most_common()),
                    "ambiguous_keys": sum(ambiguous.values()),
                    "ambiguous_by_key": dict(ambiguous.most_common())}
             if factor:
                 row.update(planted_caught=caught, missed=dict(missed))
             figures["scenarios"][name] = row
-            print(f"{name:32s} over {args.repeats} deals: {flagged} false alarm(s), "
+            print(f"{name:32s} over {args.repeats} deals: {sum(flagged.values())} false alarm(s), "
                   f"{sum(ambiguous.values())} AMBIGUOUS key(s)"
                   + (f", planted slowdown a REGRESSION in {caught} of {args.repeats}"
                      if factor else ""), flush=True)
-            for what, n in (list(missed.items()) + list(ambiguous.most_common(3))):
+            for what, n in (list(flagged.items()) + list(missed.items())
+                            + list(ambiguous.most_common(3))):
                 print(f"    {n} x {what}")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,28 @@ def test_runs_are_interleaved(monkeypatch):
     assert case["tflops"] == pytest.approx(case["flops"] / case["stats"]["median"] / 1e3)
     assert case["gbps"] == pytest.approx(case["bytes"] / case["stats"]["median"])
     assert report.table(doc).row_count == len(keys)
+
+
+def test_each_run_samples_every_case_in_rounds_over_all_the_cases(monkeypatch):
+    # three passes over the cases within each run (asv's rounds), so a burst on the machine
+    # falls on one pass of a case, not on every sample the run has of it
+    order = []
+    monkeypatch.setattr(runner, "measure_cpu_peaks", lambda llc, quick: {
+        "memory_gbps": 10.0, "tflops": {"bfloat16": 1.0}, "source": "test"})
+    settings = replace(FAST, rounds=3)
+    doc = runner.run_bench(["norm"], runs=2, quick=True, commit=SHA, settings=settings,
+                           progress=lambda done, total, key: order.append(key))
+    keys = [c.key for c in suites.cases(["norm"], "cpu", quick=True)]
+    assert order == keys * 6 + [""]
+    for run in doc["runs"]:
+        for case in run["cases"]:
+            passes = case["sampling"]["stopped"].split("+")
+            assert len(passes) == 3 and set(passes) <= {"converged", "time_limit",
+                                                         "max_samples"}
+            assert len(case["samples_ns"]) >= 3 * FAST.min_samples
+            assert case["stats"]["count"] == len(case["samples_ns"])
+            assert case["sampling"]["rule"]["rounds"] == 3
+            assert case["sampling"]["warmup_calls"] >= 3 * FAST.warmup_calls
 
 
 def test_cold_mode_rotates_inputs_past_the_last_level_cache(monkeypatch):

@@ -69,6 +69,21 @@ def test_sample_cap_stops_and_minimum_is_respected():
         Sampling(min_samples=0)
 
 
+def test_a_run_of_rounds_keeps_every_pass_and_splits_the_time_limit():
+    settings = Sampling(min_samples=3, time_limit_s=0.4, rounds=4)
+    assert settings.per_round() == Sampling(min_samples=3, time_limit_s=0.1, rounds=1)
+    clock = FakeClock()
+    passes = [sample(fake_op(clock, itertools.repeat(1000 * (i + 1))), settings.per_round(),
+                     clock=clock) for i in range(2)]
+    run = timing.SampleRun.merged(passes)
+    assert run.samples_ns == [1000] * 3 + [2000] * 3
+    assert run.stopped == "converged+converged"
+    assert run.rel_spread == relative_spread(sorted(run.samples_ns)) == 1000 / 1500
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="rounds must be an integer >= 1"):
+            Sampling(rounds=bad)
+
+
 def test_warm_up_runs_the_minimum_calls_and_syncs():
     calls, syncs = [], []
     clock = FakeClock()

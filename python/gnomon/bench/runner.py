@@ -13,8 +13,9 @@ from gnomon.bench import results, suites as suite_defs
 from gnomon.bench.cases import COMM_OPS, Case, args_nbytes, bandwidth_peak, clone_args
 from gnomon.bench.machine import (cpu_peaks, gpu_backend, gpu_peaks, machine_info,
                                   measure_cpu_peaks, resolve_commit)
-from gnomon.bench.timing import (FULL, QUICK, CpuTimer, GpuTimer, Sampling, gpu_l2_bytes,
-                                 last_level_cache_bytes, sample, summarize, warm_up)
+from gnomon.bench.timing import (FULL, QUICK, CpuTimer, GpuTimer, SampleRun, Sampling,
+                                 gpu_l2_bytes, last_level_cache_bytes, sample, summarize,
+                                 warm_up)
 
 DEVICES = ("cpu", "cuda")
 MODES = ("hot", "cold")
@@ -202,7 +203,8 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
               settings: Optional[Sampling] = None,
               progress: Optional[Progress] = None) -> Dict[str, Any]:
     """Runs every case of `suites` `runs` times, interleaved (run 1 of every case, then run
-    2, ...), and returns the results document. Validates every argument before timing."""
+    2, ...; within a run, `Sampling.rounds` passes over the cases), and returns the results
+    document. Validates every argument before timing."""
     names = list(suite_defs.SUITES) if suites is None else list(suites)
     for name in names:
         if name not in suite_defs.SUITES:
@@ -230,7 +232,7 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
         llc_bytes, llc_source = l2, "torch.cuda.get_device_properties().L2_cache_size"
 
     cases = suite_defs.cases(names, device, quick=quick)
-    total = runs * len(cases)
+    total = runs * settings.rounds * len(cases)
     done = 0
     collectives = [case for case in cases if case.op in COMM_OPS]
     with contextlib.ExitStack() as stack, torch.inference_mode():
@@ -242,18 +244,22 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
             stack.callback(group.close)
         prepared = [_prepare(case, device, mode, llc_bytes, group) for case in cases]
         timed = []
+        each = settings.per_round()
         for index in range(runs):
-            timed.append([])
-            for item in prepared:
-                if progress:
-                    progress(done, total, item.case.key)
-                with item.session():
-                    warmups = warm_up(lambda: item.before_sample() or item.call(), settings,
-                                      timer.sync)
-                    run = sample(lambda: item.before_sample() or timer.time_call(item.call),
-                                 settings)
-                timed[-1].append((item, run, warmups))
-                done += 1
+            passes: Dict[int, list] = {i: [] for i in range(len(prepared))}
+            warmups = dict.fromkeys(passes, 0)
+            for round_ in range(settings.rounds):
+                for i, item in enumerate(prepared):
+                    if progress:
+                        progress(done, total, item.case.key)
+                    with item.session():
+                        warmups[i] += warm_up(lambda: item.before_sample() or item.call(),
+                                              each, timer.sync)
+                        passes[i].append(sample(
+                            lambda: item.before_sample() or timer.time_call(item.call), each))
+                    done += 1
+            timed.append([(item, SampleRun.merged(passes[i]), warmups[i])
+                          for i, item in enumerate(prepared)])
     if device == "cpu":  # measured again after the sweep; the best of the two is the peak
         peaks = best_peaks(peaks, measure_cpu_peaks(llc_bytes, quick=quick))
     run_docs = [{"index": index, "cases": [_case_record(item, run, warmups, peaks, settings)

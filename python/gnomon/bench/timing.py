@@ -10,6 +10,13 @@
 - The sampler takes samples until the relative spread (IQR / median) falls under a threshold,
   once it has a minimum count, or until the case's time limit or the sample cap is reached,
   and says which of these stopped it. Every raw sample is kept.
+- A run samples each case in ``rounds`` passes over all the cases (asv's rounds), each pass
+  with the stopping rule above and its share of the time limit; the run's samples are the
+  passes' together. A burst of interference on a shared machine (another process taking a
+  core for some milliseconds) then falls on one pass of a case rather than on every sample
+  the run has of it, so the run's median holds: on this 2-core machine the per-run scatter
+  of the short cases (a norm or a cache write timed in under a millisecond) came mostly from
+  whole runs shifted by such bursts (`bench/regression_gate.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 FALLBACK_LLC_BYTES = 256 << 20  # when the cache size cannot be read: larger than any CPU's L3
@@ -30,7 +37,8 @@ FALLBACK_LLC_BYTES = 256 << 20  # when the cache size cannot be read: larger tha
 @dataclass(frozen=True)
 class Sampling:
     """The sampler's settings: stop when IQR / median <= `rel_spread` with at least
-    `min_samples`, or after `time_limit_s` of sampling, or at `max_samples`."""
+    `min_samples`, or after `time_limit_s` of sampling, or at `max_samples`; each of a run's
+    `rounds` passes over the cases samples by that rule with ``time_limit_s / rounds``."""
 
     min_samples: int = 20
     max_samples: int = 100_000
@@ -38,6 +46,7 @@ class Sampling:
     time_limit_s: float = 1.0
     warmup_calls: int = 2
     warmup_s: float = 0.05
+    rounds: int = 1
 
     def __post_init__(self):
         if self.min_samples < 1 or self.max_samples < self.min_samples:
@@ -45,11 +54,17 @@ class Sampling:
                              f"{self.min_samples}, {self.max_samples}")
         if not self.rel_spread > 0 or not self.time_limit_s > 0:
             raise ValueError("Sampling: rel_spread and time_limit_s must be positive")
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"Sampling: rounds must be an integer >= 1, got {self.rounds!r}")
+
+    def per_round(self) -> "Sampling":
+        """The rule of one of the `rounds` passes: its share of the time limit."""
+        return replace(self, time_limit_s=self.time_limit_s / self.rounds, rounds=1)
 
 
-FULL = Sampling()
+FULL = Sampling(rounds=4)
 QUICK = Sampling(min_samples=10, max_samples=2000, rel_spread=0.05, time_limit_s=0.15,
-                 warmup_calls=2, warmup_s=0.005)
+                 warmup_calls=2, warmup_s=0.005, rounds=4)
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -87,8 +102,15 @@ def relative_spread(sorted_values: Sequence[float]) -> float:
 @dataclass
 class SampleRun:
     samples_ns: List[int]
-    stopped: str  # "converged", "time_limit" or "max_samples"
+    stopped: str  # "converged", "time_limit" or "max_samples"; passes: theirs, by "+"
     rel_spread: float
+
+    @staticmethod
+    def merged(passes: Sequence["SampleRun"]) -> "SampleRun":
+        """One run's samples from its `Sampling.rounds` passes, in the order taken."""
+        samples = [s for p in passes for s in p.samples_ns]
+        return SampleRun(samples, "+".join(p.stopped for p in passes),
+                         relative_spread(sorted(samples)))
 
 
 def sample(one_sample: Callable[[], int], settings: Sampling,
