@@ -207,6 +207,8 @@ INT4_EXPERTS = (f"INT4 on the routed experts alone (W4A16: num_bits 4, type int,
                 f"strategy group, group_size {INT4_GROUP}, no input_activations; an ignore list "
                 f"that keeps attention, the dense MLP and the shared experts unquantized, as "
                 f"Kimi-K2.5's)")
+
+
 def _fp4_spec(spec) -> Optional[str]:
     """"nvfp4" (16-element groups) or "mxfp4-dense" (32) for a compressed-tensors weight spec
     of 4-bit floats, else None."""
