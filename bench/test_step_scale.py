@@ -25,7 +25,6 @@ import time
 from collections import deque
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import gnomon
@@ -257,48 +256,33 @@ class PyBlockManager:
 
 
 class GnomonSteps:
-    """gnomon's allocator driven as an engine does: admission by lookup + allocate; then one
-    `BlockAllocator.step` per engine step that commits the previous step, frees the finished
-    and allocates the next tokens, returning the block-table updates a runner applies. Its
-    per-step state is arrays (sequence lengths indexed by id), so no Python runs per
-    sequence."""
+    """gnomon's allocator driven as an engine does: admission by one `BlockAllocator.admit`
+    (lookup and allocate in one pass); then one `BlockAllocator.step` per engine step that
+    commits everything the previous step allocated, frees the finished and allocates the next
+    tokens (one each), returning the block-table updates a runner applies. The sequences pass
+    as the lists the loop holds, with nothing packed per step."""
 
-    def __init__(self, num_blocks, block_size=BLOCK_SIZE, max_seq_id=1 << 12):
+    def __init__(self, num_blocks, block_size=BLOCK_SIZE):
         self.allocator = gnomon.BlockAllocator(num_blocks, block_size)
-        self.lengths = np.zeros(max_seq_id, dtype=np.int64)
-        self.commit_ids = self.computed = np.empty(0, dtype=np.int64)
-        self.admitted, self.admitted_lengths, self.finished = [], [], []
+        self.commit_ids, self.finished = [], []
 
     def admit(self, seq_id, tokens):
-        a = self.allocator
-        cached = a.lookup(tokens)
-        if not a.allocate(seq_id, tokens, len(tokens) - cached):
+        if self.allocator.admit(seq_id, tokens, len(tokens), len(tokens)) < 0:
             return False
-        self.admitted.append(seq_id)
-        self.admitted_lengths.append(len(tokens))
-        self.lengths[seq_id] = len(tokens)
+        self.commit_ids.append(seq_id)
         return True
 
     def decode(self, seq_ids, new_tokens):
-        ids = np.array(seq_ids, dtype=np.int64)
-        ones = np.ones(len(ids), dtype=np.int64)
-        commit_ids, computed = self.commit_ids, self.computed
-        if self.admitted:
-            commit_ids = np.concatenate([commit_ids, self.admitted])
-            computed = np.concatenate([computed, self.admitted_lengths])
-            self.admitted, self.admitted_lengths = [], []
-        fitted, _updates = self.allocator.step(commit_ids, computed, self.finished, ids,
-                                               np.array(new_tokens, dtype=np.int64), ones, ones)
-        self.commit_ids = ids[:fitted]
-        self.lengths[self.commit_ids] += 1
-        self.computed = self.lengths[self.commit_ids]
+        fitted, _updates = self.allocator.step(self.commit_ids, None, self.finished, seq_ids,
+                                               new_tokens, 1, 1)
+        self.commit_ids = seq_ids[:fitted]
         self.finished = []
         return fitted
 
     def free(self, seq_id):  # preemption: the blocks are needed now
         self.allocator.free(seq_id)
-        keep = self.commit_ids != seq_id
-        self.commit_ids, self.computed = self.commit_ids[keep], self.computed[keep]
+        if seq_id in self.commit_ids:
+            self.commit_ids.remove(seq_id)
 
     def finish(self, seq_id):  # freed with the next step's call
         self.finished.append(seq_id)

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <climits>
 #include <optional>
 #include <string>
@@ -108,6 +109,15 @@ IntArg int_array(py::handle obj, const char* arg) {
   return out;
 }
 
+// A batch argument of `n` entries that may also be one Python int, read as n equal entries.
+IntArg int_array_or_int(py::handle obj, const char* arg, size_t n) {
+  if (!PyLong_Check(obj.ptr()) || PyBool_Check(obj.ptr())) return int_array(obj, arg);
+  IntArg out;
+  out.storage = {int_entry(obj.ptr(), arg, 0, "int64")};
+  out.span = IntSpan{out.storage.data(), n, true, true};
+  return out;
+}
+
 // Token ids from a 1-D int array or any sequence of Python ints, checked to fit int32.
 std::vector<int32_t> token_ids(py::handle obj, const char* arg) {
   IntArg converted;
@@ -118,8 +128,24 @@ std::vector<int32_t> token_ids(py::handle obj, const char* arg) {
     raise<TypeError>(arg, ": expected a sequence of ints or a 1-D int array, got ",
                      type_name(obj));
   } else {
-    converted.storage = python_ints(obj, arg, "int32");
-    converted.span = IntSpan{converted.storage.data(), converted.storage.size(), true};
+    // One pass from the Python ints to int32: an admission converts a whole prompt.
+    const py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), arg));
+    if (!fast) throw py::error_already_set();
+    const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+    std::vector<int32_t> ids(n);
+    for (size_t i = 0; i < n; ++i) {
+      int overflow = 0;
+      const long long value = PyLong_CheckExact(items[i])
+                                  ? PyLong_AsLongLongAndOverflow(items[i], &overflow)
+                                  : int_entry(items[i], arg, i, "int32");
+      if (overflow != 0 || value < INT32_MIN || value > INT32_MAX) {
+        raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(items[i])),
+                          " is outside the int32 range");
+      }
+      ids[i] = static_cast<int32_t>(value);
+    }
+    return ids;
   }
   const IntSpan& span = converted.span;
   std::vector<int32_t> ids(span.size);
@@ -151,16 +177,32 @@ py::array_t<int32_t> int32_array(const std::vector<int32_t>& values) {
 }
 
 // take_block_updates' reports as Python tuples: (full, per group the appended ids, per group
-// ((index, id), ...)).
+// ((index, id), ...)). The report of a sequence whose tables did not change (most of a decode
+// step's) is one shared tuple.
 py::list block_updates(const std::vector<BlockUpdate>& updates) {
   py::list out(updates.size());
+  py::object unchanged;
   for (size_t i = 0; i < updates.size(); ++i) {
     const BlockUpdate& u = updates[i];
+    const bool same = !u.full && std::all_of(u.groups.begin(), u.groups.end(), [](const auto& g) {
+      return g.num_appended == 0 && g.replaced.empty();
+    });
+    if (same && unchanged) {
+      out[i] = unchanged;
+      continue;
+    }
     py::tuple appended(u.groups.size()), replaced(u.groups.size());
     for (size_t g = 0; g < u.groups.size(); ++g) {
       const GroupUpdate& group = u.groups[g];
-      py::tuple ids(group.num_appended);
-      for (size_t j = 0; j < group.num_appended; ++j) ids[j] = py::int_(group.appended[j]);
+      // The C API's own tuple filling: a whole table per new sequence, an int per block.
+      auto ids = py::reinterpret_steal<py::tuple>(
+          PyTuple_New(static_cast<py::ssize_t>(group.num_appended)));
+      if (!ids) throw py::error_already_set();
+      for (size_t j = 0; j < group.num_appended; ++j) {
+        PyObject* id = PyLong_FromLong(group.appended[j]);
+        if (id == nullptr) throw py::error_already_set();
+        PyTuple_SET_ITEM(ids.ptr(), static_cast<py::ssize_t>(j), id);
+      }
       py::tuple pairs(group.replaced.size());
       for (size_t j = 0; j < group.replaced.size(); ++j) {
         pairs[j] = py::make_tuple(group.replaced[j].first, group.replaced[j].second);
@@ -169,6 +211,7 @@ py::list block_updates(const std::vector<BlockUpdate>& updates) {
       replaced[g] = std::move(pairs);
     }
     out[i] = py::make_tuple(py::bool_(u.full), std::move(appended), std::move(replaced));
+    if (same) unchanged = out[i];
   }
   return out;
 }
@@ -281,6 +324,14 @@ allocate(seq_id, new_token_ids, num_new_tokens, extra_key=0) -> bool
   All or nothing: if the free blocks do not suffice it returns False and changes nothing but
   the ``failed_allocations`` counter.
 
+admit(seq_id, token_ids, target, max_new_tokens, extra_key=0) -> int
+  ``lookup`` and ``allocate`` of a new sequence in one pass over its prompt: it claims its
+  cached prefix (``cached`` tokens, as ``lookup`` counts them) and allocates
+  ``min(target - cached, max_new_tokens)`` (at least 0) new tokens, as an engine admits a
+  prompt up to ``target`` (its prefill's end) within a step's token budget. Returns ``cached``,
+  or -1 when the free blocks do not suffice (nothing changes but ``failed_allocations``).
+  ``seq_id`` must be new, ``1 <= target <= len(token_ids)`` and ``max_new_tokens >= 0``.
+
 commit(seq_id, num_computed_tokens)
   After a forward: records how many of the sequence's tokens now have KV. It may not decrease,
   nor exceed the tokens allocated or the token ids known. Blocks that became full enter the
@@ -302,9 +353,11 @@ step(commit_seq_ids, num_computed_tokens, free_seq_ids, seq_ids, new_token_ids,
      new_token_counts, num_new_tokens) -> (int, list)
   One engine step's allocator work in one call: ``commit_batch`` of the sequences just
   computed, ``free`` of the finished ones, then ``allocate_batch`` of the next step's running
-  sequences (same array rules). Everything is checked before anything changes; a sequence
-  cannot be both freed and allocated. Returns how many leading ``seq_ids`` got their slots and
-  their ``take_block_updates`` reports.
+  sequences (same array rules). ``num_computed_tokens`` None commits each sequence up to the
+  tokens it has slots for (what a step computes); ``new_token_counts`` and ``num_new_tokens``
+  may each be one int for every sequence (1 and 1 for a step of decodes). Everything is
+  checked before anything changes; a sequence cannot be both freed and allocated. Returns how
+  many leading ``seq_ids`` got their slots and their ``take_block_updates`` reports.
 
 free(seq_id)
   Releases the sequence's blocks in reverse block-table order, so a chain's tail is evicted
@@ -375,6 +428,15 @@ void bind_allocator(py::module_& m) {
             return self.allocate(seq_id, span_of(ids), num_new_tokens, extra_key_arg(extra_key));
           },
           "seq_id"_a, "new_token_ids"_a, "num_new_tokens"_a, "extra_key"_a = 0)
+      .def(
+          "admit",
+          [](BlockAllocator& self, int64_t seq_id, py::handle token_ids, int64_t target,
+             int64_t max_new_tokens, const py::int_& extra_key) {
+            const std::vector<int32_t> ids = gnomon::token_ids(token_ids, "token_ids");
+            return self.admit(seq_id, span_of(ids), target, max_new_tokens,
+                              extra_key_arg(extra_key));
+          },
+          "seq_id"_a, "token_ids"_a, "target"_a, "max_new_tokens"_a, "extra_key"_a = 0)
       .def("commit", &BlockAllocator::commit, "seq_id"_a, "num_computed_tokens"_a)
       .def(
           "allocate_batch",
@@ -408,16 +470,18 @@ void bind_allocator(py::module_& m) {
              py::handle free_seq_ids, py::handle seq_ids, py::handle new_token_ids,
              py::handle new_token_counts, py::handle num_new_tokens) {
             const IntArg ids = int_array(seq_ids, "seq_ids");
+            const IntArg commits = int_array(commit_seq_ids, "commit_seq_ids");
+            const bool all_allocated = num_computed_tokens.is_none();
+            const IntArg computed = all_allocated
+                                        ? IntArg{}
+                                        : int_array(num_computed_tokens, "num_computed_tokens");
             const int64_t fitted = self.step(
-                int_array(commit_seq_ids, "commit_seq_ids"),
-                int_array(num_computed_tokens, "num_computed_tokens"),
+                commits, all_allocated ? nullptr : &computed.span,
                 int_array(free_seq_ids, "free_seq_ids"), ids,
                 int_array(new_token_ids, "new_token_ids"),
-                int_array(new_token_counts, "new_token_counts"),
-                int_array(num_new_tokens, "num_new_tokens"));
-            IntSpan done = ids.span;
-            done.size = static_cast<size_t>(fitted);
-            return py::make_tuple(fitted, block_updates(self.take_block_updates(done)));
+                int_array_or_int(new_token_counts, "new_token_counts", ids.span.size),
+                int_array_or_int(num_new_tokens, "num_new_tokens", ids.span.size));
+            return py::make_tuple(fitted, block_updates(self.take_step_updates(fitted)));
           },
           "commit_seq_ids"_a, "num_computed_tokens"_a, "free_seq_ids"_a, "seq_ids"_a,
           "new_token_ids"_a, "new_token_counts"_a, "num_new_tokens"_a)

@@ -358,15 +358,34 @@ bool BlockAllocator::allocate(int64_t seq_id, TokenSpan new_tokens, int64_t num_
   }
   const auto found = seqs_.find(seq_id);
   if (found != seqs_.end()) return extend(found->second, new_tokens, num_new_tokens);
-  return admit(seq_id, new_tokens, num_new_tokens, extra_key);
+  return admit_new(seq_id, new_tokens, kNoTarget, num_new_tokens, extra_key) >= 0;
 }
 
-bool BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tokens,
-                           uint64_t extra_key) {
+int64_t BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t target,
+                              int64_t max_new_tokens, uint64_t extra_key) {
+  if (seqs_.count(seq_id) != 0) {
+    raise<ValueError>("seq_id: sequence id ", seq_id,
+                      " is already present; admit takes a new sequence (allocate extends one)");
+  }
+  if (target < 1 || target > static_cast<int64_t>(tokens.size)) {
+    raise<ValueError>("target: expected 1 <= target <= len(token_ids) = ", tokens.size, ", got ",
+                      target);
+  }
+  if (max_new_tokens < 0) {
+    raise<ValueError>("max_new_tokens: expected an integer >= 0, got ", max_new_tokens);
+  }
+  return admit_new(seq_id, tokens, target, max_new_tokens, extra_key);
+}
+
+int64_t BlockAllocator::admit_new(int64_t seq_id, TokenSpan tokens, int64_t target,
+                                  int64_t max_new_tokens, uint64_t extra_key) {
   const Chain chain = find_prefix(tokens, extra_key);
   const std::vector<int32_t>& claimed = prefix_.blocks;
   const auto chain_blocks = static_cast<int64_t>(claimed.size()) / num_groups();
   const int64_t hit = chain.num_blocks, computed = hit * block_size_;
+  const int64_t num_new_tokens =
+      target == kNoTarget ? max_new_tokens
+                          : std::max<int64_t>(0, std::min(target - computed, max_new_tokens));
   int64_t claimed_free = 0;
   for (int64_t g = 0; g < num_groups(); ++g) {
     for (int64_t i = first_needed(g, computed); i < hit; ++i) {
@@ -378,7 +397,7 @@ bool BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tok
   if (num_new_tokens > capacity ||
       num_groups() * (num_table_blocks - hit) > num_free_ - claimed_free) {
     ++stats_.failed_allocations;
-    return false;
+    return -1;
   }
 
   // Everything that can throw happens before the pool changes.
@@ -414,7 +433,7 @@ bool BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tok
   stats_.queries += static_cast<int64_t>(tokens.size);
   stats_.hits += computed;
   ++stats_.allocations;
-  return true;
+  return computed;
 }
 
 bool BlockAllocator::extend(Sequence& seq, TokenSpan new_tokens, int64_t num_new_tokens) {
@@ -594,23 +613,26 @@ void BlockAllocator::commit_batch(IntSpan seq_ids, IntSpan num_computed_tokens) 
   for (size_t i = 0; i < batch.size(); ++i) apply_commit(*batch[i], num_computed_tokens[i]);
 }
 
-int64_t BlockAllocator::step(IntSpan commit_seq_ids, IntSpan num_computed_tokens,
+int64_t BlockAllocator::step(IntSpan commit_seq_ids, const IntSpan* num_computed_tokens,
                              IntSpan free_seq_ids, IntSpan seq_ids, IntSpan new_token_ids,
                              IntSpan new_token_counts, IntSpan num_new_tokens) {
   // Everything is checked before anything changes.
-  if (num_computed_tokens.size != commit_seq_ids.size) {
+  if (num_computed_tokens != nullptr && num_computed_tokens->size != commit_seq_ids.size) {
     raise<ValueError>("num_computed_tokens: expected ", commit_seq_ids.size,
-                      " entries (one per commit_seq_ids), got ", num_computed_tokens.size);
+                      " entries (one per commit_seq_ids), got ", num_computed_tokens->size);
   }
   resolve(commit_seq_ids, "commit_seq_ids", commits_);
-  for (size_t i = 0; i < commits_.size(); ++i) check_commit(*commits_[i], num_computed_tokens[i]);
+  auto computed = [&](size_t i) {
+    return num_computed_tokens ? (*num_computed_tokens)[i] : commits_[i]->num_slots;
+  };
+  for (size_t i = 0; i < commits_.size(); ++i) check_commit(*commits_[i], computed(i));
   resolve(free_seq_ids, "free_seq_ids", frees_);
   const uint64_t freed_mark = batch_epoch_;
   resolve(seq_ids, "seq_ids", batch_, freed_mark, "free_seq_ids");
   const int32_t* tokens =
       check_allocate_args(seq_ids.size, new_token_ids, new_token_counts, num_new_tokens);
 
-  for (size_t i = 0; i < commits_.size(); ++i) apply_commit(*commits_[i], num_computed_tokens[i]);
+  for (size_t i = 0; i < commits_.size(); ++i) apply_commit(*commits_[i], computed(i));
   for (size_t i = 0; i < free_seq_ids.size; ++i) free(free_seq_ids[i]);
   return extend_batch(batch_, tokens, new_token_counts, num_new_tokens);
 }
@@ -666,9 +688,16 @@ std::vector<std::pair<int32_t, int32_t>> BlockAllocator::take_pending_copies() {
 }
 
 std::vector<BlockUpdate>& BlockAllocator::take_block_updates(IntSpan seq_ids) {
-  std::vector<Sequence*>& batch = batch_sequences(seq_ids);
-  updates_.resize(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
+  return report(batch_sequences(seq_ids), seq_ids.size);
+}
+
+std::vector<BlockUpdate>& BlockAllocator::take_step_updates(int64_t fitted) {
+  return report(batch_, static_cast<size_t>(fitted));
+}
+
+std::vector<BlockUpdate>& BlockAllocator::report(const std::vector<Sequence*>& batch, size_t n) {
+  updates_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
     Sequence& seq = *batch[i];
     BlockUpdate& update = updates_[i];
     update.full = seq.tables[0].num_reported == 0;

@@ -9,14 +9,18 @@
 
 namespace gnomon {
 
-// A borrowed, read-only 1-D integer array: int32 or int64, as numpy hands it over.
+// A borrowed, read-only 1-D integer array: int32 or int64, as numpy hands it over; or, with
+// `broadcast`, one value read as `size` equal entries (a Python int given for a whole batch).
 struct IntSpan {
   const void* data = nullptr;
   size_t size = 0;
   bool is_int64 = false;
+  bool broadcast = false;
 
   int64_t operator[](size_t i) const {
-    return is_int64 ? static_cast<const int64_t*>(data)[i] : static_cast<const int32_t*>(data)[i];
+    const size_t at = broadcast ? 0 : i;
+    return is_int64 ? static_cast<const int64_t*>(data)[at]
+                    : static_cast<const int32_t*>(data)[at];
   }
 };
 
@@ -70,17 +74,25 @@ class BlockAllocator {
 
   int64_t lookup(TokenSpan tokens, uint64_t extra_key) const;
   bool allocate(int64_t seq_id, TokenSpan new_tokens, int64_t num_new_tokens, uint64_t extra_key);
+  // lookup and allocate of a new sequence in one pass over its tokens: the new tokens are
+  // min(target - cached, max_new_tokens); returns the cached tokens, or -1 when they do not fit.
+  int64_t admit(int64_t seq_id, TokenSpan tokens, int64_t target, int64_t max_new_tokens,
+                uint64_t extra_key);
   void commit(int64_t seq_id, int64_t num_computed_tokens);
   int64_t allocate_batch(IntSpan seq_ids, IntSpan new_token_ids, IntSpan new_token_counts,
                          IntSpan num_new_tokens);
   void commit_batch(IntSpan seq_ids, IntSpan num_computed_tokens);
-  int64_t step(IntSpan commit_seq_ids, IntSpan num_computed_tokens, IntSpan free_seq_ids,
+  // A null `num_computed_tokens` commits each sequence up to the tokens it has slots for.
+  int64_t step(IntSpan commit_seq_ids, const IntSpan* num_computed_tokens, IntSpan free_seq_ids,
                IntSpan seq_ids, IntSpan new_token_ids, IntSpan new_token_counts,
                IntSpan num_new_tokens);
   void free(int64_t seq_id);
   void fork(int64_t parent_seq_id, int64_t child_seq_id);
   std::vector<std::pair<int32_t, int32_t>> take_pending_copies();
   std::vector<BlockUpdate>& take_block_updates(IntSpan seq_ids);
+  // take_block_updates of the first `fitted` sequences the last step() allocated, which it has
+  // already resolved.
+  std::vector<BlockUpdate>& take_step_updates(int64_t fitted);
   bool reset_prefix_cache();
 
   const std::vector<int32_t>& block_table(int64_t seq_id, int64_t group = 0) const;
@@ -170,7 +182,9 @@ class BlockAllocator {
   bool holds_content(int32_t block, uint64_t verify_serial, uint64_t extra_key,
                      const int32_t* tokens) const;
 
-  bool admit(int64_t seq_id, TokenSpan tokens, int64_t num_new_tokens, uint64_t extra_key);
+  static constexpr int64_t kNoTarget = INT64_MAX;  // admit_new: take max_new_tokens as they are
+  int64_t admit_new(int64_t seq_id, TokenSpan tokens, int64_t target, int64_t max_new_tokens,
+                    uint64_t extra_key);
   bool extend(Sequence& seq, TokenSpan new_tokens, int64_t num_new_tokens);
   void check_commit(const Sequence& seq, int64_t num_computed_tokens) const;
   void apply_commit(Sequence& seq, int64_t num_computed_tokens);
@@ -183,6 +197,7 @@ class BlockAllocator {
   Sequence& sequence(int64_t seq_id, const char* arg);
   const Sequence& sequence(int64_t seq_id, const char* arg) const;
   std::vector<Sequence*>& batch_sequences(IntSpan seq_ids);
+  std::vector<BlockUpdate>& report(const std::vector<Sequence*>& batch, size_t n);
   void resolve(IntSpan seq_ids, const char* arg, std::vector<Sequence*>& out,
                uint64_t excluded_mark = 0, const char* excluded_arg = nullptr);
   const int32_t* check_allocate_args(size_t n, IntSpan new_token_ids, IntSpan new_token_counts,

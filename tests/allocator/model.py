@@ -284,6 +284,22 @@ class PyBlockAllocator:
             return self._extend(s, tokens, num_new_tokens)
         return self._admit(seq_id, tokens, num_new_tokens, extra_key & M64)
 
+    def admit(self, seq_id: int, token_ids, target: int, max_new_tokens: int,
+              extra_key: int = 0) -> int:
+        """`lookup` then `allocate` of a new sequence, its new tokens ``min(target - cached,
+        max_new_tokens)``: the cached tokens, or -1 where they do not fit."""
+        tokens = _int_list(token_ids, "token_ids")
+        if seq_id in self._seqs:
+            raise ValueError(f"seq_id: sequence id {seq_id} is already present")
+        if not 1 <= target <= len(tokens):
+            raise ValueError(f"target: expected 1 <= target <= {len(tokens)}, got {target}")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens: expected an integer >= 0, got {max_new_tokens}")
+        cached = self.lookup(tokens, extra_key)
+        fits = self.allocate(seq_id, tokens, max(0, min(target - cached, max_new_tokens)),
+                             extra_key)
+        return cached if fits else -1
+
     def _admit(self, seq_id: int, tokens: list, num_new: int, extra_key: int) -> bool:
         bs, groups = self.block_size, len(self.groups)
         claims, key, serial = self._walk(tokens, extra_key)

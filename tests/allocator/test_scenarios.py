@@ -1022,6 +1022,56 @@ def test_step_equals_commit_free_allocate():
     assert fused.step([], [], [], [], [], [], []) == (0, [])
 
 
+def test_step_commits_what_was_allocated_and_takes_one_int_for_every_sequence():
+    # None commits each sequence up to its slots (what the forward computed); one int is the
+    # same count for every sequence: the decode step's usual arguments, nothing packed
+    short, full = _step_allocator(), _step_allocator()
+    fitted, updates = short.step([1, 2], None, [3], [1, 2], [9, 10], 1, 1)
+    assert (fitted, updates) == full.step([1, 2], [7, 7], [3], [1, 2], [9, 10], [1, 1], [1, 1])
+    assert snapshot(short) == snapshot(full)
+    assert [short.num_computed_tokens(s) for s in (1, 2)] == [7, 7]
+    with pytest.raises(ValueError, match="new_token_counts"):  # 2 x 2 tokens, 2 given
+        short.step([1, 2], None, [], [1, 2], [11, 12], 2, 1)
+    with pytest.raises(TypeError, match="num_new_tokens"):
+        short.step([1, 2], None, [], [1, 2], [11, 12], 1, True)
+    assert snapshot(short) == snapshot(full)
+
+
+def test_a_decode_steps_unchanged_reports_are_one_shared_tuple():
+    a = gnomon.BlockAllocator(64, 4)
+    for seq_id in (1, 2, 3):
+        assert a.admit(seq_id, toks(10 * seq_id, 5), 5, 5) == 0
+    fitted, first = a.step([], None, [], [1, 2, 3], [7, 7, 7], 1, 1)
+    assert fitted == 3 and all(full for full, _, _ in first)
+    fitted, later = a.step([1, 2, 3], None, [], [1, 2, 3], [8, 8, 8], 1, 1)  # 7 tokens: no block
+    assert later == [(False, ((),), ((),))] * 3 and later[0] is later[1] is later[2]
+
+
+def test_admit_is_lookup_and_allocate_in_one_call():
+    one, two = _batch_allocator(), _batch_allocator()
+    prompt = toks(100, 4) + toks(400, 9)  # sequence 1's first block, then its own
+    cached = two.lookup(prompt)
+    assert cached == 4
+    assert two.allocate(5, prompt, min(len(prompt) - 1 - cached, 3))
+    assert one.admit(5, prompt, len(prompt) - 1, 3) == cached
+    assert snapshot(one) == snapshot(two)
+    # a prompt cached up to its last block: the hit, and no new token past the target
+    seq = toks(100, 6)  # sequence 1's own six tokens, committed: one full block of 4 cached
+    assert one.lookup(seq) == 4 and one.admit(6, seq, 4, 10) == 4
+    assert one.num_computed_tokens(6) == 4
+    assert one.block_table(6).tolist()[0] == one.block_table(1).tolist()[0]
+    full = gnomon.BlockAllocator(2, 4)
+    assert full.admit(1, toks(0, 8), 8, 8) == 0
+    before = snapshot(full)
+    assert full.admit(2, toks(50, 4), 4, 4) == -1  # no free block: nothing changes but the count
+    assert full.stats()["failed_allocations"] == 1
+    for args, arg in [((1, toks(0, 4), 4, 4), "already present"), ((3, [], 1, 1), "target"),
+                      ((3, toks(0, 4), 5, 1), "target"), ((3, toks(0, 4), 4, -1),
+                                                          "max_new_tokens")]:
+        with pytest.raises(ValueError, match=arg):
+            full.admit(*args)
+
+
 BAD_STEP = [
     ("unknown commit", dict(commit_seq_ids=[1, 9]), KeyError, "commit_seq_ids"),
     ("commit too far", dict(num_computed_tokens=[7, 12]), ValueError, "num_computed_tokens"),

@@ -89,6 +89,16 @@ class AllocatorMachine(RuleBasedStateMachine):
         if self.both("allocate", seq_id, prompt, min(len(prompt) - cached, chunk), extra_key)[1]:
             self.check_hit_kv(seq_id, prompt, extra_key)
 
+    @rule(prompt=prompts, extra_key=extra_keys, chunk=st.integers(-1, 12),
+          short=st.integers(0, 2), existing=st.booleans())
+    def admit_in_one_call(self, prompt, extra_key, chunk, short, existing):
+        """`admit`: lookup and allocate in one call, its new tokens bounded by a target (a
+        prefill's end) and a budget; now and then an id already present or a bad bound."""
+        seq_id = self.live(0) if existing and self.model._seqs else self.fresh_id()
+        cached = self.both("admit", seq_id, prompt, len(prompt) - short, chunk, extra_key)
+        if cached[0] == "ok" and cached[1] >= 0:
+            self.check_hit_kv(seq_id, prompt, extra_key)
+
     def check_hit_kv(self, seq_id, prompt, extra_key):
         """Every block a hit claimed, in every group, holds the KV of this very prompt's prefix."""
         bs = self.real.block_size
