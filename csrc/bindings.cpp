@@ -330,7 +330,7 @@ admit(seq_id, token_ids, target, max_new_tokens, extra_key=0) -> int
   ``min(target - cached, max_new_tokens)`` (at least 0) new tokens, as an engine admits a
   prompt up to ``target`` (its prefill's end) within a step's token budget. Returns ``cached``,
   or -1 when the free blocks do not suffice (nothing changes but ``failed_allocations``).
-  ``seq_id`` must be new, ``1 <= target <= len(token_ids)`` and ``max_new_tokens >= 0``.
+  ``seq_id`` must be new, ``0 <= target <= len(token_ids)`` and ``max_new_tokens >= 0``.
 
 commit(seq_id, num_computed_tokens)
   After a forward: records how many of the sequence's tokens now have KV. It may not decrease,

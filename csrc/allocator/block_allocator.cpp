@@ -367,8 +367,8 @@ int64_t BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t target,
     raise<ValueError>("seq_id: sequence id ", seq_id,
                       " is already present; admit takes a new sequence (allocate extends one)");
   }
-  if (target < 1 || target > static_cast<int64_t>(tokens.size)) {
-    raise<ValueError>("target: expected 1 <= target <= len(token_ids) = ", tokens.size, ", got ",
+  if (target < 0 || target > static_cast<int64_t>(tokens.size)) {
+    raise<ValueError>("target: expected 0 <= target <= len(token_ids) = ", tokens.size, ", got ",
                       target);
   }
   if (max_new_tokens < 0) {

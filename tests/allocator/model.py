@@ -291,8 +291,8 @@ class PyBlockAllocator:
         tokens = _int_list(token_ids, "token_ids")
         if seq_id in self._seqs:
             raise ValueError(f"seq_id: sequence id {seq_id} is already present")
-        if not 1 <= target <= len(tokens):
-            raise ValueError(f"target: expected 1 <= target <= {len(tokens)}, got {target}")
+        if not 0 <= target <= len(tokens):
+            raise ValueError(f"target: expected 0 <= target <= {len(tokens)}, got {target}")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens: expected an integer >= 0, got {max_new_tokens}")
         cached = self.lookup(tokens, extra_key)

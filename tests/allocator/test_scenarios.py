@@ -1066,6 +1066,7 @@ def test_admit_is_lookup_and_allocate_in_one_call():
     assert full.admit(2, toks(50, 4), 4, 4) == -1  # no free block: nothing changes but the count
     assert full.stats()["failed_allocations"] == 1
     for args, arg in [((1, toks(0, 4), 4, 4), "already present"), ((3, [], 1, 1), "target"),
+                      ((3, toks(0, 4), -1, 1), "target"),
                       ((3, toks(0, 4), 5, 1), "target"), ((3, toks(0, 4), 4, -1),
                                                           "max_new_tokens")]:
         with pytest.raises(ValueError, match=arg):

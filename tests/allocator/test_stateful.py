@@ -90,7 +90,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.check_hit_kv(seq_id, prompt, extra_key)
 
     @rule(prompt=prompts, extra_key=extra_keys, chunk=st.integers(-1, 12),
-          short=st.integers(0, 2), existing=st.booleans())
+          short=st.integers(-1, 2), existing=st.booleans())
     def admit_in_one_call(self, prompt, extra_key, chunk, short, existing):
         """`admit`: lookup and allocate in one call, its new tokens bounded by a target (a
         prefill's end) and a budget; now and then an id already present or a bad bound."""

@@ -189,6 +189,12 @@ class KVCacheManager:
         """Admit a sequence: claim its cached prefix, then slots for ``num_new_tokens`` more."""
         return self.allocator.allocate(seq_id, token_ids, num_new_tokens)
 
+    def admit(self, seq_id: int, token_ids: Seq[int], target: int, max_new_tokens: int) -> int:
+        """`lookup` and `allocate_new` in one call: claim the cached prefix, then slots for
+        ``min(target - cached, max_new_tokens)`` more; the cached tokens, or -1 where they do
+        not fit (nothing changes)."""
+        return self.allocator.admit(seq_id, token_ids, target, max_new_tokens)
+
     # running sequences, once per step
     def allocate_running(self, seq_ids: Seq[int], new_token_ids: Seq[int],
                          new_token_counts: Seq[int], num_new_tokens: Seq[int]) -> int:
@@ -199,6 +205,13 @@ class KVCacheManager:
 
     def commit_running(self, seq_ids: Seq[int], num_computed_tokens: Seq[int]) -> None:
         self.allocator.commit_batch(seq_ids, num_computed_tokens)
+
+    def step(self, commit_seq_ids, num_computed_tokens, free_seq_ids, seq_ids, new_token_ids,
+             new_token_counts, num_new_tokens) -> Tuple[int, list]:
+        """One call for a step's allocator work (`BlockAllocator.step`): commit, free, then
+        allocate; how many leading `seq_ids` got their slots, and their block-table reports."""
+        return self.allocator.step(commit_seq_ids, num_computed_tokens, free_seq_ids, seq_ids,
+                                   new_token_ids, new_token_counts, num_new_tokens)
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         self.allocator.fork(parent_seq_id, child_seq_id)

@@ -61,4 +61,4 @@ cdef class Scheduler:
     cpdef end_decode(self, long long token, double now)
 
     @cython.locals(seq=Sequence, k=cython.longlong, ok=cython.longlong)
-    cpdef long long _allocate(self, list plan)
+    cpdef long long _allocate(self, list plan, dict reports=*)

@@ -75,10 +75,12 @@ Policy
 The step loop is ``batch = schedule(now)``; ``output = runner.execute(batch)``;
 ``update(batch, output)``. A batch with no sequences needs no ``update`` (but may carry
 ``finished_seq_ids``). Per step the work is per scheduled sequence and never grows with its
-context or output so far: the running sequences' slots come from one ``allocate_batch`` call
-(more only after a preemption), their block-table deltas from one ``take_block_updates`` (the
-whole table only when the runner sees a sequence first), their commits from one
-``commit_batch``, and ``update`` returns one `SampleDelta` per sampled token.
+context or output so far: the running sequences' slots and their block-table deltas come from
+one allocator ``step`` call (more only after a preemption; the whole table only when the runner
+sees a sequence first), an admission is one ``admit`` (lookup and allocation in one pass over
+its prompt, plus one ``take_block_updates`` for the step's admissions), the step's commits and
+the finished sequences' frees are one more ``step`` call in ``update``, and ``update`` returns
+one `SampleDelta` per sampled token.
 
 A runner that knows its sampled tokens beforehand (the simulator's filler token) may run the
 steps in which every running sequence decodes and nothing else happens without a batch:
@@ -312,8 +314,9 @@ class Scheduler:
             plan.append([seq, k, False])
             budget -= k
         start = 0
+        reports: Dict[int, tuple] = {}  # seq_id -> its block-table report, as allocated
         while start < len(plan):
-            start += self._allocate(plan[start:])
+            start += self._allocate(plan[start:], reports)
             if start == len(plan):
                 break
             victim = self._running[-1]
@@ -324,6 +327,7 @@ class Scheduler:
                     if i < start:
                         start -= 1
                     break
+            reports.pop(victim.seq_id, None)
             self._preempt(victim)
 
         # (3) admissions, FCFS
@@ -342,10 +346,10 @@ class Scheduler:
                     len(req.prompt_token_ids) + req.params.max_tokens, 0)
                 if self._reserved + need > self.kv.num_blocks:
                     break
-            cached = self.kv.lookup(seq.token_ids)
-            k = min(seq.prefill_target - cached, budget)
-            if not self.kv.allocate_new(seq.seq_id, seq.token_ids, k):
+            cached = self.kv.admit(seq.seq_id, seq.token_ids, seq.prefill_target, budget)
+            if cached < 0:
                 break
+            k = min(seq.prefill_target - cached, budget)
             if reserve:
                 self._reservations[seq.seq_id] = need
                 self._reserved += need
@@ -370,7 +374,10 @@ class Scheduler:
                 budget -= ok
 
         scheduled = plan + admitted
-        updates = self.kv.take_block_updates([seq.seq_id for seq, _, _ in scheduled])
+        if admitted:
+            late = [seq.seq_id for seq, _, _ in admitted]
+            reports.update(zip(late, self.kv.take_block_updates(late)))
+        updates = [reports[seq.seq_id] for seq, _, _ in scheduled]
         seqs = []
         num_prefill = num_decode = 0
         for (seq, k, decoding), (full, block_ids, replaced) in zip(scheduled, updates):
@@ -452,17 +459,18 @@ class Scheduler:
             now = self._outstanding_now + float(output.seconds)
         self._outstanding = None
 
-        self.kv.commit_running(ids, context_lens)
         eos = self.eos_token_ids
         deltas: List[SampleDelta] = []
         live = self._live
+        freed: List[int] = []
+        forks: List[Sequence] = []
         for i, (seq_id, context_len, token) in enumerate(zip(ids, context_lens, sampled)):
             seq = live[seq_id]  # the batch is the outstanding one: all its sequences are live
             seq.num_computed_tokens = context_len
             req = seq.request
             if token is None:
                 if seq.is_unforked_parent and seq.num_computed_tokens == seq.prefill_target:
-                    self._fork(seq)
+                    forks.append(seq)
                 continue
             token = int(token)
             seq.token_ids.append(token)
@@ -481,11 +489,17 @@ class Scheduler:
                 reason = FINISH_LENGTH
             if reason is not None:
                 self._running.remove(seq)
-                self._finish(seq, reason)
+                self._finish(seq, reason, free=False)
+                freed.append(seq_id)
                 if req.finished:
                     req.finish_time = now
             deltas.append(SampleDelta(req.request_id, seq.sample_index, (token,), reason,
                                       reason is not None and req.finished, lp))
+        # the step's KV committed and the finished freed in one allocator call; a fork needs
+        # its parent committed, and neither a fork nor a free touches the other's blocks
+        self.kv.step(ids, context_lens, freed, [], [], [], [])
+        for seq in forks:
+            self._fork(seq)
         return deltas
 
     # ------------------------------------------------------------------ plain decode steps
@@ -562,9 +576,10 @@ class Scheduler:
             seq.token_times.append(now)
 
     # ------------------------------------------------------------------ internals
-    def _allocate(self, plan: List[List]) -> int:
-        """Slots for ``[seq, num_tokens, is_decode]`` entries in one `allocate_running` call:
-        how many leading entries got theirs (each all or nothing)."""
+    def _allocate(self, plan: List[List], reports: Optional[dict] = None) -> int:
+        """Slots for ``[seq, num_tokens, is_decode]`` entries in one allocator call: how many
+        leading entries got theirs (each all or nothing). With `reports`, the call is
+        `KVCacheManager.step`, whose block-table reports of those entries join it by id."""
         ids, new_ids, counts, nums = [], [], [], []
         for seq, k, _ in plan:
             ids.append(seq.seq_id)
@@ -572,7 +587,11 @@ class Scheduler:
             new_ids.extend(fresh)
             counts.append(len(fresh))
             nums.append(k)
-        ok = self.kv.allocate_running(ids, new_ids, counts, nums)
+        if reports is None:
+            ok = self.kv.allocate_running(ids, new_ids, counts, nums)
+        else:
+            ok, updates = self.kv.step([], None, [], ids, new_ids, counts, nums)
+            reports.update(zip(ids, updates))
         for seq, _, _ in plan[:ok]:
             seq.num_known = len(seq.token_ids)
         return ok
@@ -621,10 +640,11 @@ class Scheduler:
         self._waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _finish(self, seq: Sequence, reason: str, free: bool = True) -> None:
+        """Finishes `seq`; its blocks are freed here unless the caller frees them (`free`)."""
         self._live.pop(seq.seq_id, None)
         self._release(seq)
-        if seq.seq_id in self.kv:
+        if free and seq.seq_id in self.kv:
             self.kv.free(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
