@@ -7,12 +7,17 @@ the same weights):
   - ``gpt-oss-0.3b``: gpt-oss-shaped with the same attention, sinks, biases, alternating
     128-token window and YaRN, and 16 experts of intermediate 256, top 4 (0.31B parameters).
     gnomon runs its experts as MXFP4 (the hub's ``*_blocks`` / ``*_scales``); transformers runs
-    the same experts dequantised (exact in bf16).
+    the same experts dequantised (exact in bf16);
+  - ``llama-small-fp32``: Llama-shaped in float32, hidden 512, 8 layers, 8 query / 2 KV heads
+    of 64, intermediate 1536, vocab 8000 (25M parameters): a model so small that the engine's
+    per-step host work weighs most, which its "varied-32" case and its per-step overhead show.
 
 Workloads (drawn with seed 0, greedy, ``ignore_eos``): "mixed", 64 requests with prompts of
 32-512 tokens and outputs of 16-256; "prefill-heavy", 32 requests with prompts of 512-1024
-tokens and outputs of 4-16, where chunked-prefill attention and the GEMMs dominate. gnomon gets them all at once through `gnomon.LLM.generate`
-(continuous batching, chunked prefill, paged KV with room for every request). The baseline is
+tokens and outputs of 4-16, where chunked-prefill attention and the GEMMs dominate; "varied-32",
+32 requests with prompts of 16-512 tokens and outputs of 16-256. gnomon gets them all at once
+through `gnomon.LLM.generate` (continuous batching, chunked prefill, paged KV with room for every
+request). The baseline is
 transformers' usual static batching: batches of 16 in request order, left-padded to the
 batch's longest prompt, each generating until the batch's longest output. Both are timed once
 (a pass takes minutes on a small CPU); throughput counts the requested output tokens only, so
@@ -64,13 +69,20 @@ FULL = {
         rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                       "original_max_position_embeddings": 128, "truncate": False}),
 }
+FULL["llama-small-fp32"] = dict(
+    _ATTENTION, architectures=["LlamaForCausalLM"], hidden_size=512, num_hidden_layers=8,
+    num_attention_heads=8, num_key_value_heads=2, vocab_size=8000, intermediate_size=1536,
+    rope_theta=500000.0, hidden_act="silu", torch_dtype="float32")
 SMOKE = {"llama-0.3b": dict(preset_json("tiny-llama"), torch_dtype="bfloat16"),
-         "gpt-oss-0.3b": dict(preset_json("tiny-gpt-oss"), torch_dtype="bfloat16")}
+         "gpt-oss-0.3b": dict(preset_json("tiny-gpt-oss"), torch_dtype="bfloat16"),
+         "llama-small-fp32": dict(preset_json("tiny-llama"), torch_dtype="float32")}
 
 # name -> (requests, prompt length range, output length range), ranges inclusive
 FULL_WORKLOADS = {"mixed": (64, (32, 512), (16, 256)),
-                  "prefill-heavy": (32, (512, 1024), (4, 16))}
-SMOKE_WORKLOADS = {"mixed": (8, (4, 48), (2, 12)), "prefill-heavy": (4, (32, 64), (1, 3))}
+                  "prefill-heavy": (32, (512, 1024), (4, 16)),
+                  "varied-32": (32, (16, 512), (16, 256))}
+SMOKE_WORKLOADS = {"mixed": (8, (4, 48), (2, 12)), "prefill-heavy": (4, (32, 64), (1, 3)),
+                   "varied-32": (4, (4, 32), (2, 8))}
 
 
 def _smoke(config) -> bool:
@@ -83,7 +95,8 @@ def _hf_model(cfg):
     kw = {k: v for k, v in cfg.items()
           if k not in ("architectures", "torch_dtype", "quantization_config")}
     torch.manual_seed(0)
-    return getattr(transformers, arch)(config_cls(**kw)).to(torch.bfloat16).eval()
+    return getattr(transformers, arch)(config_cls(**kw)).to(
+        getattr(torch, cfg["torch_dtype"])).eval()
 
 
 @pytest.fixture(scope="module", params=list(FULL))
@@ -116,11 +129,12 @@ def _workload(config, vocab_size, kind="mixed"):
 def _llm(folder, prompts, output_lens, **kw):
     """A gnomon LLM with KV room for every request at once (no preemption), by the engine's
     own arithmetic over its KV-cache groups."""
-    windows = ModelConfig.from_pretrained(folder).kv_cache_groups().windows
+    config = ModelConfig.from_pretrained(folder)
+    windows = config.kv_cache_groups().windows
     blocks = sum(max_blocks_held(windows, len(p) + o, block_size=16,
                                  max_step_tokens=kw.get("max_num_batched_tokens", 8192))
                  for p, o in zip(prompts, output_lens))
-    return LLM(str(folder), dtype="bfloat16", block_size=16, num_kv_blocks=blocks + 16,
+    return LLM(str(folder), dtype=config.torch_dtype, block_size=16, num_kv_blocks=blocks + 16,
                max_model_len=max(len(p) + o for p, o in zip(prompts, output_lens)), **kw)
 
 
