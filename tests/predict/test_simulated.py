@@ -59,7 +59,12 @@ def test_same_decisions_as_a_real_run():
     # The real forward runs, but samples the simulation's filler token: the tokens are part of
     # each batch (decode inputs), and only their timing is under test.
     filler = SimulatedRunner(TINY, Replay([]), VirtualClock()).token
-    engine.runner.runner.sample = lambda logits, seqs: [filler] * len(seqs)
+    import torch
+
+    from gnomon.engine.sampler import SamplerOutput
+
+    engine.runner.runner.sample = lambda logits, seqs: SamplerOutput(
+        torch.full((len(seqs),), filler), (None,) * len(seqs))
     real = run_workload(engine, workload)
     replay = Replay(s.seconds for s in real.steps)
     sim = run_workload(simulated_engine(TINY, "H100", replay, args=ARGS,

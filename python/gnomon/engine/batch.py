@@ -41,7 +41,9 @@ class ScheduledSequence(NamedTuple):
     (a decode is a one-token chunk that finishes what is known). When False (an earlier prompt
     chunk) the runner samples nothing for the sequence.
     ``sampling_params`` are the sample's own: for ``n > 1`` each sample carries a seed derived from
-    the request's seed and ``sample_index``.
+    the request's seed and ``sample_index``; they also ask for logprobs. ``output_position`` is
+    the index within the completion of the token the step samples for the sequence (0 for a
+    prompt's first token), which a seeded sample draws from.
     """
 
     seq_id: int
@@ -54,6 +56,7 @@ class ScheduledSequence(NamedTuple):
     sampling_params: SamplingParams
     full: bool = True
     replaced_blocks: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
+    output_position: int = 0
 
     @property
     def num_new_tokens(self) -> int:

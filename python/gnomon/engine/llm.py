@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import models
-from .batch import ScheduledBatch, ScheduledSequence, StepOutput
+from .batch import ScheduledBatch, ScheduledSequence
 from .config import PRESETS, ModelConfig, torch_dtype
 from .config_json import DTYPE_BYTES
 from .distributed import launched_by_torchrun
@@ -97,33 +97,15 @@ def _dtype_name(dtype, config: ModelConfig) -> str:
     raise ValueError(f"dtype: expected 'auto', 'float32', 'float16' or 'bfloat16', got {dtype!r}")
 
 
-class _SamplerAdapter:
-    """The runner's ``sample`` callable: the real `Sampler`, per sequence its params, sample index
-    and output position; keeps the last step's logprobs for the engine to collect."""
-
-    def __init__(self, sampler) -> None:
-        self.sampler = sampler
-        self.last_logprobs: Dict[int, object] = {}
-        self.output_position: Dict[int, int] = {}  # seq_id -> tokens generated so far
-
-    def __call__(self, logits, sequences: Sequence[ScheduledSequence]) -> List[int]:
-        params = [s.sampling_params for s in sequences]
-        # the engine registers each sampling sequence's output position before execute
-        positions = [self.output_position.get(s.seq_id, 0) for s in sequences]
-        out = self.sampler(logits, params, [s.sample_index for s in sequences], positions)
-        self.last_logprobs = {s.seq_id: lp for s, lp in zip(sequences, out.logprobs)
-                              if lp is not None}
-        return out.token_ids.tolist()
-
-
 class LLMEngine:
     """Continuous-batching serving engine (see the module docstring).
 
     ``runner`` defaults to a real `ModelRunner` over ``model``'s weights whose ``sample`` is the
-    real `Sampler` (per sequence: its params, sample index and output position), with logprobs
-    passed to the outputs. A runner passed in must have been built with the engine's KV geometry
-    (``num_kv_blocks``, ``block_size``, ``kv_groups``) and samples by itself; its ``StepOutput.logprobs`` (if
-    any) reach the outputs. ``seed`` seeds the generator that unseeded random requests draw from.
+    real `Sampler` (per sequence: its params, sample index and output position, which the
+    batch carries), its logprobs returned in `StepOutput.logprobs`. A runner passed in must
+    have been built with the engine's KV geometry (``num_kv_blocks``, ``block_size``,
+    ``kv_groups``) and samples by itself; its ``StepOutput.logprobs`` (if any) reach the
+    outputs. ``seed`` seeds the generator that unseeded random requests draw from.
     """
 
     def __init__(self, model, *, clock: Optional[Callable[[], float]] = None, runner=None,
@@ -212,18 +194,16 @@ class LLMEngine:
                                    capacity_policy=capacity_policy,
                                    batch_wait_timeout_iters=batch_wait_timeout_iters,
                                    batch_wait_max_tokens_ratio=batch_wait_max_tokens_ratio)
-        self._sample: Optional[_SamplerAdapter] = None  # the engine's own runner samples here
         self.is_driver = True
         if runner is None:
             from .launch import RunnerBuilder, start_runner
             from .sampler import Sampler
 
-            self._sample = _SamplerAdapter(Sampler(seed))
             build = RunnerBuilder(
                 config, folder, bool(random_weights), self.dtype_name, self.kv.num_blocks,
                 self.block_size, self.max_model_len, self.kv_groups, str(device),
                 models.module_path(config.architecture))
-            runner = start_runner(build, tensor_parallel_size, self._sample)
+            runner = start_runner(build, tensor_parallel_size, Sampler(seed).sample_sequences)
             # None: a torchrun rank other than 0, which served rank 0's step loop
             self.is_driver = runner is not None
         self.runner = runner
@@ -272,26 +252,11 @@ class LLMEngine:
                                "than 0 (those serve rank 0's engine; generate on rank 0)")
         now = float(self.clock())
         batch = self.scheduler.schedule(now)
-        sample = self._sample
-        if sample is not None:
-            pos = sample.output_position
-            for sid in batch.finished_seq_ids:
-                pos.pop(sid, None)
         if batch.is_empty:
             if batch.finished_seq_ids:  # lets the runner drop per-sequence state
                 self.runner.execute(batch)
             return []
-        if sample is not None:
-            for s in batch.sequences:
-                if s.is_last_prefill_chunk:
-                    req = self._requests[s.request_id]
-                    pos[s.seq_id] = s.context_len - len(req.prompt_token_ids)
-            sample.last_logprobs = {}
         output = self.runner.execute(batch)
-        if sample is not None and output.logprobs is None and sample.last_logprobs:
-            lps = sample.last_logprobs
-            output = StepOutput(output.sampled_token_ids, output.seconds, output.breakdown,
-                                tuple(lps.get(s.seq_id) for s in batch.sequences))
         return self.scheduler.update(batch, output, now=float(self.clock()))
 
     def get_output(self, request_id) -> RequestOutput:

@@ -15,12 +15,14 @@ group's block table; with one group that is a tensor pair per layer.
                window, sinks) -> O matmul (+bias) -> rms_norm (fused residual) -> SwiGLU MLP,
                or router matmul (+bias) -> topk_routing -> fused_moe
     final rms_norm and lm_head at the last position of each sequence that samples this step
-    sample(logits, sequences) -> one token per sampling sequence
+    sample(logits, sequences) -> one token per sampling sequence, and its logprobs if asked
 
 Inputs are built per step with numpy (per-sequence loops only: nothing per token in Python).
-Sampling is a callable ``sample(logits float32 [R, V], sequences) -> R token ids`` where
-``sequences`` are the R `ScheduledSequence` that sample, in batch order; the default is greedy
-argmax (the sampler module plugs in here).
+Sampling is a callable ``sample(logits float32 [R, V], sequences) -> SamplerOutput`` where
+``sequences`` are the R `ScheduledSequence` that sample, in batch order, each carrying what
+sampling needs (params, sample index, output position): its R token ids and per row the
+logprobs or None. The default is greedy argmax; the engine plugs in
+`gnomon.engine.sampler.Sampler.sample_sequences`. The logprobs reach `StepOutput.logprobs`.
 
 Block tables arrive as deltas (`ScheduledSequence`); `tables` (a `BlockTables`) keeps each
 sequence's tables, one per group, in one persistent int32 array, updated in place. Each step
@@ -64,9 +66,10 @@ from gnomon.engine.config import ModelConfig
 from gnomon.engine.kv_cache import KVCacheGroups
 from gnomon.engine.parallel import Shard
 from gnomon.engine.rope import cos_sin_cache
+from gnomon.engine.sampler import SamplerOutput
 from gnomon.engine.weights import weight_shapes
 
-SampleFn = Callable[[torch.Tensor, Sequence[ScheduledSequence]], Sequence[int]]
+SampleFn = Callable[[torch.Tensor, Sequence[ScheduledSequence]], SamplerOutput]
 FAMILIES = ("overhead", "attention", "gemm", "moe", "elementwise", "communication", "sampling")
 
 
@@ -83,9 +86,9 @@ class _FamilyTimer:
         self._last = now
 
 
-def greedy_sample(logits: torch.Tensor, sequences: Sequence[ScheduledSequence]) -> List[int]:
-    """Argmax per row (ties to the lowest id)."""
-    return logits.argmax(dim=-1).tolist()
+def greedy_sample(logits: torch.Tensor, sequences: Sequence[ScheduledSequence]) -> SamplerOutput:
+    """Argmax per row (ties to the lowest id), no logprobs."""
+    return SamplerOutput(logits.argmax(dim=-1), (None,) * logits.shape[0])
 
 
 def _positive_int(name: str, value) -> int:
@@ -356,12 +359,17 @@ class ModelRunner:
         t1 = time.perf_counter()
         sampling = [s.is_last_prefill_chunk for s in batch.sequences]
         sample_seqs = [s for s, on in zip(batch.sequences, sampling) if on]
-        tokens = [int(t) for t in self.sample(logits, sample_seqs)] if sample_seqs else []
-        if len(tokens) != len(sample_seqs):
-            raise ValueError(f"sample: returned {len(tokens)} tokens for {len(sample_seqs)} "
-                             f"sampling sequences")
-        it = iter(tokens)
+        tokens, rows = [], []
+        if sample_seqs:
+            out = self.sample(logits, sample_seqs)
+            tokens, rows = out.token_ids.tolist(), list(out.logprobs)
+        if len(tokens) != len(sample_seqs) or len(rows) != len(sample_seqs):
+            raise ValueError(f"sample: returned {len(tokens)} tokens and {len(rows)} logprobs "
+                             f"rows for {len(sample_seqs)} sampling sequences")
+        it, lp = iter(tokens), iter(rows)
         sampled = tuple(next(it) if on else None for on in sampling)
+        logprobs = tuple(next(lp) if on else None for on in sampling)
         t2 = time.perf_counter()
         breakdown["sampling"] = t2 - t1
-        return StepOutput(sampled, t2 - t0, breakdown)
+        return StepOutput(sampled, t2 - t0, breakdown,
+                          logprobs if any(x is not None for x in logprobs) else None)

@@ -121,6 +121,13 @@ class Sampler:
                  sample_indices: Sequence[int], output_positions: Sequence[int]) -> SamplerOutput:
         return self.sample(logits, params, sample_indices, output_positions)
 
+    def sample_sequences(self, logits: torch.Tensor, sequences) -> SamplerOutput:
+        """The runner's ``sample``: row ``i`` is ``sequences[i]`` (a `ScheduledSequence`), its
+        params, sample index and output position carried by the batch itself."""
+        return self.sample(logits, [s.sampling_params for s in sequences],
+                           [s.sample_index for s in sequences],
+                           [s.output_position for s in sequences])
+
     @torch.no_grad()
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                sample_indices: Sequence[int], output_positions: Sequence[int]) -> SamplerOutput:

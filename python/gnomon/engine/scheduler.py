@@ -391,7 +391,8 @@ class Scheduler:
                 req.first_scheduled_time = now
             seqs.append(ScheduledSequence(
                 seq.seq_id, req.request_id, seq.sample_index, tuple(seq.token_ids[c:c + k]), c,
-                block_ids, c + k == len(seq.token_ids), seq.params, full, replaced))
+                block_ids, c + k == len(seq.token_ids), seq.params, full, replaced,
+                len(seq.token_ids) - seq.num_prompt_tokens))
         batch = ScheduledBatch(sequences=tuple(seqs), block_copies=self.kv.pending_copies(),
                                finished_seq_ids=tuple(self._finished_since_batch),
                                num_prefill_tokens=num_prefill, num_decode_tokens=num_decode)
