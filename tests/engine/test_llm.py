@@ -157,6 +157,33 @@ def test_score_shape():
     assert llm.num_free_blocks == llm.num_kv_blocks
 
 
+def test_score_is_requests_through_the_scheduler_that_end_with_their_logits():
+    # scored prompts are ordinary requests flagged prompt_logits: batched in one step with a
+    # generating request, chunked, and they end after their prefill without a token
+    llm = make(max_num_batched_tokens=8, max_num_seqs=4)
+    eng = llm.engine
+    prompts = [[1, 2, 3], list(range(4, 17))]  # the second needs two chunks of 8
+    alone = [llm.score([p])[0] for p in prompts]
+    eng.add_request("gen", [7, 8, 9], SamplingParams(max_tokens=3, temperature=0))
+    eng.add_request("s0", prompts[0], SamplingParams(prompt_logits=True))
+    eng.add_request("s1", prompts[1], SamplingParams(prompt_logits=True))
+    deltas = []
+    while eng.has_unfinished_requests():
+        deltas += eng.step()
+    ends = {d.request_id: d for d in deltas if d.request_id in ("s0", "s1")}
+    assert all(d.new_token_ids == () and d.finish_reason == "length" and d.finished
+               for d in ends.values()) and len(ends) == 2
+    for i, rid in enumerate(("s0", "s1")):
+        assert eng.get_output(rid).outputs[0].token_ids == ()
+        torch.testing.assert_close(eng.scheduler.get_request(rid).prompt_logits, alone[i])
+    assert len(eng.get_output("gen").outputs[0].token_ids) == 3
+    assert eng.num_free_blocks == eng.num_kv_blocks
+    with pytest.raises(ValueError, match="prompt_logits: a request returning"):
+        SamplingParams(prompt_logits=True, n=2)
+    with pytest.raises(ValueError, match="prompt_logits: expected a bool"):
+        SamplingParams(prompt_logits=1)
+
+
 def _write_folder(tmp_path, with_tokenizer=False):
     from safetensors.torch import save_file
 

@@ -110,10 +110,13 @@ class StepOutput:
     ``seconds`` is the step's duration and ``breakdown`` its decomposition (op family ->
     seconds). ``logprobs``, when given, is aligned with the sequences too: each entry is None (no
     token, or logprobs not requested) or ``(sampled_logprob, ((token_id, logprob), ...))`` with
-    the top ``sampling_params.logprobs`` alternatives, best first.
+    the top ``sampling_params.logprobs`` alternatives, best first. ``logits``, when given, is
+    aligned the same way: the float32 ``[vocab]`` logits of each entry whose
+    ``sampling_params.prompt_logits`` (sampled nothing), None elsewhere.
     """
 
     sampled_token_ids: Tuple[Optional[int], ...]
     seconds: float = 0.0
     breakdown: Dict[str, float] = field(default_factory=dict)
     logprobs: Optional[Tuple[object, ...]] = None
+    logits: Optional[Tuple[object, ...]] = None

@@ -339,7 +339,8 @@ class DistributedRunner:
         out = self.runner.execute(batch)
         breakdown = dict(out.breakdown)
         breakdown["communication"] = breakdown.get("communication", 0.0) + sent
-        return StepOutput(out.sampled_token_ids, out.seconds + sent, breakdown, out.logprobs)
+        return StepOutput(out.sampled_token_ids, out.seconds + sent, breakdown, out.logprobs,
+                          out.logits)
 
     def execute_logits(self, batch):
         sent = self._send(batch)

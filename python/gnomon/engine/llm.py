@@ -6,9 +6,9 @@
 
 Runner surface
 --------------
-The engine touches the runner only through ``runner.execute(batch) -> StepOutput`` (and, for
-`LLM.score`, ``runner.execute_logits(batch)``), so a simulated runner answering the same calls
-can stand in for the real `ModelRunner`. ``tests/engine/test_llm.py`` derives this set from this
+The engine touches the runner only through ``runner.execute(batch) -> StepOutput`` (`LLM.score`
+too: its requests ask for their prompt's logits, which come back in ``StepOutput.logits``), so
+a simulated runner answering the same call can stand in for the real `ModelRunner`. ``tests/engine/test_llm.py`` derives this set from this
 file's source and checks the real runner answers it.
 
 Outputs are incremental: ``step`` returns one `SampleDelta` per token sampled in that step (the
@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import models
-from .batch import ScheduledBatch, ScheduledSequence
 from .config import PRESETS, ModelConfig, torch_dtype
 from .config_json import DTYPE_BYTES
 from .distributed import launched_by_torchrun
@@ -408,29 +407,31 @@ class LLM:
         return [eng.get_output(r) for r in rids]
 
     def score(self, prompts):
-        """Last-position logits of each prompt, a float32 torch tensor ``[B, vocab]`` (one
-        prefill per prompt, with its own temporary KV blocks)."""
+        """Last-position logits of each prompt, a float32 torch tensor ``[B, vocab]``: each
+        prompt is a request through the scheduler that asks for them in place of a sample
+        (`SamplingParams.prompt_logits`), so it is batched, chunked and prefix-cached as any."""
         import torch
 
         ids = self._tokenize(prompts)
         eng = self.engine
-        rows = []
-        for i, p in enumerate(ids):
-            seq_id = 2**31 - 1 - i  # far above the scheduler's ids, which count up from 0
-            cached = min(eng.kv.lookup(p), len(p) - 1)
-            if not eng.kv.allocate_new(seq_id, p, len(p) - cached):
-                raise ValueError(f"prompts[{i}]: {len(p)} tokens do not fit the free KV cache")
-            try:
-                (_, tables, _), = eng.kv.take_block_updates([seq_id])  # its first: in full
-                sched = ScheduledSequence(
-                    seq_id=seq_id, request_id=f"score-{i}", sample_index=0,
-                    token_ids=tuple(p[cached:]), num_computed_tokens=cached, block_ids=tables,
-                    is_last_prefill_chunk=True, sampling_params=SamplingParams(temperature=0))
-                batch = ScheduledBatch(sequences=(sched,), block_copies=eng.kv.pending_copies(),
-                                       num_prefill_tokens=len(p) - cached)
-                with torch.inference_mode():
-                    logits, _ = eng.runner.execute_logits(batch)
-                rows.append(logits[0].float().cpu())
-            finally:
-                eng.kv.free(seq_id)
+        params = SamplingParams(temperature=0, max_tokens=1, prompt_logits=True)
+        rids = []
+        try:
+            for p in ids:
+                rid = f"score-{self._counter}"
+                self._counter += 1
+                eng.add_request(rid, p, params)
+                rids.append(rid)
+        except Exception:
+            for rid in rids:
+                eng.abort_request(rid)
+            while eng.has_unfinished_requests():
+                eng.step()
+            raise
+        while eng.has_unfinished_requests():
+            eng.step()
+        rows = [eng.scheduler.get_request(r).prompt_logits for r in rids]
+        if any(row is None for row in rows):
+            raise RuntimeError("score: the runner returned no logits (a simulated runner has no "
+                               "weights; LLM.score needs a real model)")
         return torch.stack(rows) if rows else torch.empty(0, eng.config.vocab_size)

@@ -357,19 +357,28 @@ class ModelRunner:
         if batch.is_empty:
             return StepOutput((), time.perf_counter() - t0, breakdown)
         t1 = time.perf_counter()
-        sampling = [s.is_last_prefill_chunk for s in batch.sequences]
-        sample_seqs = [s for s, on in zip(batch.sequences, sampling) if on]
-        tokens, rows = [], []
-        if sample_seqs:
-            out = self.sample(logits, sample_seqs)
-            tokens, rows = out.token_ids.tolist(), list(out.logprobs)
-        if len(tokens) != len(sample_seqs) or len(rows) != len(sample_seqs):
-            raise ValueError(f"sample: returned {len(tokens)} tokens and {len(rows)} logprobs "
-                             f"rows for {len(sample_seqs)} sampling sequences")
-        it, lp = iter(tokens), iter(rows)
-        sampled = tuple(next(it) if on else None for on in sampling)
-        logprobs = tuple(next(lp) if on else None for on in sampling)
+        # the logits' rows, in batch order: a sequence that samples, or returns its logits
+        rows = [s for s in batch.sequences if s.is_last_prefill_chunk]
+        kept = [j for j, s in enumerate(rows) if s.sampling_params.prompt_logits]
+        drawn = [j for j, s in enumerate(rows) if not s.sampling_params.prompt_logits]
+        tokens, lps = [], []
+        if drawn:
+            out = self.sample(logits[drawn] if kept else logits, [rows[j] for j in drawn])
+            tokens, lps = out.token_ids.tolist(), list(out.logprobs)
+        if len(tokens) != len(drawn) or len(lps) != len(drawn):
+            raise ValueError(f"sample: returned {len(tokens)} tokens and {len(lps)} logprobs "
+                             f"rows for {len(drawn)} sampling sequences")
+        per_row: List = [(None, None, None)] * len(rows)
+        for j, token, lp in zip(drawn, tokens, lps):
+            per_row[j] = (token, lp, None)
+        for j in kept:
+            per_row[j] = (None, None, logits[j].float().cpu())
+        it = iter(per_row)
+        per_seq = [next(it) if s.is_last_prefill_chunk else (None, None, None)
+                   for s in batch.sequences]
         t2 = time.perf_counter()
         breakdown["sampling"] = t2 - t1
-        return StepOutput(sampled, t2 - t0, breakdown,
-                          logprobs if any(x is not None for x in logprobs) else None)
+        logprobs = tuple(x[1] for x in per_seq)
+        return StepOutput(tuple(x[0] for x in per_seq), t2 - t0, breakdown,
+                          logprobs if any(x is not None for x in logprobs) else None,
+                          tuple(x[2] for x in per_seq) if kept else None)

@@ -17,7 +17,9 @@ class SamplingParams:
     samples n completions of the prompt (they share its KV through the allocator's fork).
     ``logprobs=k`` returns the sampled token's logprob and the top k alternatives per position.
     Generation stops after ``max_tokens`` tokens, at an EOS id (unless ``ignore_eos``) or at any of
-    ``stop_token_ids``.
+    ``stop_token_ids``. ``prompt_logits`` asks for the float32 logits at the prompt's last
+    position instead of a sample: the request finishes after its prefill with no token
+    (reason "length"), its logits in `Request.prompt_logits` (`gnomon.LLM.score`).
     """
 
     max_tokens: int = 16
@@ -30,6 +32,7 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     logprobs: Optional[int] = None
+    prompt_logits: bool = False
 
     def __post_init__(self) -> None:
         def is_int(value) -> bool:
@@ -61,6 +64,11 @@ class SamplingParams:
             raise ValueError(f"n: expected an integer >= 1, got {self.n!r}")
         if self.logprobs is not None and (not is_int(self.logprobs) or self.logprobs < 0):
             raise ValueError(f"logprobs: expected None or an integer >= 0, got {self.logprobs!r}")
+        if not isinstance(self.prompt_logits, bool):
+            raise ValueError(f"prompt_logits: expected a bool, got {self.prompt_logits!r}")
+        if self.prompt_logits and self.n != 1:
+            raise ValueError(f"prompt_logits: a request returning its prompt's logits has one "
+                             f"sample; got n={self.n}")
 
     @property
     def greedy(self) -> bool:

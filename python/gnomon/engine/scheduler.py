@@ -431,7 +431,8 @@ class Scheduler:
                now: Optional[float] = None) -> List[SampleDelta]:
         """Commit the step's KV, append sampled tokens, apply stop conditions, fork n > 1.
 
-        Returns what each sample gained, in batch order: one `SampleDelta` per sampled token.
+        Returns what each sample gained, in batch order: one `SampleDelta` per sampled token,
+        and one with no token for a request that ended with its prompt's logits.
         ``now`` stamps first-token, token and finish times; by default the step's schedule time
         plus ``output.seconds``.
         """
@@ -447,9 +448,10 @@ class Scheduler:
                              f"(one per scheduled sequence), got {len(sampled)}")
         ids, context_lens = [], []
         for s, t in zip(batch.sequences, sampled):
-            if s.is_last_prefill_chunk != (t is not None):
+            samples = s.is_last_prefill_chunk and not s.sampling_params.prompt_logits
+            if samples != (t is not None):
                 raise ValueError(f"output.sampled_token_ids: sequence {s.seq_id} expected "
-                                 f"{'a token' if s.is_last_prefill_chunk else 'None'}, got {t!r}")
+                                 f"{'a token' if samples else 'None'}, got {t!r}")
             ids.append(s.seq_id)
             context_lens.append(s.num_computed_tokens + len(s.token_ids))
         logprobs = output.logprobs
@@ -472,6 +474,16 @@ class Scheduler:
             if token is None:
                 if seq.is_unforked_parent and seq.num_computed_tokens == seq.prefill_target:
                     forks.append(seq)
+                elif seq.params.prompt_logits and context_len == len(seq.token_ids):
+                    # its prompt's logits instead of a token: it ends here
+                    if output.logits is not None:
+                        req.prompt_logits = output.logits[i]
+                    self._running.remove(seq)
+                    self._finish(seq, FINISH_LENGTH, free=False)
+                    freed.append(seq_id)
+                    req.finish_time = now
+                    deltas.append(SampleDelta(req.request_id, seq.sample_index, (),
+                                              FINISH_LENGTH, True))
                 continue
             token = int(token)
             seq.token_ids.append(token)

@@ -28,3 +28,4 @@ cdef class Request:
     cdef public object first_scheduled_time
     cdef public object first_token_time
     cdef public object finish_time
+    cdef public object prompt_logits

@@ -154,6 +154,7 @@ class Request:
         self.first_scheduled_time: Optional[float] = None
         self.first_token_time: Optional[float] = None
         self.finish_time: Optional[float] = None
+        self.prompt_logits = None  # params.prompt_logits: the logits the runner returned
 
     @property
     def finished(self) -> bool:

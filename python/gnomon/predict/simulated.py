@@ -16,7 +16,7 @@ durations come from, which is what makes "same decisions" testable.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Set
 
 from gnomon.engine.batch import ScheduledBatch, StepOutput
@@ -72,7 +72,10 @@ class StepRecord:
 
 
 def sampled(batch: ScheduledBatch, token: int):
-    return tuple(token if s.is_last_prefill_chunk else None for s in batch.sequences)
+    """The filler `token` for each sequence that samples this step (none for a request that
+    asked for its prompt's logits, which a simulation does not compute)."""
+    return tuple(token if s.is_last_prefill_chunk and not s.sampling_params.prompt_logits
+                 else None for s in batch.sequences)
 
 
 def track(known: Set[int], batch: ScheduledBatch) -> None:
@@ -233,7 +236,7 @@ class TimedRunner:
         else:
             self.clock.advance(seconds)
         self.steps.append(StepRecord.of(start, batch, seconds, dict(output.breakdown)))
-        return StepOutput(output.sampled_token_ids, seconds, output.breakdown, output.logprobs)
+        return replace(output, seconds=seconds)
 
     def execute_logits(self, batch: ScheduledBatch):
         return self.runner.execute_logits(batch)
