@@ -55,13 +55,13 @@ def _gelu(x):
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
-def forward_layer(runner, i, h, residual, inputs, tick):
+def forward_layer(model, i, h, residual, step, kv, tick):
     from gnomon.engine.models.layers import decoder_layer, gated_mlp
 
-    def mlp(runner, i, x, tick):
-        return gated_mlp(runner, i, x, tick, activation=_gelu)
+    def mlp(model, i, x, tick):
+        return gated_mlp(model, i, x, tick, activation=_gelu)
 
-    return decoder_layer(runner, i, h, residual, inputs, tick, mlp)
+    return decoder_layer(model, i, h, residual, step, kv, tick, mlp)
 
 
 # ---- the test --------------------------------------------------------------------------------

@@ -44,10 +44,10 @@ PRESETS, step_ops = {}, llama.step_ops
 POISON = 255
 
 
-def forward_layer(runner, i, h, residual, inputs, tick):
-    if runner.shard.rank == 1 and bool((inputs["tokens"] == POISON).any()):
+def forward_layer(model, i, h, residual, step, kv, tick):
+    if model.shard.rank == 1 and bool((step.tokens == POISON).any()):
         raise ValueError("injected failure: rank 1 met the poison token")
-    return llama.forward_layer(runner, i, h, residual, inputs, tick)
+    return llama.forward_layer(model, i, h, residual, step, kv, tick)
 
 
 # ---- helpers ----------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from gnomon.engine.block_tables import BlockTables
 from gnomon.engine.config import ModelConfig
 from gnomon.engine.kv_cache import KVCacheGroups
+from gnomon.engine.models.layers import LayerKV, Model, StepInputs
 from gnomon.engine.parallel import Shard
 from gnomon.engine.rope import cos_sin_cache
 from gnomon.engine.sampler import SamplerOutput
@@ -208,15 +209,19 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=self.device),
              torch.zeros(shape, dtype=dtype, device=self.device))
             for _ in range(groups.layers_per_group)]
-        self.layer_slots = [groups.slot_of(i) for i in range(c.num_layers)]
-        self.cos_sin_cache = cos_sin_cache(c, self.max_position, device=self.device)
-        self.scale = c.head_dim ** -0.5
-        self.windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+        windows = [c.sliding_window if t == "sliding" else None for t in c.layer_types]
+        self.layer_kv = []  # per layer: its caches (shared by the groups' same positions)
+        for i in range(c.num_layers):
+            group, position = groups.slot_of(i)
+            self.layer_kv.append(LayerKV(*self.kv_caches[position], group, windows[i]))
+        self.model = Model(c, self.local, self.weights,
+                           cos_sin_cache(c, self.max_position, device=self.device),
+                           c.head_dim ** -0.5, self.shard, self.reduce)
         self._forward_layer = models.model_module(c.architecture).forward_layer
         self.tables = BlockTables(self.num_kv_blocks, windows=groups.windows)
 
     # ------------------------------------------------------------------ inputs
-    def prepare(self, batch: ScheduledBatch) -> Dict[str, torch.Tensor]:
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
         """Applies the batch's block-table deltas to `tables`, then builds the step's input
         tensors (vectorised; per-sequence loops only)."""
         seqs = batch.sequences
@@ -257,15 +262,14 @@ class ModelRunner:
         sampling = np.fromiter((s.is_last_prefill_chunk for s in seqs), dtype=bool, count=nb)
         sample_rows = (qsl[1:] - 1)[sampling]
         dev = self.device
-        return {
-            "tokens": torch.from_numpy(tokens).to(dev),
-            "positions": torch.from_numpy(positions).to(dev),
-            "slot_mapping": torch.from_numpy(slots).to(dev),
-            "block_tables": torch.from_numpy(tables).to(dev),
-            "seq_lens": torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
-            "query_start_loc": torch.from_numpy(qsl.astype(np.int32)).to(dev),
-            "sample_rows": torch.from_numpy(sample_rows).to(dev),
-        }
+        return StepInputs(
+            tokens=torch.from_numpy(tokens).to(dev),
+            positions=torch.from_numpy(positions).to(dev),
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            block_tables=torch.from_numpy(tables).to(dev),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
+            query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
+            sample_rows=torch.from_numpy(sample_rows).to(dev))
 
     # ------------------------------------------------------------------ forward
     def _copy_blocks(self, copies: Sequence[Tuple[int, int]]) -> None:
@@ -280,17 +284,17 @@ class ModelRunner:
             k[dst] = k[src]
             v[dst] = v[src]
 
-    def forward(self, inputs: Dict[str, torch.Tensor],
-                tick: Optional[_FamilyTimer] = None) -> torch.Tensor:
+    def forward(self, inputs: StepInputs, tick: Optional[_FamilyTimer] = None) -> torch.Tensor:
         """The hidden states after the final norm at the sampling rows, [R, H]; `tick`
         charges each op group's time to its family."""
         tick = tick or _FamilyTimer()
         c, w = self.config, self.weights
-        h = self.embed(inputs["tokens"], tick)
+        h = self.embed(inputs.tokens, tick)
         residual = None
         for i in range(c.num_layers):
-            h, residual = self._forward_layer(self, i, h, residual, inputs, tick)
-        rows = inputs["sample_rows"]
+            h, residual = self._forward_layer(self.model, i, h, residual, inputs,
+                                              self.layer_kv[i], tick)
+        rows = inputs.sample_rows
         out = ops.rms_norm(h[rows], w["norm"], c.rms_norm_eps,
                            residual=residual[rows].contiguous())
         tick("elementwise")

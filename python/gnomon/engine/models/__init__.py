@@ -29,9 +29,10 @@ that a simulation (which parses configs and counts weights) runs without torch:
 3. **Its cost.** ``step_ops(ops)``: the ops of one step per GPU, as its forward runs them,
    from the blocks of `gnomon.engine.cost.StepOps` (the predictors price them; the attention
    over the KV cache is counted per step by `gnomon.predict.opcount`).
-4. **Its per-layer forward.** ``forward_layer(runner, i, h, residual, inputs, tick)`` returns
-   ``(h, residual)`` after layer ``i``, built only from `gnomon.ops` and torch matmuls (the
-   shared pieces are in `gnomon.engine.models.layers`).
+4. **Its per-layer forward.** ``forward_layer(model, i, h, residual, step, kv, tick)`` returns
+   ``(h, residual)`` after layer ``i``, built only from `gnomon.ops` and torch matmuls, given
+   three frozen inputs (`gnomon.engine.models.layers`, which also holds the shared pieces): the
+   `Model` on this rank, the step's `StepInputs` and the layer's `LayerKV`.
 
 An architecture the engine has no kernel for (MLA's) sets ``SIMULATION_ONLY`` to the reason:
 its ``load_layer`` and ``forward_layer`` refuse with it, ``gnomon.LLM`` refuses the model with it,

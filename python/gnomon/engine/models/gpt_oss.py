@@ -146,6 +146,6 @@ def step_ops(ops) -> None:
 
 # ---- forward -------------------------------------------------------------------------------
 
-def forward_layer(runner, i, h, residual, inputs, tick):
+def forward_layer(model, i, h, residual, step, kv, tick):
     from .layers import decoder_layer, moe
-    return decoder_layer(runner, i, h, residual, inputs, tick, moe)
+    return decoder_layer(model, i, h, residual, step, kv, tick, moe)

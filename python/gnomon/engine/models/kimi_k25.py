@@ -154,5 +154,5 @@ step_ops = text.step_ops
 # ---- forward -------------------------------------------------------------------------------
 
 
-def forward_layer(runner, i, h, residual, inputs, tick):
+def forward_layer(model, i, h, residual, step, kv, tick):
     raise ValueError(SIMULATION_ONLY)

@@ -95,6 +95,6 @@ def step_ops(ops) -> None:
 
 # ---- forward -------------------------------------------------------------------------------
 
-def forward_layer(runner, i, h, residual, inputs, tick):
+def forward_layer(model, i, h, residual, step, kv, tick):
     from .layers import decoder_layer, gated_mlp
-    return decoder_layer(runner, i, h, residual, inputs, tick, gated_mlp)
+    return decoder_layer(model, i, h, residual, step, kv, tick, gated_mlp)

@@ -161,5 +161,5 @@ def step_ops(ops) -> None:
 
 # ---- forward -------------------------------------------------------------------------------
 
-def forward_layer(runner, i, h, residual, inputs, tick):
+def forward_layer(model, i, h, residual, step, kv, tick):
     raise ValueError(SIMULATION_ONLY)

@@ -93,13 +93,13 @@ def step_ops(ops) -> None:
 
 # ---- forward -------------------------------------------------------------------------------
 
-def head_norms(runner, i: int, q, k):
+def head_norms(model, i: int, q, k):
     """RMSNorm over each head's D values of Q and K, with layer ``i``'s ``q_norm`` / ``k_norm``
     weights ``[D]``, before RoPE; returns new Q and K (the views into the fused QKV output are
     copied: the norm takes whole rows)."""
     from gnomon import ops
 
-    c, w, p = runner.config, runner.weights, f"layers.{i}."
+    c, w, p = model.config, model.weights, f"layers.{i}."
 
     def norm(x, weight):
         rows = x.contiguous().view(-1, x.shape[-1])
@@ -108,6 +108,6 @@ def head_norms(runner, i: int, q, k):
     return norm(q, w[p + "q_norm"]), norm(k, w[p + "k_norm"])
 
 
-def forward_layer(runner, i, h, residual, inputs, tick):
+def forward_layer(model, i, h, residual, step, kv, tick):
     from .layers import decoder_layer, gated_mlp
-    return decoder_layer(runner, i, h, residual, inputs, tick, gated_mlp, qk=head_norms)
+    return decoder_layer(model, i, h, residual, step, kv, tick, gated_mlp, qk=head_norms)
