@@ -181,10 +181,6 @@ class KVCacheManager:
                                max_step_tokens=max_step_tokens)
 
     # admission
-    def lookup(self, token_ids: Seq[int]) -> int:
-        """Leading tokens with cached KV (whole blocks, at least one token left to compute)."""
-        return self.allocator.lookup(token_ids)
-
     def allocate_new(self, seq_id: int, token_ids: Seq[int], num_new_tokens: int) -> bool:
         """Admit a sequence: claim its cached prefix, then slots for ``num_new_tokens`` more."""
         return self.allocator.allocate(seq_id, token_ids, num_new_tokens)
