@@ -382,18 +382,22 @@ class LLM:
         else:
             raise TypeError(f"sampling_params: expected a SamplingParams or a list of them, got "
                             f"{type(sampling_params).__name__}")
+        return [self.engine.get_output(r) for r in self._run(ids, params, "llm", progress)]
+
+    def _run(self, ids, params, prefix: str, progress=None) -> List[str]:
+        """Adds one request per prompt, all or none (a refused one aborts those added before
+        it, and the error propagates), then steps the engine until every request finishes;
+        their request ids, in prompt order."""
         eng = self.engine
         rids = []
-        added = []
         try:
             for p, sp in zip(ids, params):
-                rid = f"llm-{self._counter}"
+                rid = f"{prefix}-{self._counter}"
                 self._counter += 1
                 eng.add_request(rid, p, sp)
                 rids.append(rid)
-                added.append(rid)
         except Exception:
-            for rid in added:
+            for rid in rids:
                 eng.abort_request(rid)
             while eng.has_unfinished_requests():
                 eng.step()
@@ -404,7 +408,7 @@ class LLM:
                 done += delta.finished
             if progress is not None:
                 progress(done, len(rids))
-        return [eng.get_output(r) for r in rids]
+        return rids
 
     def score(self, prompts):
         """Last-position logits of each prompt, a float32 torch tensor ``[B, vocab]``: each
@@ -415,21 +419,7 @@ class LLM:
         ids = self._tokenize(prompts)
         eng = self.engine
         params = SamplingParams(temperature=0, max_tokens=1, prompt_logits=True)
-        rids = []
-        try:
-            for p in ids:
-                rid = f"score-{self._counter}"
-                self._counter += 1
-                eng.add_request(rid, p, params)
-                rids.append(rid)
-        except Exception:
-            for rid in rids:
-                eng.abort_request(rid)
-            while eng.has_unfinished_requests():
-                eng.step()
-            raise
-        while eng.has_unfinished_requests():
-            eng.step()
+        rids = self._run(ids, [params] * len(ids), "score")
         rows = [eng.scheduler.get_request(r).prompt_logits for r in rids]
         if any(row is None for row in rows):
             raise RuntimeError("score: the runner returned no logits (a simulated runner has no "
