@@ -363,26 +363,26 @@ class ModelRunner:
         t1 = time.perf_counter()
         # the logits' rows, in batch order: a sequence that samples, or returns its logits
         rows = [s for s in batch.sequences if s.is_last_prefill_chunk]
-        kept = [j for j, s in enumerate(rows) if s.sampling_params.prompt_logits]
         drawn = [j for j, s in enumerate(rows) if not s.sampling_params.prompt_logits]
-        tokens, lps = [], []
+        token_of, lp_of = {}, {}
         if drawn:
-            out = self.sample(logits[drawn] if kept else logits, [rows[j] for j in drawn])
+            out = self.sample(logits[drawn] if len(drawn) < len(rows) else logits,
+                              [rows[j] for j in drawn])
             tokens, lps = out.token_ids.tolist(), list(out.logprobs)
-        if len(tokens) != len(drawn) or len(lps) != len(drawn):
-            raise ValueError(f"sample: returned {len(tokens)} tokens and {len(lps)} logprobs "
-                             f"rows for {len(drawn)} sampling sequences")
-        per_row: List = [(None, None, None)] * len(rows)
-        for j, token, lp in zip(drawn, tokens, lps):
-            per_row[j] = (token, lp, None)
-        for j in kept:
-            per_row[j] = (None, None, logits[j].float().cpu())
-        it = iter(per_row)
-        per_seq = [next(it) if s.is_last_prefill_chunk else (None, None, None)
-                   for s in batch.sequences]
+            if len(tokens) != len(drawn) or len(lps) != len(drawn):
+                raise ValueError(f"sample: returned {len(tokens)} tokens and {len(lps)} "
+                                 f"logprobs rows for {len(drawn)} sampling sequences")
+            token_of, lp_of = dict(zip(drawn, tokens)), dict(zip(drawn, lps))
+        sampled, logprobs, kept = [], [], []
+        j = 0
+        for s in batch.sequences:
+            row = j if s.is_last_prefill_chunk else -1
+            j += s.is_last_prefill_chunk
+            sampled.append(token_of.get(row))
+            logprobs.append(lp_of.get(row))
+            kept.append(logits[row].float().cpu() if row >= 0 and row not in token_of else None)
         t2 = time.perf_counter()
         breakdown["sampling"] = t2 - t1
-        logprobs = tuple(x[1] for x in per_seq)
-        return StepOutput(tuple(x[0] for x in per_seq), t2 - t0, breakdown,
-                          logprobs if any(x is not None for x in logprobs) else None,
-                          tuple(x[2] for x in per_seq) if kept else None)
+        return StepOutput(tuple(sampled), t2 - t0, breakdown,
+                          tuple(logprobs) if any(x is not None for x in logprobs) else None,
+                          tuple(kept) if len(drawn) < len(rows) else None)
