@@ -13,7 +13,8 @@ __version__ = _C.__version__
 
 __all__ = ["BlockAllocator", "__version__"]
 
-_ENGINE_EXPORTS = ("LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput")
+_ENGINE_EXPORTS = ("LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput",
+                   "CompletionOutput")
 __all__ += list(_ENGINE_EXPORTS)
 
 

@@ -259,7 +259,7 @@ def _add_serving_arguments(p, sweep: bool) -> None:  # noqa: ANN001
                    help=f"tokens per step (default: the engine's){many}")
     p.add_argument("--engine-settings", default="", metavar="KEY=VALUE;...",
                    help="what the server is launched with beyond the engine's defaults, fields "
-                        "of gnomon.predict.serve.EngineArgs (batch_wait_timeout_iters=20;"
+                        "of gnomon.EngineConfig (batch_wait_timeout_iters=20;"
                         "batch_wait_max_tokens_ratio=0.9 is TensorRT-LLM's batch waiting)")
     p.add_argument("--weight-dtype", default="auto",
                    help="auto (the config's quantization_config), bfloat16, float16, fp8, "
@@ -296,6 +296,9 @@ def _add_simulate_parser(commands) -> None:  # noqa: ANN001
         description="Runs a workload through gnomon's real scheduler on a simulated runner.",
         epilog=_catalogue_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_serving_arguments(p, sweep=False)
+    p.add_argument("--spec", default=None, metavar="FILE",
+                   help="a simulation spec, or a report that embeds one (every --out report "
+                        "does): runs it again exactly; replaces the serving flags")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="write latency CDFs and KV usage over time to this PNG")
 
@@ -357,31 +360,26 @@ def _check_plot_dependency(path) -> None:
 
 
 def _serving_spec(args, sweep: bool):  # noqa: ANN001
-    """The `SweepSpec` of the serving flags: list-valued axes when `sweep`, else only the rate
-    may list (a one-axis sweep)."""
-    from gnomon.predict import defaults as sim
+    """The `SweepSpec` of the serving flags: a `SimulationSpec` of the one-valued flags and
+    the list-valued axes when `sweep`, else only the rate may list (a one-axis sweep)."""
+    from gnomon.predict import workloads
+    from gnomon.predict.spec import SimulationSpec
     from gnomon.predict.sweep import SweepSpec
 
     trace_file = args.workload.startswith("trace:")
-    num = args.num_requests if (args.num_requests is not None or trace_file) \
-        else sim.DEFAULT_NUM_REQUESTS
     slo = {"ttft_s": (2000.0 if args.slo_ttft_ms is None else args.slo_ttft_ms) / 1e3,
            "tpot_s": (100.0 if args.slo_tpot_ms is None else args.slo_tpot_ms) / 1e3}
-    base = dict(model=args.model, workload=args.workload, num_requests=num,
-                predictor=args.predictor, seed=args.seed, engine=args.engine,
-                weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, slo=slo,
-                enable_hybrid_kv=not args.no_hybrid_kv, input_len=args.input_len,
-                output_len=args.output_len)
+    base = dict(model=args.model, workload=args.workload,
+                num_requests=args.num_requests, predictor=args.predictor, seed=args.seed,
+                engine=args.engine, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype,
+                slo=slo, enable_hybrid_kv=not args.no_hybrid_kv)
+    for name, flag in (("input_len", "--input-len"), ("output_len", "--output-len")):
+        text = getattr(args, name)
+        base[name] = None if text is None else workloads.parse_length(text, flag)
     if args.engine_settings:
         from gnomon.predict.measured import parse_settings
 
         base["engine_settings"] = parse_settings(args.engine_settings, "--engine-settings")
-    if args.input_len is not None or args.output_len is not None:
-        from gnomon.predict import workloads
-
-        for text, flag in ((args.input_len, "--input-len"), (args.output_len, "--output-len")):
-            if text is not None:
-                workloads.parse_length(text, flag)  # refused now, not in every point
     integer = lambda item, flag: _positive(item, flag)  # noqa: E731
     given = {"hardware": (args.hardware, lambda item, flag: item),
              "tp": (args.tp, integer), "ep": (args.ep, integer), "dp": (args.dp, integer),
@@ -399,7 +397,7 @@ def _serving_spec(args, sweep: bool):  # noqa: ANN001
             axes[name] = values
         else:
             base[name] = values[0]
-    return SweepSpec(base, axes)
+    return SweepSpec(SimulationSpec.of(**base), axes)
 
 
 def _rate_value(item: str, flag: str):
@@ -425,9 +423,11 @@ def _run_simulate(args) -> int:  # noqa: ANN001
     from gnomon.predict import report as reports
     from gnomon.predict import simulate as sim
     from gnomon.predict import sweep
+    from gnomon.predict.spec import SimulationSpec
 
     try:
-        spec = _serving_spec(args, sweep=False)
+        spec = (sweep.SweepSpec(SimulationSpec.load(args.spec)) if args.spec
+                else _serving_spec(args, sweep=False))
         if spec.axes and args.plot:
             raise ValueError("--plot: draws one run; pass a single --rate")
         _check_plot_dependency(args.plot)
@@ -449,8 +449,7 @@ def _run_simulate(args) -> int:  # noqa: ANN001
                         shown[0] = done
                         bar.update(task, completed=done, total=total)
 
-                report, _ = sim.simulate(**sweep._simulate_args(spec.base, {}),
-                                         progress=progress)
+                report, _ = sim.simulate(spec.base, progress=progress)
             done_reports = [report]
             if args.out:
                 reports.dump(report, args.out)
@@ -662,7 +661,8 @@ def _run_accuracy(args) -> int:  # noqa: ANN001
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `gnomon` command's parser, every subcommand on it."""
     parser = argparse.ArgumentParser(prog="gnomon", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     info = commands.add_parser("info", help="what this build of gnomon holds")
@@ -675,8 +675,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_calibrate_parser(commands)
     _add_validate_parser(commands)
     _add_accuracy_parser(commands)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
     except ModuleNotFoundError as error:

@@ -10,7 +10,8 @@ from gnomon.engine.config import ModelConfig
 from gnomon.engine.llm import LLMEngine
 from gnomon.engine.sampling_params import SamplingParams
 from gnomon.predict.roofline import RooflinePredictor
-from gnomon.predict.serve import EngineArgs, simulated_engine
+from gnomon.engine.engine_config import EngineConfig
+from gnomon.predict.serve import simulated_engine
 from gnomon.predict.shapes import ModelSpec
 
 BLOCK = 16
@@ -82,9 +83,9 @@ def test_real_runner_rebuilds_every_table(model, num_kv_blocks):
 
 def test_simulated_runner_tracks_every_sequence():
     spec = ModelSpec.from_config(ModelConfig.preset("tiny-llama"), name="tiny-llama")
-    engine = simulated_engine(spec, "H100", RooflinePredictor("H100"), num_kv_blocks=12,
-                              args=EngineArgs(block_size=BLOCK, max_model_len=128,
-                                              max_num_batched_tokens=64, max_num_seqs=8))
+    engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
+                              EngineConfig(block_size=BLOCK, max_model_len=128, num_kv_blocks=12,
+                                           max_num_batched_tokens=64, max_num_seqs=8))
     checker = CheckingRunner(engine.runner, [engine])
     engine.runner = checker
     _drive(engine, checker)
@@ -124,7 +125,8 @@ def test_a_delta_of_unequal_group_tables_is_refused_by_name():
 
 def test_simulated_runner_refuses_a_stale_delta():
     spec = ModelSpec.from_config(ModelConfig.preset("tiny-llama"), name="tiny-llama")
-    engine = simulated_engine(spec, "H100", RooflinePredictor("H100"), num_kv_blocks=64)
+    engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
+                              EngineConfig(num_kv_blocks=64))
     with pytest.raises(RuntimeError, match="sequence 11"):
         engine.runner.execute(ScheduledBatch((_seq(11, False, (2,), computed=4),),
                                              num_decode_tokens=1))
@@ -157,7 +159,7 @@ def test_delta_work_per_decode_step_is_independent_of_the_context(engine_kind, m
         else:
             spec = ModelSpec.from_config(ModelConfig.preset(model), name=model)
             engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
-                                      num_kv_blocks=600, args=EngineArgs(**args))
+                                      EngineConfig(num_kv_blocks=600, **args))
         counter = engine.runner = CountingRunner(engine.runner)
         for i in range(8):
             engine.add_request(i, [(7 * i + j) % 200 + 3 for j in range(prompt_len)],

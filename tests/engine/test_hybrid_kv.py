@@ -34,6 +34,9 @@ def test_unequal_groups_are_refused_by_name():
     with pytest.raises(ValueError, match="layer_types"):
         LLMEngine(config, random_weights=True, num_kv_blocks=8)
     with pytest.raises(TypeError, match="enable_hybrid_kv"):
+        config.kv_cache_groups("yes")
+    # the engine's settings are checked by EngineConfig, which names the field
+    with pytest.raises(ValueError, match="enable_hybrid_kv: expected true or false"):
         LLMEngine("tiny-gpt-oss", random_weights=True, enable_hybrid_kv="yes")
 
 

@@ -104,6 +104,7 @@ def test_a_registered_architecture_is_priced_from_its_module(tmp_path, registere
     from gnomon.predict.opcount import step_ops as priced
     from gnomon.predict.shapes import ModelSpec, StepShape
     from gnomon.predict.simulate import simulate
+    from gnomon.predict.spec import SimulationSpec
     from gnomon.predict.workloads import LengthDist
 
     _checkpoint(tmp_path)
@@ -112,8 +113,9 @@ def test_a_registered_architecture_is_priced_from_its_module(tmp_path, registere
     # its own activation op: 3 passes over T x I/tp float32 values per layer, 2 layers
     assert ops["gelu_tanh_and_mul"].bytes == 2 * 3 * 6 * 64 * 4
     assert "silu_and_mul" not in ops
-    report, _ = simulate(str(tmp_path), "H100 SXM", "random", num_requests=4, rate=10.0,
-                         input_len=LengthDist.fixed(32), output_len=LengthDist.fixed(8))
+    report, _ = simulate(SimulationSpec.of(
+        model=str(tmp_path), hardware="H100 SXM", workload="random", num_requests=4, rate=10.0,
+        input_len=LengthDist.fixed(32), output_len=LengthDist.fixed(8)))
     assert report["setup"]["model"] == tmp_path.name
     assert report["metrics"]["requests"] == 4 and report["metrics"]["ttft"]["mean"] > 0
 

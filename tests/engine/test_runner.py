@@ -16,6 +16,7 @@ import torch
 
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence
 from gnomon.engine.config import ModelConfig
+from gnomon.engine.engine_config import EngineConfig
 from gnomon.engine.rope import cos_sin_cache
 from gnomon.engine.kv_cache import KVCacheManager
 from gnomon.engine.kv_cache import KVCacheGroups, resolve_num_blocks
@@ -246,7 +247,8 @@ def test_greedy_decode_with_scheduler_matches_reference(name):
     block_size = 4
     kv = KVCacheManager(num_blocks=48, block_size=block_size)
     # a small token budget forces chunked prefill mixed with decodes
-    sched = Scheduler(kv, max_model_len=128, max_num_seqs=4, max_num_batched_tokens=10)
+    sched = Scheduler(kv, EngineConfig(max_model_len=128, max_num_seqs=4,
+                                       max_num_batched_tokens=10))
     runner = ModelRunner(cfg, W, num_kv_blocks=48, block_size=block_size)
     for i, p in enumerate(prompts):
         sched.add(i, p, GREEDY)
@@ -334,7 +336,8 @@ def test_prefix_cache_fork_and_preemption_match_reference():
     prompts = [base + [5, 6, 7], base + [9], base[:8] + [11, 12, 13, 14, 15]]
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, n=2)
     kv = KVCacheManager(num_blocks=14, block_size=4)
-    sched = Scheduler(kv, max_model_len=128, max_num_seqs=6, max_num_batched_tokens=12)
+    sched = Scheduler(kv, EngineConfig(max_model_len=128, max_num_seqs=6,
+                                       max_num_batched_tokens=12))
     runner = ModelRunner(cfg, W, num_kv_blocks=14, block_size=4)
     for i, p in enumerate(prompts):
         sched.add(i, p, params)

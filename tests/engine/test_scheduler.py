@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from gnomon.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
+from gnomon.engine.engine_config import EngineConfig
 from gnomon.engine.block_tables import BlockTables
 from gnomon.engine.kv_cache import (KVCacheGroups, KVCacheManager, kv_bytes_per_block,
                                      resolve_num_blocks)
@@ -67,9 +68,9 @@ class FakeModel:
 def make(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=32,
          max_model_len=1024, prefix=True, eos=(), capacity_policy="max_utilization"):
     kv = KVCacheManager(num_blocks, block_size, prefix)
-    return Scheduler(kv, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                     max_num_batched_tokens=max_num_batched_tokens, eos_token_ids=eos,
-                     capacity_policy=capacity_policy)
+    return Scheduler(kv, EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                      max_num_batched_tokens=max_num_batched_tokens,
+                                      capacity_policy=capacity_policy), eos_token_ids=eos)
 
 
 def run(sched, on_batch=None, max_steps=20000, model=None):
@@ -485,13 +486,17 @@ def test_impossible_requests_rejected_at_add():
 def test_constructor_arguments_checked():
     kv = KVCacheManager(8, 4)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        Scheduler(kv, max_model_len=10, max_num_seqs=8, max_num_batched_tokens=4)
+        Scheduler(kv, EngineConfig(max_model_len=10, max_num_seqs=8, max_num_batched_tokens=4))
     with pytest.raises(ValueError, match="max_model_len"):
-        Scheduler(kv, max_model_len=0)
+        Scheduler(kv, EngineConfig(max_model_len=0))
+    with pytest.raises(ValueError, match="max_model_len"):
+        Scheduler(kv, EngineConfig())  # the engine resolves it; the scheduler needs it
     with pytest.raises(TypeError, match="kv_cache"):
-        Scheduler(object(), max_model_len=10)
+        Scheduler(object(), EngineConfig(max_model_len=10))
+    with pytest.raises(TypeError, match="config"):
+        Scheduler(kv, {"max_model_len": 10})
     with pytest.raises(ValueError, match="eos_token_ids"):
-        Scheduler(kv, max_model_len=10, eos_token_ids=(-1,))
+        Scheduler(kv, EngineConfig(max_model_len=10), eos_token_ids=(-1,))
 
 
 # --------------------------------------------------------------------------- arrivals
@@ -672,8 +677,10 @@ def test_plain_decode_steps_wait_for_arrivals_and_queued_requests():
 
 def _waiting_scheduler(timeout_iters, ratio):
     kv = KVCacheManager(64, 4, True)
-    return Scheduler(kv, max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=32,
-                     batch_wait_timeout_iters=timeout_iters, batch_wait_max_tokens_ratio=ratio)
+    return Scheduler(kv, EngineConfig(max_model_len=1024, max_num_seqs=8,
+                                      max_num_batched_tokens=32,
+                                      batch_wait_timeout_iters=timeout_iters,
+                                      batch_wait_max_tokens_ratio=ratio))
 
 
 def _first_step_of(sched, late_prompt, arrival=0.0025):
@@ -724,4 +731,4 @@ def test_batch_waiting_settings_are_checked():
                       ({"batch_wait_max_tokens_ratio": 1.5}, "batch_wait_max_tokens_ratio"),
                       ({"batch_wait_max_tokens_ratio": True}, "batch_wait_max_tokens_ratio")):
         with pytest.raises(ValueError, match=match):
-            Scheduler(kv, max_model_len=64, **kw)
+            Scheduler(kv, EngineConfig(max_model_len=64, **kw))

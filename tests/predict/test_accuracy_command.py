@@ -64,6 +64,12 @@ def test_a_silicon_row_maps_as_its_benchmark_ran():
     assert (blank.weight_dtype, blank.dp, blank.engine_version) == ("bfloat16", 1, "")
 
 
+def _launched(point):
+    """The settings a point's spec launches its engine with beyond its parallel layout."""
+    layout = ("tensor_parallel_size", "expert_parallel_size", "data_parallel_size")
+    return {k: v for k, v in point.simulation_spec().engine_settings.items() if k not in layout}
+
+
 def test_a_sources_launch_rules_give_its_rows_their_server_settings():
     llama = dict(model_path="meta-llama/Llama-3.1-70B", backend="trtllm", backend_version="",
                  gemm_quant_mode="fp8", moe_quant_mode="fp8", moe_tp_size="")
@@ -71,7 +77,7 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
     assert measured.parse_settings(p.engine_settings, "x") == {
         "max_num_batched_tokens": 16384, "batch_wait_timeout_iters": 20,
         "batch_wait_max_tokens_ratio": 0.9}
-    assert p.simulate_args()["engine_settings"]["batch_wait_timeout_iters"] == 20
+    assert p.simulation_spec().engine_settings["batch_wait_timeout_iters"] == 20
     # the recipe waits at 1k/1k below tp 8 only; its max_num_tokens holds for every row
     for over in ({"tp_size": "8"}, {"osl": "8192", "tp_size": "4"}):
         q = measured.from_silicon(_row(**{**llama, "isl": "1024", "osl": "1024", **over}))
@@ -81,13 +87,13 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
                  {"backend": "vllm"}, {"model_path": "openai/gpt-oss-120b",
                                         "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"}):
         q = measured.from_silicon(_row(**{**llama, "isl": "1024", "osl": "1024", **over}))
-        assert q.engine_settings == "" and q.simulate_args()["engine_settings"] == {}
+        assert q.engine_settings == "" and _launched(q) == {}
     # DeepSeek-R1's attention-DP balance: only on its rows with attention data parallelism
     deepseek = dict(model_path="deepseek-ai/DeepSeek-R1", backend="trtllm", backend_version="",
                     gemm_quant_mode="fp8", moe_quant_mode="fp8", tp_size="1",
                     moe_tp_size="1", moe_ep_size="8")
     p = measured.from_silicon(_row(**deepseek, attention_dp_size="8"))
-    assert p.simulate_args()["engine_settings"] == {
+    assert _launched(p) == {
         "attention_dp_balance": True, "attention_dp_timeout_iters": 60,
         "attention_dp_batching_wait_iters": 0}
     p = measured.from_silicon(_row(**{**deepseek, "tp_size": "8"}))
@@ -102,17 +108,18 @@ def test_malformed_engine_settings_are_refused_naming_the_field(text):
 
 def test_engine_settings_reach_the_simulated_engine_and_unknown_ones_are_refused():
     from gnomon.predict.simulate import simulate
+    from gnomon.predict.spec import SimulationSpec
 
     from gnomon.predict.workloads import LengthDist
 
     kw = dict(model="tiny-llama", hardware="H100 SXM", workload="random", num_requests=4,
               rate=math.inf, input_len=LengthDist.fixed(100), output_len=LengthDist.fixed(8))
-    report, _ = simulate(**kw, engine_settings={"batch_wait_timeout_iters": 7,
-                                                "max_num_batched_tokens": 4096})
+    report, _ = simulate(SimulationSpec.of(**kw, engine_settings={"batch_wait_timeout_iters": 7,
+                                                "max_num_batched_tokens": 4096}))
     engine = report["setup"]["engine"]
     assert (engine["batch_wait_timeout_iters"], engine["max_num_batched_tokens"]) == (7, 4096)
     with pytest.raises(ValueError, match=r"engine_settings: unknown \['colour'\]"):
-        simulate(**kw, engine_settings={"colour": 1})
+        simulate(SimulationSpec.of(**kw, engine_settings={"colour": 1}))
 
 
 @pytest.mark.parametrize("over, reason", [
@@ -132,12 +139,15 @@ def test_silicon_rows_outside_the_table_are_refused_by_name(over, reason):
 
 def test_expert_and_data_parallel_points_run_with_their_layout():
     p = measured.from_silicon(_row(tp_size="8", moe_tp_size="1", moe_ep_size="8"))
-    assert (p.tp, p.ep) == (8, 8) and p.simulate_args()["ep"] == 8
+    assert (p.tp, p.ep) == (8, 8)
+    assert p.simulation_spec().engine_settings["expert_parallel_size"] == 8
     p = measured.from_silicon(_row(tp_size="4", moe_tp_size="2", moe_ep_size="2"))
     assert (p.tp, p.ep) == (4, 2)
     dp = measured.from_silicon(_row(tp_size="1", moe_tp_size="1", moe_ep_size="8",
                                     attention_dp_size="8"))
-    assert {k: dp.simulate_args()[k] for k in ("tp", "ep", "dp")} == dict(tp=1, ep=8, dp=8)
+    settings = dp.simulation_spec().engine_settings
+    assert {k: settings[f"{k}_parallel_size"] for k in ("tensor", "expert", "data")} == dict(
+        tensor=1, expert=8, data=8)
 
 
 @pytest.mark.parametrize("over, reason", [
@@ -165,8 +175,7 @@ def test_points_in_gnomons_schema_round_trip_csv_and_jsonl(tmp_path):
     (p,) = measured.load_points(path)
     assert (p.tp, p.concurrency, p.ttft_ms, p.tpot_ms, math.isinf(p.rate)) == (2, 8, 40.0,
                                                                                None, True)
-    assert p.simulate_args()["engine_settings"] == {"max_num_seqs": 8,
-                                                    "batch_wait_max_tokens_ratio": 0.5}
+    assert _launched(p) == {"max_num_seqs": 8, "batch_wait_max_tokens_ratio": 0.5}
     jl = tmp_path / "points.jsonl"
     jl.write_text(json.dumps(p.to_json()) + "\n")
     assert measured.load_points(jl) == [p]
@@ -314,7 +323,8 @@ def test_the_command_prints_the_table_and_writes_the_document_and_plot(tmp_path,
 
 def test_the_serving_path_adds_exactly_its_parts_to_a_lone_requests_ttft():
     from gnomon.predict.roofline import RooflinePredictor
-    from gnomon.predict.serve import EngineArgs, run_workload, simulated_engine
+    from gnomon.engine.engine_config import EngineConfig
+    from gnomon.predict.serve import run_workload, simulated_engine
     from gnomon.predict.shapes import ModelSpec
     from gnomon.predict.metrics import compute_metrics
     from gnomon.predict.workloads import LengthDist, SyntheticSpec, synthetic
@@ -327,7 +337,7 @@ def test_the_serving_path_adds_exactly_its_parts_to_a_lone_requests_ttft():
 
     def run(path):
         engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
-                                  args=EngineArgs(max_num_seqs=8))
+                                  EngineConfig(max_num_seqs=8))
         trace = run_workload(engine, work, concurrency=1, serving=path)
         return compute_metrics(trace), trace
 

@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 from gnomon.engine.config import ModelConfig
 from gnomon.predict.metrics import compute_metrics
 from gnomon.predict.roofline import RooflinePredictor
-from gnomon.predict.serve import EngineArgs, run_workload, simulated_engine
+from gnomon.engine.engine_config import EngineConfig
+from gnomon.predict.serve import run_workload, simulated_engine
 from gnomon.predict.shapes import ModelSpec
 from gnomon.predict.simulate import simulate
+from gnomon.predict.spec import SimulationSpec
 from gnomon.predict.workloads import (LengthDist, SyntheticSpec, named, parse_length, parse_rate,
                                       sharegpt_lengths, synthetic)
 
@@ -26,7 +28,7 @@ def _run(n, rate, concurrency, output=LengthDist.uniform(2, 20)):
                                        prompt_len=LengthDist.uniform(4, 40), output_len=output,
                                        vocab_size=256, seed=1))
     engine = simulated_engine(TINY, "H100", RooflinePredictor("H100"),
-                              args=EngineArgs(max_num_seqs=64), num_kv_blocks=4096)
+                              EngineConfig(max_num_seqs=64, num_kv_blocks=4096))
     return workload, run_workload(engine, workload, concurrency=concurrency)
 
 
@@ -71,7 +73,8 @@ def test_concurrency_caps_a_rate_limited_run():
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4"])
 def test_concurrency_must_be_a_positive_int(bad):
-    engine = simulated_engine(TINY, "H100", RooflinePredictor("H100"), num_kv_blocks=64)
+    engine = simulated_engine(TINY, "H100", RooflinePredictor("H100"),
+                              EngineConfig(num_kv_blocks=64))
     with pytest.raises(ValueError, match="concurrency"):
         run_workload(engine, named("chat", num_requests=2, rate=1.0, vocab_size=256),
                      concurrency=bad)
@@ -110,9 +113,11 @@ def test_sharegpt_lengths_match_their_published_means():
 
 
 def test_throughput_per_gpu_and_per_user():
-    report, trace = simulate("llama-3.1-8b", "H100", "random", rate=math.inf, num_requests=8,
+    report, trace = simulate(SimulationSpec.of(
+                             model="llama-3.1-8b", hardware="H100", workload="random",
+                             rate=math.inf, num_requests=8,
                              tp=2, input_len=LengthDist.fixed(64),
-                             output_len=LengthDist.fixed(16))
+                             output_len=LengthDist.fixed(16)))
     t = report["metrics"]["throughput"]
     assert t["num_gpus"] == 2
     assert t["total_tokens_per_s_per_gpu"] == pytest.approx(t["total_tokens_per_s"] / 2)
@@ -128,9 +133,11 @@ def test_throughput_per_gpu_and_per_user():
 
 def test_engine_profile_sets_the_scheduler_knobs_and_flags_override_them():
     def knobs(**kw):
-        report, _ = simulate("llama-3.1-8b", kw.pop("hw", "H100"), "random", rate=math.inf,
+        report, _ = simulate(SimulationSpec.of(
+                             model="llama-3.1-8b", hardware=kw.pop("hw", "H100"),
+                             workload="random", rate=math.inf,
                              num_requests=2, input_len=LengthDist.fixed(8),
-                             output_len=LengthDist.fixed(2), **kw)
+                             output_len=LengthDist.fixed(2), **kw))
         e = report["setup"]["engine"]
         return e["profile"], e["max_num_seqs"], e["max_num_batched_tokens"]
 

@@ -11,13 +11,15 @@ from gnomon.engine.config import ModelConfig
 from gnomon.engine.parallel import check_dp, check_ep
 from gnomon.predict.calibrated import CalibratedPredictor
 from gnomon.predict.cost import PredictionRefused
-from gnomon.predict.data_parallel import AttentionDpBalance, DataParallelEngine
+from gnomon.predict.data_parallel import DataParallelEngine
 from gnomon.predict.measured import PointRefused, from_silicon
 from gnomon.predict.opcount import step_ops
 from gnomon.predict.roofline import RooflinePredictor
-from gnomon.predict.serve import EngineArgs, run_workload, simulated_engine
+from gnomon.engine.engine_config import EngineConfig
+from gnomon.predict.serve import run_workload, simulated_engine
 from gnomon.predict.shapes import ModelSpec, StepShape
 from gnomon.predict.simulate import simulate
+from gnomon.predict.spec import SimulationSpec
 from gnomon.engine.sampling_params import SamplingParams
 from gnomon.predict.workloads import Workload, WorkloadRequest, parse_length
 
@@ -78,8 +80,9 @@ def _tiny(dp=2, ep=2, args_balance=None):
         attention_dp_balance=True, attention_dp_timeout_iters=args_balance[0],
         attention_dp_batching_wait_iters=args_balance[1])
     return spec, predictor, simulated_engine(
-        spec, "H100 SXM", predictor, tp=1, ep=ep, dp=dp,
-        args=EngineArgs(max_num_batched_tokens=512, **balance), num_kv_blocks=64)
+        spec, "H100 SXM", predictor,
+        EngineConfig(max_num_batched_tokens=512, expert_parallel_size=ep, data_parallel_size=dp,
+                     num_kv_blocks=64, **balance))
 
 
 def test_a_step_lasts_as_long_as_the_slowest_groups():
@@ -167,17 +170,17 @@ def test_a_group_with_nothing_to_decode_never_holds_prompts():
 
 
 def test_balance_settings_are_checked():
-    with pytest.raises(ValueError, match="attention_dp_timeout_iters: expected an int >= 0"):
-        AttentionDpBalance(True, -1, 0)
+    with pytest.raises(ValueError, match="attention_dp_timeout_iters: expected an integer >= 0"):
+        EngineConfig(attention_dp_balance=True, attention_dp_timeout_iters=-1)
     with pytest.raises(ValueError, match="attention_dp_balance: expected true or false"):
-        AttentionDpBalance("yes")
+        EngineConfig(attention_dp_balance="yes")
 
 
 def test_dp_1_is_the_single_engine():
     kw = dict(model="tiny-deepseek-v3", hardware="H100 SXM", num_requests=6, concurrency=3,
               input_len=parse_length("40", "i"), output_len=parse_length("5", "o"))
-    one, _ = simulate(ep=1, dp=1, **kw)
-    two, _ = simulate(ep=2, dp=2, **kw)
+    one, _ = simulate(SimulationSpec.of(ep=1, dp=1, **kw))
+    two, _ = simulate(SimulationSpec.of(ep=2, dp=2, **kw))
     assert one["setup"]["dp"] == 1 and two["setup"]["dp"] == 2
     assert two["metrics"]["throughput"]["num_gpus"] == 2
     assert any(x.startswith("attention data parallelism: 2 schedulers") for x in two["limits"])
@@ -219,8 +222,9 @@ def _row(**fields):
 def test_a_measured_dp_row_maps_onto_tp_ep_dp():
     point = from_silicon(_row())
     assert (point.tp, point.ep, point.dp) == (1, 8, 8)
-    args = point.simulate_args()
-    assert (args["tp"], args["ep"], args["dp"]) == (1, 8, 8)
+    settings = point.simulation_spec().engine_settings
+    assert (settings["tensor_parallel_size"], settings["expert_parallel_size"],
+            settings["data_parallel_size"]) == (1, 8, 8)
 
 
 def test_a_measured_row_whose_moe_width_is_not_its_gpus_is_refused():

@@ -9,6 +9,7 @@ from gnomon.engine.parallel import check_ep
 from gnomon.predict.opcount import step_ops
 from gnomon.predict.shapes import ModelSpec, StepShape
 from gnomon.predict.simulate import simulate
+from gnomon.predict.spec import SimulationSpec
 from gnomon.predict.workloads import parse_length
 
 
@@ -40,7 +41,7 @@ def test_a_step_with_experts_split_is_priced_and_its_limit_stated():
     kw = dict(model="qwen3-235b-a22b", hardware="H100 SXM", tp=4, weight_dtype="fp8",
               engine="trtllm", num_requests=8, concurrency=4,
               input_len=parse_length("256", "i"), output_len=parse_length("16", "o"))
-    report, _ = simulate(ep=4, **kw)
+    report, _ = simulate(SimulationSpec.of(ep=4, **kw))
     assert report["setup"]["ep"] == 4
     assert any("expert parallelism over 4 GPUs: each holds 32 experts" in x
                for x in report["limits"])

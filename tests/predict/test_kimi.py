@@ -16,6 +16,7 @@ from gnomon.predict.opcount import step_ops
 from gnomon.predict.roofline import RooflinePredictor
 from gnomon.predict.shapes import ModelSpec, StepShape
 from gnomon.predict.simulate import simulate
+from gnomon.predict.spec import SimulationSpec
 from gnomon.predict.workloads import parse_length
 
 REASON = "KimiK25ForConditionalGeneration: simulation only; the engine has no MLA kernel"
@@ -125,9 +126,9 @@ def test_the_fused_moe_runs_weight_only_at_the_bf16_peak():
 
 
 def test_simulate_prices_it_and_states_the_limit():
-    report, _ = simulate(model="kimi-k2.5", hardware="H200", tp=8, engine="vllm",
+    report, _ = simulate(SimulationSpec.of(model="kimi-k2.5", hardware="H200", tp=8, engine="vllm",
                          num_requests=8, concurrency=4, input_len=parse_length("256", "i"),
-                         output_len=parse_length("16", "o"))
+                         output_len=parse_length("16", "o")))
     assert report["metrics"]["tpot"]["mean"] > 0 and report["metrics"]["ttft"]["mean"] > 0
     limits = " ".join(report["limits"])
     assert REASON in limits

@@ -13,6 +13,7 @@ from gnomon.engine.models import minimax_m2, weight_shapes
 from gnomon.predict.opcount import step_ops
 from gnomon.predict.shapes import ModelSpec, StepShape
 from gnomon.predict.simulate import simulate
+from gnomon.predict.spec import SimulationSpec
 from gnomon.predict.workloads import parse_length
 
 
@@ -101,9 +102,9 @@ def test_expert_parallelism_splits_the_pairs_and_leaves_the_norms():
 
 @pytest.mark.parametrize("ep", [1, 4])
 def test_a_simulation_is_priced_on_h100s_in_fp8(ep):
-    report, _ = simulate(model="minimax-m2.5", hardware="H100 SXM", tp=4, ep=ep,
+    report, _ = simulate(SimulationSpec.of(model="minimax-m2.5", hardware="H100 SXM", tp=4, ep=ep,
                          weight_dtype="fp8", engine="vllm", num_requests=8, concurrency=4,
-                         input_len=parse_length("256", "i"), output_len=parse_length("16", "o"))
+                         input_len=parse_length("256", "i"), output_len=parse_length("16", "o")))
     assert report["metrics"]["tpot"]["mean"] > 0
     limits = " ".join(report["limits"])
     assert "simulation only" in limits

@@ -13,6 +13,7 @@ from gnomon.predict import measured
 from gnomon.predict.opcount import step_ops
 from gnomon.predict.shapes import ModelSpec, StepShape
 from gnomon.predict.simulate import simulate
+from gnomon.predict.spec import SimulationSpec
 from gnomon.predict.workloads import parse_length
 
 
@@ -91,9 +92,10 @@ def test_the_engine_refuses_by_name_and_the_simulator_prices_it():
     with pytest.raises(ValueError, match="DeepseekV3ForCausalLM: simulation only; the engine "
                                          "has no MLA kernel"):
         gnomon.LLM("tiny-deepseek-v3", random_weights=True)
-    report, _ = simulate(model="deepseek-v3", hardware="B200", tp=8, engine="sglang",
+    report, _ = simulate(SimulationSpec.of(model="deepseek-v3", hardware="B200", tp=8,
+                                           engine="sglang",
                          num_requests=8, concurrency=4, input_len=parse_length("256", "i"),
-                         output_len=parse_length("32", "o"))
+                         output_len=parse_length("32", "o")))
     assert report["metrics"]["tpot"]["mean"] > 0
     limits = " ".join(report["limits"])
     assert "576-element latent per token per layer, replicated" in limits

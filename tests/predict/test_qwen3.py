@@ -10,6 +10,7 @@ from gnomon.engine.config import ModelConfig, preset_json
 from gnomon.predict.opcount import step_ops
 from gnomon.predict.shapes import ModelSpec, StepShape
 from gnomon.predict.simulate import simulate
+from gnomon.predict.spec import SimulationSpec
 from gnomon.predict.workloads import LengthDist
 
 
@@ -54,10 +55,9 @@ def test_qwen3_simulates_from_a_config_json_and_its_fp8_build(tmp_path):
     # 2 x 151,936 x 5,120 (and for the norms, under 1M)
     assert spec.weight_bytes(1) == pytest.approx(32_762_123_264 + 2 * 151936 * 5120, rel=1e-4)
     lengths = dict(input_len=LengthDist.fixed(512), output_len=LengthDist.fixed(32))
-    fp8, _ = simulate(str(tmp_path), "H100 SXM", "random", num_requests=8, rate=4.0, tp=2,
-                      **lengths)
-    bf16, _ = simulate("qwen3-32b", "H100 SXM", "random", num_requests=8, rate=4.0, tp=2,
-                       **lengths)
+    run = dict(hardware="H100 SXM", workload="random", num_requests=8, rate=4.0, tp=2, **lengths)
+    fp8, _ = simulate(SimulationSpec.of(model=str(tmp_path), **run))
+    bf16, _ = simulate(SimulationSpec.of(model="qwen3-32b", **run))
     assert fp8["setup"]["dtypes"]["weights"] == "fp8"
     assert fp8["metrics"]["requests"] == bf16["metrics"]["requests"] == 8
     # decode streams the weights: FP8 halves them

@@ -13,6 +13,7 @@ from gnomon.predict.cost import PredictionRefused
 from gnomon.predict.measured import PointRefused, from_silicon
 from gnomon.predict.roofline import RooflinePredictor
 from gnomon.predict.simulate import simulate
+from gnomon.predict.spec import SimulationSpec
 from gnomon.predict.workloads import parse_length
 
 MB = 1e6
@@ -77,7 +78,8 @@ def test_a_row_wider_than_its_board_is_refused_and_such_a_layout_pays_the_nics()
     kw = dict(model="deepseek-v3", hardware="B200", ep=8, weight_dtype="fp8", kv_dtype="fp8",
               engine="trtllm", num_requests=4, concurrency=2, rate=float("inf"),
               input_len=parse_length("128", "i"), output_len=parse_length("8", "o"))
-    (wide, wide_trace), (board, board_trace) = simulate(tp=64, **kw), simulate(tp=8, **kw)
+    (wide, wide_trace), (board, board_trace) = (simulate(SimulationSpec.of(tp=64, **kw)),
+                                                simulate(SimulationSpec.of(tp=8, **kw)))
     assert wide["metrics"]["tpot"]["mean"] > 0 and wide["setup"]["tp"] == 64
 
     def communication(trace):  # a decode step of both users'

@@ -14,7 +14,8 @@ from gnomon.engine.sampling_params import SamplingParams
 from gnomon.hardware import gpu
 from gnomon.predict.cost import PredictionRefused, StepCost
 from gnomon.predict.roofline import RooflinePredictor
-from gnomon.predict.serve import EngineArgs, run_workload, simulated_engine, timed_engine
+from gnomon.engine.engine_config import EngineConfig
+from gnomon.predict.serve import run_workload, simulated_engine, timed_engine
 from gnomon.predict.shapes import ModelSpec, StepShape
 from gnomon.predict.simulated import (GPU_MEMORY_UTILIZATION, SimulatedRunner, VirtualClock,
                                       activation_bytes, kv_blocks_for_hardware)
@@ -22,8 +23,9 @@ from gnomon.predict.workloads import LengthDist, SyntheticSpec, Workload, synthe
 
 TINY = ModelSpec.from_config(ModelConfig.preset("tiny-llama"), name="tiny-llama")
 # a small token budget (chunked prefill), few slots and a small cache (preemption)
-ARGS = EngineArgs(block_size=4, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128)
 KV_BLOCKS = 20
+CONFIG = EngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128,
+                    num_kv_blocks=KV_BLOCKS)
 
 
 def _workload(n=24, rate=400.0, seed=3):
@@ -55,7 +57,7 @@ def test_same_decisions_as_a_real_run():
     workload = Workload(spaced.name, tuple(
         replace(r, arrival_time=0.0) if i < 12 else r for i, r in enumerate(spaced.requests)),
         spaced.description)
-    engine = timed_engine("tiny-llama", random_weights=True, args=ARGS, num_kv_blocks=KV_BLOCKS)
+    engine = timed_engine("tiny-llama", CONFIG, random_weights=True)
     # The real forward runs, but samples the simulation's filler token: the tokens are part of
     # each batch (decode inputs), and only their timing is under test.
     filler = SimulatedRunner(TINY, Replay([]), VirtualClock()).token
@@ -67,8 +69,7 @@ def test_same_decisions_as_a_real_run():
         torch.full((len(seqs),), filler), (None,) * len(seqs))
     real = run_workload(engine, workload)
     replay = Replay(s.seconds for s in real.steps)
-    sim = run_workload(simulated_engine(TINY, "H100", replay, args=ARGS,
-                                        num_kv_blocks=KV_BLOCKS, keep_batches=True), workload)
+    sim = run_workload(simulated_engine(TINY, "H100", replay, CONFIG, keep_batches=True), workload)
     assert replay.calls == len(real.steps)
     assert [s.batch for s in sim.steps] == [s.batch for s in real.steps]
     assert [s.start for s in sim.steps] == [s.start for s in real.steps]
@@ -84,8 +85,8 @@ def test_same_decisions_as_a_real_run():
 
 def test_idle_gaps_jump_to_the_next_arrival():
     workload = _workload(n=3, rate=0.5)  # seconds apart; steps take microseconds
-    trace = run_workload(simulated_engine(TINY, "H100", RooflinePredictor("H100"), args=ARGS,
-                                          num_kv_blocks=KV_BLOCKS), workload)
+    trace = run_workload(simulated_engine(TINY, "H100", RooflinePredictor("H100"), CONFIG),
+                         workload)
     arrivals = [r.arrival_time for r in workload.requests]
     firsts = [o.metrics.first_scheduled_time for o in trace.outputs]
     assert firsts == arrivals  # each admitted the moment it arrived: the clock jumped there
@@ -93,8 +94,7 @@ def test_idle_gaps_jump_to_the_next_arrival():
 
 
 def test_simulated_runner_answers_the_engine_surface():
-    runner = simulated_engine(TINY, "H100", RooflinePredictor("H100"), args=ARGS,
-                              num_kv_blocks=KV_BLOCKS).runner
+    runner = simulated_engine(TINY, "H100", RooflinePredictor("H100"), CONFIG).runner
     assert isinstance(runner, SimulatedRunner)
     missing = sorted(a for a in engine_runner_surface() if not hasattr(runner, a))
     assert not missing, f"the engine uses runner attributes SimulatedRunner lacks: {missing}"
@@ -158,17 +158,14 @@ def test_simulated_runner_refuses_logits_and_bad_predictor():
         VirtualClock().advance(-1.0)
 
 
-def _plain_vs_batched(model, workload, *, args, num_kv_blocks=None, concurrency=None,
-                      serving=None):
+def _plain_vs_batched(model, workload, *, config, concurrency=None, serving=None):
     """The same run with every step batched (keep_batches) and with plain decode steps run
     batch-free by the scheduler; returns both traces and how many steps ran batch-free."""
     kw = {} if serving is None else {"serving": serving}
     batched = run_workload(simulated_engine(model, "H100", RooflinePredictor(gpu("H100")),
-                                            args=args, num_kv_blocks=num_kv_blocks,
-                                            keep_batches=True),
+                                            config, keep_batches=True),
                            workload, concurrency=concurrency, **kw)
-    engine = simulated_engine(model, "H100", RooflinePredictor(gpu("H100")), args=args,
-                              num_kv_blocks=num_kv_blocks)
+    engine = simulated_engine(model, "H100", RooflinePredictor(gpu("H100")), config)
     runner, plain = engine.runner, []
     execute_decode = runner.execute_decode
     runner.execute_decode = lambda pairs: (plain.append(len(pairs)), execute_decode(pairs))
@@ -196,8 +193,8 @@ def test_plain_decode_steps_decide_as_batched_steps_under_preemption_and_arrival
                                        prompt_len=LengthDist.uniform(3, 30),
                                        output_len=LengthDist.uniform(10, 40), vocab_size=256,
                                        seed=5))
-    args = replace(ARGS, capacity_policy=policy)
-    batched, fast, plain = _plain_vs_batched(TINY, workload, args=args, num_kv_blocks=40)
+    config = CONFIG.replace(capacity_policy=policy, num_kv_blocks=40)
+    batched, fast, plain = _plain_vs_batched(TINY, workload, config=config)
     _same_run(batched, fast)
     assert plain > 0
     assert (batched.num_preemptions > 0) == (policy == "max_utilization")
@@ -212,11 +209,11 @@ def test_plain_decode_steps_decide_as_batched_steps_in_a_closed_loop_with_slidin
                                        prompt_len=LengthDist.uniform(10, 40),
                                        output_len=LengthDist.uniform(20, 60), vocab_size=256,
                                        shared_prefix_groups=2, shared_prefix_len=8, seed=7))
-    args = EngineArgs(block_size=4, max_num_seqs=8, max_num_batched_tokens=32,
-                      max_model_len=128)
+    config = EngineConfig(block_size=4, max_num_seqs=8, max_num_batched_tokens=32,
+                          max_model_len=128)
     serving = ServingPath(request_s=1e-4, per_prompt_token_s=1e-6, response_s=2e-4,
                           output_lag_steps=1)
-    batched, fast, plain = _plain_vs_batched(model, workload, args=args, concurrency=6,
+    batched, fast, plain = _plain_vs_batched(model, workload, config=config, concurrency=6,
                                              serving=serving)
     _same_run(batched, fast)
     assert plain > len(fast.steps) / 3

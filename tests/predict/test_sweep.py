@@ -11,6 +11,7 @@ import time
 import pytest
 
 from gnomon.predict import sweep
+from gnomon.predict.spec import SimulationSpec
 from gnomon.predict.sweep import Row, SweepSpec
 
 BASE = {"model": "llama-3.1-8b", "workload": "random", "num_requests": 24, "input_len": "48",
@@ -83,7 +84,7 @@ def test_a_2x2x2_grid_runs_every_point_in_grid_order(inline):
 def test_the_document_holds_its_frontier_its_bounds_and_its_prices():
     bounds = {"max_tpot_s": 0.004, "usd_per_gpu_hour": {"H100": 3.6}}
     doc = sweep.run_sweep(SweepSpec(BASE, GRID, bounds), jobs=1)
-    assert doc["schema_version"] == 3 and doc["spec"]["frontier"] == bounds
+    assert doc["schema_version"] == sweep.SCHEMA_VERSION == 4 and doc["spec"]["frontier"] == bounds
     complete = [r for r in doc["points"] if r["status"] == "complete"]
     rows = {sweep.point_key(r["point"]): r for r in complete}
     # the frontier recomputed here by hand: the points within the bound no other one beats
@@ -222,7 +223,9 @@ def test_a_sweep_killed_midway_leaves_a_valid_file(tmp_path, sig):
     run.wait(30)
     doc = sweep.load(out)  # whole, whatever the moment
     assert 1 <= len(doc["points"]) < 39 and len(sweep.done_points(doc)) == len(doc["points"])
-    spec = SweepSpec(doc["spec"]["base"], {"concurrency": list(range(1, 40))})
+    spec = SweepSpec(SimulationSpec.from_json(doc["spec"]["base"]),
+                     {"concurrency": list(range(1, 40))})
+    assert spec.base.workload.num_requests == 600 and len(spec.points()) == 39
     sweep.OutputLock(out).release()  # the lock died with the process: a resume may take it
 
 

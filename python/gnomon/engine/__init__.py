@@ -6,6 +6,9 @@ def __getattr__(name):  # lazy: importing gnomon.engine does not import torch
     if name in ("LLM", "LLMEngine", "RequestOutput", "CompletionOutput", "RequestMetrics"):
         from . import llm
         return getattr(llm, name)
+    if name == "EngineConfig":
+        from .engine_config import EngineConfig
+        return EngineConfig
     if name == "SamplingParams":
         from .sampling_params import SamplingParams
         return SamplingParams

@@ -42,6 +42,7 @@ from . import models
 from .config import PRESETS, ModelConfig, torch_dtype
 from .config_json import DTYPE_BYTES
 from .distributed import launched_by_torchrun
+from .engine_config import EngineConfig
 from .kv_cache import KVCacheManager, max_blocks_held
 from .parallel import check_tp, kv_heads_per_gpu
 from .sampling_params import SamplingParams
@@ -80,50 +81,47 @@ class RequestOutput:
     metrics: RequestMetrics
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    return value
-
-
-def _dtype_name(dtype, config: ModelConfig) -> str:
-    """The activation dtype's name; a torch.dtype is accepted without importing torch."""
-    if dtype == "auto" or dtype is None:
-        return config.torch_dtype
-    name = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
-    if name in DTYPE_BYTES:
-        return name
-    raise ValueError(f"dtype: expected 'auto', 'float32', 'float16' or 'bfloat16', got {dtype!r}")
+def _check_real(config: EngineConfig) -> None:
+    """Refuses the settings only a simulated engine has."""
+    if config.expert_parallel_size > 1 or config.data_parallel_size > 1:
+        raise ValueError(f"expert_parallel_size {config.expert_parallel_size}, "
+                         f"data_parallel_size {config.data_parallel_size}: the real engine runs "
+                         f"tensor parallelism only; gnomon simulate prices expert and attention "
+                         f"data parallelism")
+    if config.gpu_memory_utilization is not None:
+        raise ValueError("gpu_memory_utilization: sizes a simulated engine's KV cache from its "
+                         "GPU's memory; the real engine takes num_kv_blocks or kv_cache_bytes")
 
 
 class LLMEngine:
     """Continuous-batching serving engine (see the module docstring).
 
-    ``runner`` defaults to a real `ModelRunner` over ``model``'s weights whose ``sample`` is the
-    real `Sampler` (per sequence: its params, sample index and output position, which the
+    Its settings are `config` (an `EngineConfig`) with the keyword arguments `settings` (its
+    fields) over it; ``engine_config`` holds them with every default resolved (the dtype,
+    ``max_model_len`` and the KV blocks). ``runner`` defaults to a real `ModelRunner` over
+    ``model``'s weights (``random_weights``: a preset's, drawn at random) whose ``sample`` is
+    the real `Sampler` (per sequence: its params, sample index and output position, which the
     batch carries), its logprobs returned in `StepOutput.logprobs`. A runner passed in must
     have been built with the engine's KV geometry (``num_kv_blocks``, ``block_size``,
-    ``kv_groups``) and samples by itself; its ``StepOutput.logprobs`` (if any) reach the
-    outputs. ``seed`` seeds the generator that unseeded random requests draw from.
+    ``kv_groups``) and parallelism, and samples by itself; its ``StepOutput.logprobs`` (if
+    any) reach the outputs.
     """
 
-    def __init__(self, model, *, clock: Optional[Callable[[], float]] = None, runner=None,
-                 device: str = "cpu", dtype="auto", random_weights: bool = False,
-                 max_model_len: Optional[int] = None, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, block_size: int = 16,
-                 num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
-                 enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True,
-                 tensor_parallel_size: int = 1, seed: Optional[int] = 0,
-                 capacity_policy: str = "max_utilization", batch_wait_timeout_iters: int = 0,
-                 batch_wait_max_tokens_ratio: float = 0.0) -> None:
+    def __init__(self, model, config: Optional[EngineConfig] = None, *,
+                 clock: Optional[Callable[[], float]] = None, runner=None,
+                 random_weights: bool = False, **settings) -> None:
+        if config is not None and not isinstance(config, EngineConfig):
+            raise TypeError(f"config: expected an EngineConfig, got {type(config).__name__}")
+        config = EngineConfig.from_mapping(settings, "LLMEngine", base=config)
         if clock is not None and not callable(clock):
             raise TypeError(f"clock: expected a callable returning seconds, got {clock!r}")
         self.clock = clock or time.monotonic
-        if runner is None:  # refuse a device gnomon cannot run on before building weights
+        if runner is None:  # refuse what gnomon cannot run before building weights
             from .runner import resolve_device
-            resolve_device(device)
+            resolve_device(config.device)
+            _check_real(config)
         if isinstance(model, ModelConfig):
-            config, folder = model, None
+            model_config, folder = model, None
         elif isinstance(model, (str, os.PathLike)):
             name = os.fspath(model)
             if os.path.isdir(name):
@@ -136,73 +134,65 @@ class LLMEngine:
             else:
                 raise ValueError(f"model: expected a model folder (config.json + safetensors) or "
                                  f"a preset ({', '.join(PRESETS)}), got {name!r}")
-            config = ModelConfig.from_model(name)
+            model_config = ModelConfig.from_model(name)
         else:
             raise TypeError(f"model: expected a folder path or preset name, got "
                             f"{type(model).__name__}")
-        reason = models.simulation_only(config.architecture)
+        reason = models.simulation_only(model_config.architecture)
         if runner is None and reason:
             raise ValueError(f"model: {reason}; gnomon simulate can price it")
-        if runner is None and (config.quantization in ("fp8", "nvfp4", "mxfp4-dense", "int4")
-                               or config.kv_cache_dtype == "fp8"):
-            what = (f"{config.quantization} weights" if config.quantization != "mxfp4"
-                    and config.quantization else "an fp8 KV cache")
+        if runner is None and (model_config.quantization in ("fp8", "nvfp4", "mxfp4-dense",
+                                                             "int4")
+                               or model_config.kv_cache_dtype == "fp8"):
+            what = (f"{model_config.quantization} weights" if model_config.quantization
+                    != "mxfp4" and model_config.quantization else "an fp8 KV cache")
             raise ValueError(f"model: {what} (quantization_config): gnomon has no kernel for "
                              f"them yet, so the real engine cannot run this model; gnomon "
                              f"simulate can price it")
-        self.tensor_parallel_size = check_tp(config, tensor_parallel_size)
-        distributed = launched_by_torchrun() or tensor_parallel_size > 1
-        if distributed and runner is not None:
-            raise ValueError("tensor_parallel_size: the engine builds its own tensor-parallel "
-                             "runner; pass runner=None")
-        if launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) != tensor_parallel_size:
-            raise ValueError(f"tensor_parallel_size: {tensor_parallel_size}, but torchrun "
-                             f"started WORLD_SIZE={os.environ['WORLD_SIZE']} processes")
-        self.config = config
+        tp = check_tp(model_config, config.tensor_parallel_size, "tensor_parallel_size")
+        if runner is None and launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) != tp:
+            raise ValueError(f"tensor_parallel_size: {tp}, but torchrun started "
+                             f"WORLD_SIZE={os.environ['WORLD_SIZE']} processes")
+        self.config = model_config
         self.folder = folder
-        self.dtype_name = _dtype_name(dtype, config)
-        self.block_size = _positive_int("block_size", block_size)
-        self.max_model_len = _positive_int(
-            "max_model_len", config.max_position_embeddings if max_model_len is None
-            else max_model_len)
-        if self.max_model_len > config.max_position_embeddings:
-            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's maximum "
-                             f"position {config.max_position_embeddings}")
-        _positive_int("max_num_seqs", max_num_seqs)
-        _positive_int("max_num_batched_tokens", max_num_batched_tokens)
-        self.kv_groups = config.kv_cache_groups(enable_hybrid_kv)
-        elem = DTYPE_BYTES[self.dtype_name]
+        max_model_len = (model_config.max_position_embeddings if config.max_model_len is None
+                         else config.max_model_len)
+        if max_model_len > model_config.max_position_embeddings:
+            raise ValueError(f"max_model_len: {max_model_len} exceeds the model's maximum "
+                             f"position {model_config.max_position_embeddings}")
+        self.kv_groups = model_config.kv_cache_groups(config.enable_hybrid_kv)
+        dtype = model_config.torch_dtype if config.dtype == "auto" else config.dtype
         # a budget in bytes is each rank's, for its KV heads
-        geometry = dict(num_kv_heads=kv_heads_per_gpu(config, tensor_parallel_size),
-                        head_dim=config.head_dim, dtype_size=elem, block_size=self.block_size)
-        if num_kv_blocks is None and kv_cache_bytes is None:
-            per_seq = max_blocks_held(self.kv_groups.windows, self.max_model_len,
-                                      block_size=self.block_size,
-                                      max_step_tokens=max_num_batched_tokens)
+        geometry = dict(num_kv_heads=kv_heads_per_gpu(model_config, tp),
+                        head_dim=model_config.head_dim, dtype_size=DTYPE_BYTES[dtype],
+                        block_size=config.block_size)
+        num_kv_blocks = config.num_kv_blocks
+        if num_kv_blocks is None and config.kv_cache_bytes is None:
+            per_seq = max_blocks_held(self.kv_groups.windows, max_model_len,
+                                      block_size=config.block_size,
+                                      max_step_tokens=config.max_num_batched_tokens)
             per_block = self.kv_groups.bytes_per_block(**geometry)
-            n = min(DEFAULT_KV_CACHE_BYTES // per_block, max_num_seqs * per_seq)
+            n = min(DEFAULT_KV_CACHE_BYTES // per_block, config.max_num_seqs * per_seq)
             num_kv_blocks = max(n, per_seq, 1)
         self.kv = KVCacheManager.from_budget(
             groups=self.kv_groups, **geometry, num_kv_blocks=num_kv_blocks,
-            kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, max_model_len=self.max_model_len,
-                                   max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens,
-                                   eos_token_ids=config.eos_token_ids,
-                                   vocab_size=config.vocab_size,
-                                   capacity_policy=capacity_policy,
-                                   batch_wait_timeout_iters=batch_wait_timeout_iters,
-                                   batch_wait_max_tokens_ratio=batch_wait_max_tokens_ratio)
+            kv_cache_bytes=config.kv_cache_bytes,
+            enable_prefix_caching=config.enable_prefix_caching)
+        # what this engine runs with, every default resolved: its dtype, length and KV blocks
+        self.engine_config = config.replace(dtype=dtype, max_model_len=max_model_len,
+                                            num_kv_blocks=self.kv.num_blocks, kv_cache_bytes=None,
+                                            gpu_memory_utilization=None)
+        self.scheduler = Scheduler(self.kv, self.engine_config,
+                                   eos_token_ids=model_config.eos_token_ids,
+                                   vocab_size=model_config.vocab_size)
         self.is_driver = True
         if runner is None:
             from .launch import RunnerBuilder, start_runner
             from .sampler import Sampler
 
-            build = RunnerBuilder(
-                config, folder, bool(random_weights), self.dtype_name, self.kv.num_blocks,
-                self.block_size, self.max_model_len, self.kv_groups, str(device),
-                models.module_path(config.architecture))
-            runner = start_runner(build, tensor_parallel_size, Sampler(seed).sample_sequences)
+            build = RunnerBuilder(model_config, folder, bool(random_weights), self.engine_config,
+                                  self.kv_groups, models.module_path(model_config.architecture))
+            runner = start_runner(build, Sampler(config.seed).sample_sequences)
             # None: a torchrun rank other than 0, which served rank 0's step loop
             self.is_driver = runner is not None
         self.runner = runner
@@ -241,7 +231,7 @@ class LLMEngine:
     @property
     def dtype(self):
         """The activation dtype as a torch.dtype (imports torch)."""
-        return torch_dtype(self.dtype_name, "dtype")
+        return torch_dtype(self.engine_config.dtype, "dtype")
 
     def step(self) -> List[SampleDelta]:
         """One step: admit arrivals up to ``clock()``, schedule, execute, update. Returns one
@@ -287,27 +277,12 @@ class LLMEngine:
 
 
 class LLM:
-    """Offline batch generation over `LLMEngine` (arguments as in the issue; see `LLMEngine`)."""
+    """Offline batch generation over `LLMEngine`: `model`, then an `EngineConfig` or its fields
+    as keyword arguments (``tensor_parallel_size=2``, ``dtype="float32"``, ...)."""
 
-    def __init__(self, model, *, device: str = "cpu", dtype="auto", random_weights: bool = False,
-                 max_model_len: Optional[int] = None, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, block_size: int = 16,
-                 num_kv_blocks: Optional[int] = None, kv_cache_bytes: Optional[int] = None,
-                 enable_prefix_caching: bool = True, enable_hybrid_kv: bool = True,
-                 tensor_parallel_size: int = 1, capacity_policy: str = "max_utilization",
-                 batch_wait_timeout_iters: int = 0,
-                 batch_wait_max_tokens_ratio: float = 0.0) -> None:
-        self.engine = LLMEngine(model, device=device, dtype=dtype, random_weights=random_weights,
-                                max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                                max_num_batched_tokens=max_num_batched_tokens,
-                                block_size=block_size, num_kv_blocks=num_kv_blocks,
-                                kv_cache_bytes=kv_cache_bytes,
-                                enable_prefix_caching=enable_prefix_caching,
-                                enable_hybrid_kv=enable_hybrid_kv,
-                                tensor_parallel_size=tensor_parallel_size,
-                                capacity_policy=capacity_policy,
-                                batch_wait_timeout_iters=batch_wait_timeout_iters,
-                                batch_wait_max_tokens_ratio=batch_wait_max_tokens_ratio)
+    def __init__(self, model, config: Optional[EngineConfig] = None, *,
+                 random_weights: bool = False, **settings) -> None:
+        self.engine = LLMEngine(model, config, random_weights=random_weights, **settings)
         self.tokenizer = None
         folder = self.engine.folder
         if folder is not None and os.path.isfile(os.path.join(folder, "tokenizer.json")):

@@ -101,6 +101,7 @@ from typing import Deque, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 from .batch import RequestId, ScheduledBatch, ScheduledSequence, StepOutput
+from .engine_config import GUARANTEED_NO_EVICT, EngineConfig
 from .kv_cache import KVCacheManager
 from .sampling_params import SamplingParams
 from .sequence import (FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, SampleDelta,
@@ -108,10 +109,6 @@ from .sequence import (FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, Sample
 
 
 PLAIN_DECODE = "plain decode step"  # the outstanding step between begin_decode and end_decode
-
-MAX_UTILIZATION = "max_utilization"
-GUARANTEED_NO_EVICT = "guaranteed_no_evict"
-CAPACITY_POLICIES = (MAX_UTILIZATION, GUARANTEED_NO_EVICT)
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -125,38 +122,28 @@ class Scheduler:
     Compiled, its attributes are declared in scheduler.pxd (where a new one goes too), and the
     step's loops run on C integers; the same code runs interpreted."""
 
-    def __init__(self, kv_cache: KVCacheManager, *, max_model_len: int, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192, eos_token_ids: Iterable[int] = (),
-                 capacity_policy: str = MAX_UTILIZATION,
-                 vocab_size: Optional[int] = None, batch_wait_timeout_iters: int = 0,
-                 batch_wait_max_tokens_ratio: float = 0.0) -> None:
+    def __init__(self, kv_cache: KVCacheManager, config: EngineConfig = EngineConfig(), *,
+                 eos_token_ids: Iterable[int] = (), vocab_size: Optional[int] = None) -> None:
+        """`config`: the engine's settings (its scheduler fields; ``max_model_len`` given)."""
         if not isinstance(kv_cache, KVCacheManager):
             raise TypeError(f"kv_cache: expected a KVCacheManager, got {type(kv_cache).__name__}")
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"config: expected an EngineConfig, got {type(config).__name__}")
+        if config.max_model_len is None:
+            raise ValueError("config.max_model_len: the scheduler needs it (the engine puts the "
+                             "model's maximum position there)")
         self.kv = kv_cache
-        self.max_model_len = _check_int("max_model_len", max_model_len, 1)
-        self.max_num_seqs = _check_int("max_num_seqs", max_num_seqs, 1)
-        self.max_num_batched_tokens = _check_int("max_num_batched_tokens",
-                                                 max_num_batched_tokens, 1)
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens: expected >= max_num_seqs "
-                             f"({self.max_num_seqs}) so every running decode fits a step, "
-                             f"got {self.max_num_batched_tokens}")
+        self.max_model_len = config.max_model_len
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
         eos = tuple(eos_token_ids)
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in eos):
             raise ValueError(f"eos_token_ids: expected non-negative integers, got {eos!r}")
         self.eos_token_ids = frozenset(eos)
-        if capacity_policy not in CAPACITY_POLICIES:
-            raise ValueError(f"capacity_policy: expected one of {', '.join(CAPACITY_POLICIES)}, "
-                             f"got {capacity_policy!r}")
-        self.capacity_policy = capacity_policy
+        self.capacity_policy = config.capacity_policy
         self.vocab_size = None if vocab_size is None else _check_int("vocab_size", vocab_size, 1)
-        self.batch_wait_timeout_iters = _check_int("batch_wait_timeout_iters",
-                                                   batch_wait_timeout_iters, 0)
-        ratio = batch_wait_max_tokens_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-            raise ValueError(f"batch_wait_max_tokens_ratio: expected a fraction in [0, 1], got "
-                             f"{ratio!r}")
-        self.batch_wait_max_tokens_ratio = float(ratio)
+        self.batch_wait_timeout_iters = config.batch_wait_timeout_iters
+        self.batch_wait_max_tokens_ratio = float(config.batch_wait_max_tokens_ratio)
         self.hold_prompts = False  # set for one step by a data-parallel engine's balance
         self._batch_wait_iters = 0  # steps whose prompt work has waited since it last ran
         self._reservations: Dict[int, int] = {}  # seq_id -> blocks reserved (guaranteed_no_evict)

@@ -20,18 +20,22 @@ import numpy as np
 
 from .calibrated import CalibratedPredictor
 from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
-from .serve import EngineArgs, RunTrace, run_workload, timed_engine
+from gnomon.engine.engine_config import EngineConfig
+
+from .serve import RunTrace, run_workload, timed_engine
 from .shapes import ModelSpec, StepShape
 from .workloads import LengthDist, SyntheticSpec, synthetic
 
 CPU_KV_BLOCKS = 4096  # 64k tokens: the sequence cap binds, not the cache
 
 
-def cpu_engine_args(spec: ModelSpec) -> EngineArgs:
-    """The scheduler settings calibration and validation share: a CPU-sized token budget and
-    sequences of up to 2048 tokens (fewer where the model's positions end sooner)."""
-    return EngineArgs(block_size=16, max_num_seqs=32, max_num_batched_tokens=512,
-                      max_model_len=min(2048, spec.config.max_position_embeddings))
+def cpu_engine_config(spec: ModelSpec) -> EngineConfig:
+    """The engine settings calibration and validation share: a CPU-sized token budget,
+    sequences of up to 2048 tokens (fewer where the model's positions end sooner), and a KV
+    cache of `CPU_KV_BLOCKS`."""
+    return EngineConfig(block_size=16, max_num_seqs=32, max_num_batched_tokens=512,
+                        max_model_len=min(2048, spec.config.max_position_embeddings),
+                        num_kv_blocks=CPU_KV_BLOCKS)
 
 
 def calibration_workload(spec: ModelSpec, num_requests: int = CALIBRATION_REQUESTS,
@@ -39,7 +43,7 @@ def calibration_workload(spec: ModelSpec, num_requests: int = CALIBRATION_REQUES
     """Wide uniform lengths (prompts up to 5/8 and outputs up to 5/32 of the sequence limit)
     arriving faster than they are served, so the steps span prefill, decode and mixed batches
     up to the token budget and the sequence cap."""
-    limit = cpu_engine_args(spec).max_model_len
+    limit = cpu_engine_config(spec).max_model_len
     return synthetic(SyntheticSpec(num_requests=num_requests, rate=200.0,
                                    prompt_len=LengthDist.uniform(8, limit * 5 // 8),
                                    output_len=LengthDist.uniform(2, limit * 5 // 32),
@@ -88,16 +92,14 @@ def family_rows(trace: RunTrace, spec: ModelSpec, tp: int = 1):
     return rows
 
 
-def real_run(model, workload, *, args: Optional[EngineArgs] = None,
-             num_kv_blocks: int = CPU_KV_BLOCKS, random_weights: bool = True,
+def real_run(model, workload, *, random_weights: bool = True,
              pace: Optional[RunTrace] = None, tp: int = 1,
              progress: Optional[Callable[[int, int], None]] = None) -> RunTrace:
-    """The workload through the real engine on this CPU (`tp` ranks), timed on a virtual clock
-    (paced by an earlier run's step times when `pace` is given, to repeat its decisions).
-    `args` default: `cpu_engine_args`."""
-    args = args or cpu_engine_args(ModelSpec.from_model(model))
-    engine = timed_engine(model, random_weights=random_weights, args=args,
-                          num_kv_blocks=num_kv_blocks, tp=tp,
+    """The workload through the real engine on this CPU (`cpu_engine_config`, `tp` ranks),
+    timed on a virtual clock (paced by an earlier run's step times when `pace` is given, to
+    repeat its decisions)."""
+    config = cpu_engine_config(ModelSpec.from_model(model)).replace(tensor_parallel_size=tp)
+    engine = timed_engine(model, config, random_weights=random_weights,
                           pace=None if pace is None else [s.seconds for s in pace.steps])
     try:
         return run_workload(engine, workload, progress=progress)
@@ -161,9 +163,11 @@ def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True,
         workload = workload or calibration_workload(spec, num_requests)
         trace = real_run(model, workload, random_weights=random_weights, tp=tp,
                          progress=progress)
-        timed = gemm_sweep(spec, cpu_engine_args(spec).max_num_batched_tokens, tp=tp)
+        timed = gemm_sweep(spec, cpu_engine_config(spec).max_num_batched_tokens, tp=tp)
+    # the scheduler it ran under (a simulation under this predictor takes it by default); the
+    # KV cache it had is this CPU's, not the simulated GPU's
     info = {"model": spec.name, "workload": workload.description, "tp": tp,
-            "engine": cpu_engine_args(spec).kwargs(),
+            "engine": cpu_engine_config(spec).replace(num_kv_blocks=None).to_json(),
             "bench": f"suites {','.join(suites) or 'none'} (quick, {bench_mode})",
             "machine": _machine()}
     timed += family_rows(trace, spec, tp)

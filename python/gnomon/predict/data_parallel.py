@@ -48,20 +48,12 @@ from .simulated import StepRecord, VirtualClock, filler_token, sampled, track
 
 @dataclass(frozen=True)
 class AttentionDpBalance:
-    """TensorRT-LLM's attention-DP balance (module docstring; its defaults, off)."""
+    """TensorRT-LLM's attention-DP balance (module docstring; its defaults, off), from an
+    `EngineConfig`'s ``attention_dp_*`` fields, which checks them."""
 
     enabled: bool = False
     timeout_iters: int = 50
     batching_wait_iters: int = 10
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ValueError(f"attention_dp_balance: expected true or false, got "
-                             f"{self.enabled!r}")
-        for name in ("timeout_iters", "batching_wait_iters"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"attention_dp_{name}: expected an int >= 0, got {value!r}")
 
 
 class DataParallelRunner:

@@ -1,8 +1,9 @@
 """Engine profiles: the serving engine a simulation stands for (vLLM, SGLang, gnomon's own).
 
-A profile gives the engine's scheduler defaults on a GPU (``max_num_seqs``,
-``max_num_batched_tokens``, the capacity policy, the share of HBM it takes) and its host overhead per step, each
-with its source, from ``data/engines.json`` or a user's JSON file of the same shape.
+A profile is a partial `EngineConfig` (`EngineProfile.settings`: the engine's defaults on a
+GPU: ``max_num_seqs``, ``max_num_batched_tokens``, the capacity policy, the share of HBM it
+takes) plus its host overhead per step and its serving path, each with its source, from
+``data/engines.json`` or a user's JSON file of the same shape.
 
 `EngineOverhead`: ``per_step_s + per_seq_s * sequences in the step`` of host work (scheduling,
 input preparation, output processing). An engine that overlaps it with the GPU (``overlapped``:
@@ -26,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
-from gnomon.engine.scheduler import CAPACITY_POLICIES, MAX_UTILIZATION
+from gnomon.engine.engine_config import CAPACITY_POLICIES, MAX_UTILIZATION
 from gnomon.hardware import Hardware
 
 DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "engines.json")
@@ -100,13 +101,14 @@ class EngineProfile:
             return False
         return hw.hbm_gb.value * 1e9 >= self.large_gpu_gib * GIB
 
-    def scheduler_defaults(self, hw: Hardware) -> Dict[str, int]:
-        """``max_num_seqs``, ``max_num_batched_tokens`` and the capacity policy this engine
-        picks on `hw`."""
+    def settings(self, hw: Hardware) -> Dict[str, object]:
+        """The partial `EngineConfig` this engine picks on `hw`: ``max_num_seqs``,
+        ``max_num_batched_tokens``, the capacity policy and ``gpu_memory_utilization``."""
         i = 0 if self.is_large(hw) else 1
         return {"max_num_seqs": self.max_num_seqs[i],
                 "max_num_batched_tokens": self.max_num_batched_tokens[i],
-                "capacity_policy": self.capacity_policy}
+                "capacity_policy": self.capacity_policy,
+                "gpu_memory_utilization": self.gpu_memory_utilization}
 
 
 def _profile(name: str, raw: dict, where: str) -> EngineProfile:

@@ -16,7 +16,7 @@ Two ways in:
   launched its engine with, by rule). `silicon_csv()` finds it where that package is
   installed; nothing is downloaded.
 
-A point maps to `simulate`'s arguments (`MeasuredPoint.simulate_args`), or is refused with the
+A point maps to a `SimulationSpec` (`MeasuredPoint.simulation_spec`), or is refused with the
 reason that names what is missing (`PointRefused`). A row's ``tp_size`` is each attention
 group's GPUs, ``attention_dp_size`` the groups, and ``moe_tp_size x moe_ep_size`` must be all
 of their GPUs (aiconfigurator's own rule); a row that breaks it is refused, never approximated
@@ -43,6 +43,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from gnomon.engine import models
 from gnomon.hardware import gpu
+
+from .spec import SimulationSpec
 
 SPLITS = ("fit", "held-out")
 MEASURES = ("ttft_ms", "tpot_ms", "output_tokens_per_s", "total_tokens_per_s")
@@ -71,7 +73,7 @@ FIELDS: Dict[str, Tuple[str, Optional[str]]] = {
     "num_requests": ("requests the benchmark sent", None),
     "engine_settings": ("what the server was launched with beyond its engine profile's "
                         "defaults: KEY=VALUE pairs joined by ';', KEY a field of "
-                        "gnomon.predict.serve.EngineArgs (max_num_seqs, "
+                        "gnomon.EngineConfig (max_num_seqs, "
                         "max_num_batched_tokens, batch_wait_timeout_iters, ...)", ""),
     "ttft_ms": ("measured mean time to first token, ms ('' if not measured)", ""),
     "tpot_ms": ("measured mean time per output token, ms ('' if not measured)", ""),
@@ -156,21 +158,18 @@ class MeasuredPoint:
         return {"model": self.model, "hardware": self.hardware, "engine": engine,
                 "dtype": self.dtype_label, "source": self.source}
 
-    def simulate_args(self) -> dict:
-        """`simulate`'s keyword arguments for this run, or `PointRefused`."""
-        args = dict(model=self.model, hardware=self.hardware, engine=self.engine, tp=self.tp,
-                    ep=self.ep, dp=self.dp, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
-                    workload=self.workload, num_requests=self.num_requests,
-                    concurrency=self.concurrency,
-                    engine_settings=parse_settings(self.engine_settings, "engine_settings"))
-        if self.workload.startswith("trace:"):
-            args["rate"] = None
-        else:
-            args["rate"] = self.rate
-            for name in ("input_len", "output_len"):
-                if getattr(self, name):
-                    args[name] = getattr(self, name)
-        return args
+    def simulation_spec(self) -> SimulationSpec:
+        """The `SimulationSpec` of this run (its benchmark's workload, its engine launched with
+        its settings and parallel layout), or `PointRefused`."""
+        flags = dict(model=self.model, hardware=self.hardware, engine=self.engine, tp=self.tp,
+                     ep=self.ep, dp=self.dp, weight_dtype=self.weight_dtype,
+                     kv_dtype=self.kv_dtype, workload=self.workload,
+                     num_requests=self.num_requests, concurrency=self.concurrency,
+                     engine_settings=parse_settings(self.engine_settings, "engine_settings"))
+        if not self.workload.startswith("trace:"):
+            flags.update(rate=self.rate, input_len=self.input_len or None,
+                         output_len=self.output_len or None)
+        return SimulationSpec.of(**flags)
 
     def to_json(self) -> dict:
         out = asdict(self)

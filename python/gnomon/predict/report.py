@@ -6,8 +6,10 @@ A report is JSON::
       "schema_version": 1,
       "kind": "gnomon.predict.report",
       "created_with": {"version": "<gnomon version>"},
+      "spec": {...},           # the `SimulationSpec` that ran (`gnomon simulate --spec` runs
+                               # it again); absent from a report that no spec made
       "setup": {...},          # what produced it: model, hardware, predictor, tp, workload,
-                               # engine args (whatever the caller passes)
+                               # the engine's whole `EngineConfig` (whatever the caller passes)
       "metrics": {...},        # `gnomon.predict.metrics.compute_metrics`
       "limits": [str, ...],    # what the prediction does not model
       "wall_seconds": float    # how long the run took on the machine that made it
@@ -33,11 +35,13 @@ _TOP = {"schema_version": int, "kind": str, "created_with": dict, "setup": dict,
         "metrics": dict, "limits": list, "wall_seconds": (int, float)}
 
 
-def build_report(*, trace, metrics: dict, setup: dict, limits: List[str]) -> dict:
+def build_report(*, trace, metrics: dict, setup: dict, limits: List[str],
+                 spec: Optional[dict] = None) -> dict:
     import gnomon
 
     return {"schema_version": SCHEMA_VERSION, "kind": KIND,
-            "created_with": {"version": gnomon.__version__}, "setup": dict(setup),
+            "created_with": {"version": gnomon.__version__},
+            **({} if spec is None else {"spec": dict(spec)}), "setup": dict(setup),
             "metrics": metrics, "limits": list(limits),
             "wall_seconds": float(trace.wall_seconds)}
 
@@ -47,6 +51,8 @@ def validate(doc: Any, source: str = "report") -> dict:
     documents.check_header(doc, KIND, ACCEPTED_VERSIONS, source)
     documents.check_finite(doc, source)
     documents.check_fields(doc, _TOP, "the report", source)
+    if "spec" in doc and not isinstance(doc["spec"], dict):
+        raise DocumentError(f"{source}: spec: expected an object (a simulation spec)")
     if not all(isinstance(x, str) for x in doc["limits"]):
         raise DocumentError(f"{source}: limits: expected a list of strings")
     return doc

@@ -120,7 +120,6 @@ def _cost(point: MeasuredPoint, max_waves: int) -> float:
 def run_row(base: Mapping, point_json: Mapping) -> dict:
     """One point's record (the document's ``rows`` entry); the executors' task."""
     from .simulate import simulate
-    from .workloads import parse_length
 
     data = dict(point_json)
     data["rate"] = math.inf if data["rate"] == "inf" else data["rate"]
@@ -129,13 +128,10 @@ def run_row(base: Mapping, point_json: Mapping) -> dict:
               "point": point.to_json()}
     began = time.perf_counter()
     try:
-        args = point.simulate_args()
-        args["num_requests"] = closed_loop_waves(point, base.get("max_waves", MAX_WAVES))
-        args["predictor"] = base.get("predictor", "roofline")
-        for name in ("input_len", "output_len"):
-            if name in args:
-                args[name] = parse_length(args[name], name)
-        report, _ = simulate(**args)
+        spec = point.simulation_spec().with_flags(
+            num_requests=closed_loop_waves(point, base.get("max_waves", MAX_WAVES)),
+            predictor=base.get("predictor", "roofline"))
+        report, _ = simulate(spec)
     except ValueError as refusal:  # PointRefused and PredictionRefused are ValueErrors
         record.update(status=REFUSED, reason=str(getattr(refusal, "reason", refusal)))
     except MemoryError:
@@ -157,7 +153,7 @@ def run_row(base: Mapping, point_json: Mapping) -> dict:
                  for k in MEASURES}
         engine = report["setup"]["engine"]
         record.update(status=ANSWERED, predicted=predicted, measured=measured, ratio=ratio,
-                      requests_simulated=args["num_requests"],
+                      requests_simulated=spec.workload.num_requests,
                       kv_capacity_tokens=engine["num_kv_blocks"] * engine["block_size"],
                       preemptions=m["preemptions"],
                       ttft_parts_ms={k: m[k]["mean"] * 1e3

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from gnomon.engine.engine_config import EngineConfig
 from gnomon.engine.llm import LLMEngine, RequestOutput
 from gnomon.engine.parallel import check_dp, check_tp
 from gnomon.engine.sampling_params import SamplingParams
@@ -26,40 +27,6 @@ from .shapes import ModelSpec
 from .simulated import (GPU_MEMORY_UTILIZATION, SimulatedRunner, StepRecord, TimedRunner,
                         VirtualClock, kv_blocks_for_hardware)
 from .workloads import Workload
-
-
-@dataclass(frozen=True)
-class EngineArgs:
-    """The scheduler's knobs, shared by real and simulated runs."""
-
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: Optional[int] = None
-    enable_prefix_caching: bool = True
-    enable_hybrid_kv: bool = True
-    capacity_policy: str = "max_utilization"  # or "guaranteed_no_evict" (engine.scheduler)
-    batch_wait_timeout_iters: int = 0  # TensorRT-LLM's batch waiting (engine.scheduler)
-    batch_wait_max_tokens_ratio: float = 0.0
-    # TensorRT-LLM's attention-DP balance, under attention data parallelism only
-    # (gnomon.predict.data_parallel.AttentionDpBalance)
-    attention_dp_balance: bool = False
-    attention_dp_timeout_iters: int = 50
-    attention_dp_batching_wait_iters: int = 10
-
-    def balance(self) -> AttentionDpBalance:
-        return AttentionDpBalance(self.attention_dp_balance, self.attention_dp_timeout_iters,
-                                  self.attention_dp_batching_wait_iters)
-
-    def kwargs(self) -> dict:
-        return dict(block_size=self.block_size, max_num_seqs=self.max_num_seqs,
-                    max_num_batched_tokens=self.max_num_batched_tokens,
-                    max_model_len=self.max_model_len,
-                    enable_prefix_caching=self.enable_prefix_caching,
-                    enable_hybrid_kv=self.enable_hybrid_kv,
-                    capacity_policy=self.capacity_policy,
-                    batch_wait_timeout_iters=self.batch_wait_timeout_iters,
-                    batch_wait_max_tokens_ratio=self.batch_wait_max_tokens_ratio)
 
 
 @dataclass
@@ -82,51 +49,58 @@ class RunTrace:
     sent: Dict[str, float] = field(default_factory=dict)  # request id -> the client's send
 
 
-def simulated_engine(model: ModelSpec, hardware, predictor, *, tp: int = 1, ep: int = 1,
-                     dp: int = 1, args: EngineArgs = EngineArgs(),
-                     num_kv_blocks: Optional[int] = None, keep_batches: bool = False,
-                     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+def simulated_engine(model: ModelSpec, hardware, predictor,
+                     config: EngineConfig = EngineConfig(), *, keep_batches: bool = False,
                      kv_memory: str = "total") -> Union[LLMEngine, DataParallelEngine]:
-    """An `LLMEngine` over a `SimulatedRunner` on a fresh `VirtualClock` at 0 (its step records
-    keep their batches only with `keep_batches`; `ep`: `SimulatedRunner`'s); its KV blocks fill
-    `gpu_memory_utilization` of the HBM left after weights and activations, unless
-    `num_kv_blocks` says. With `dp` > 1, a `DataParallelEngine` of `dp` such engines (each
-    with those blocks) over one `DataParallelRunner`; it keeps no batches."""
+    """An `LLMEngine` configured by `config` over a `SimulatedRunner` (its parallelism from
+    `config`) on a fresh `VirtualClock` at 0 (its step records keep their batches only with
+    `keep_batches`). Its KV blocks are `config`'s ``num_kv_blocks``, or fill its
+    ``gpu_memory_utilization`` (default `GPU_MEMORY_UTILIZATION`) of the HBM as `kv_memory`
+    says (`kv_blocks_for_hardware`). With ``data_parallel_size`` > 1, a `DataParallelEngine`
+    of that many such engines (each with those blocks) over one `DataParallelRunner`; it keeps
+    no batches."""
+    tp, ep, dp = (config.tensor_parallel_size, config.expert_parallel_size,
+                  config.data_parallel_size)
     check_tp(model.config, tp, "tp")
     check_dp(model.config, dp)
     if dp > 1 and keep_batches:
         raise ValueError("keep_batches: a data-parallel simulation records its steps without "
                          "their batches")
+    num_kv_blocks = config.num_kv_blocks
     if num_kv_blocks is None:
         num_kv_blocks = kv_blocks_for_hardware(
-            model, resolve_hardware(hardware), block_size=args.block_size, tp=tp,
-            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_hybrid_kv=args.enable_hybrid_kv, kv_memory=kv_memory, dp=dp)
+            model, resolve_hardware(hardware), block_size=config.block_size, tp=tp,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            gpu_memory_utilization=config.gpu_memory_utilization or GPU_MEMORY_UTILIZATION,
+            enable_hybrid_kv=config.enable_hybrid_kv, kv_memory=kv_memory, dp=dp)
     clock = VirtualClock()
     if dp > 1:
         runner = DataParallelRunner(model, predictor, clock, tp=tp, ep=ep, dp=dp)
     else:
         runner = SimulatedRunner(model, predictor, clock, tp=tp, ep=ep,
                                  keep_batches=keep_batches)
-    knobs = args.kwargs()
+    group = config.replace(dtype=model.dtype, num_kv_blocks=num_kv_blocks,
+                           gpu_memory_utilization=None)
     if dp > 1:  # TensorRT-LLM skips batch waiting under attention DP (PyExecutor._schedule)
-        knobs["batch_wait_timeout_iters"] = 0
-    groups = [LLMEngine(model.config, clock=clock, runner=runner, dtype=model.dtype,
-                        num_kv_blocks=num_kv_blocks, **knobs) for _ in range(dp)]
-    return DataParallelEngine(groups, runner, args.balance()) if dp > 1 else groups[0]
+        group = group.replace(batch_wait_timeout_iters=0)
+    groups = [LLMEngine(model.config, group, clock=clock, runner=runner) for _ in range(dp)]
+    if dp == 1:
+        return groups[0]
+    balance = AttentionDpBalance(config.attention_dp_balance, config.attention_dp_timeout_iters,
+                                 config.attention_dp_batching_wait_iters)
+    return DataParallelEngine(groups, runner, balance)
 
 
-def timed_engine(model: Union[str, ModelSpec], *, random_weights: bool = False,
-                 args: EngineArgs = EngineArgs(), num_kv_blocks: Optional[int] = None,
-                 dtype="auto", pace: Optional[Sequence[float]] = None,
-                 tp: int = 1) -> LLMEngine:
-    """A real `LLMEngine` (this machine's CPU; `tp` ranks) whose runner is wrapped in a
-    `TimedRunner` on a fresh `VirtualClock` at 0 (`pace`: see `TimedRunner`). Close it."""
+def timed_engine(model: Union[str, ModelSpec], config: EngineConfig = EngineConfig(), *,
+                 random_weights: bool = False,
+                 pace: Optional[Sequence[float]] = None) -> LLMEngine:
+    """A real `LLMEngine` configured by `config` (this machine's CPU; its
+    ``tensor_parallel_size`` ranks) whose runner is wrapped in a `TimedRunner` on a fresh
+    `VirtualClock` at 0 (`pace`: see `TimedRunner`). Close it."""
     clock = VirtualClock()
     source = model.config if isinstance(model, ModelSpec) else model
-    engine = LLMEngine(source, clock=clock, random_weights=random_weights, dtype=dtype,
-                       num_kv_blocks=num_kv_blocks, tensor_parallel_size=tp, **args.kwargs())
+    engine = LLMEngine(source, config, clock=clock, random_weights=random_weights)
     engine.runner = TimedRunner(engine.runner, clock, pace)
     return engine
 

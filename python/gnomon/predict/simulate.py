@@ -1,31 +1,31 @@
-"""`simulate`: a workload through the real scheduler on a simulated runner, as one report.
+"""`simulate`: a `SimulationSpec`'s workload through the real scheduler on a simulated runner,
+as one report.
 
-The defaults answer the question gnomon was built for: gpt-oss-120b on one MI355X under a chat
-workload at 8 requests/s, predicted by the roofline.
+The default spec answers the question gnomon was built for: gpt-oss-120b on one MI355X under a
+chat workload at 8 requests/s, predicted by the roofline.
 """
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import asdict
 from typing import Callable, List, Mapping, Optional, Union
 
+from gnomon.engine.engine_config import EngineConfig, check_fields
 from gnomon.engine.models import simulation_only
 from gnomon.hardware import Hardware
 
 from .calibrated import CalibratedPredictor
-from .defaults import (DEFAULT_ENGINE, DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_NUM_REQUESTS,
-                       DEFAULT_RATE, DEFAULT_WORKLOAD, PREDICTOR_FORMS)
+from .defaults import PREDICTOR_FORMS
 from .engines import KV_MEMORY, EngineOverhead, EngineProfile, resolve_engine
 from .hardware import resolve_hardware
-from .metrics import SLO, compute_metrics
+from .metrics import compute_metrics
 from .report import build_report
 from .roofline import RooflinePredictor
-from .serve import EngineArgs, RunTrace, run_workload, simulated_engine
+from .serve import RunTrace, run_workload, simulated_engine
 from .shapes import ModelSpec
+from .spec import SimulationSpec
 from .table import TablePredictor
-from .workloads import LengthDist, Workload, resolve
+from .workloads import resolve
 
 
 def make_predictor(spec: str, hardware: Union[str, Hardware],
@@ -120,96 +120,75 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
     return out
 
 
-def simulate(model: Union[str, os.PathLike, ModelSpec] = DEFAULT_MODEL,
-             hardware: Union[str, Hardware] = DEFAULT_HARDWARE,
-             workload: Union[str, Workload] = DEFAULT_WORKLOAD, *,
-             rate: Optional[float] = DEFAULT_RATE,
-             num_requests: Optional[int] = DEFAULT_NUM_REQUESTS,
-             predictor="roofline", tp: int = 1, ep: int = 1, dp: int = 1,
-             args: Optional[EngineArgs] = None,
-             engine: Union[str, EngineProfile] = DEFAULT_ENGINE,
-             concurrency: Optional[int] = None, input_len: Optional[LengthDist] = None,
-             output_len: Optional[LengthDist] = None, max_num_seqs: Optional[int] = None,
-             max_num_batched_tokens: Optional[int] = None, weight_dtype: str = "auto",
-             kv_dtype: str = "auto", slo: Optional[SLO] = None, seed: int = 0,
-             enable_hybrid_kv: bool = True, engine_settings: Optional[Mapping] = None,
-             progress: Optional[Callable[[int, int], None]] = None):
-    """Run the simulation; returns ``(report, trace)``.
+def engine_config(profile: EngineProfile, hw: Hardware, predictor,
+                  settings: Mapping[str, object]) -> EngineConfig:
+    """The engine a simulation runs: `profile`'s settings on `hw`, the scheduler a calibrated
+    `predictor` was calibrated under (its domain) over them, and `settings` (`EngineConfig`
+    fields: what the server was launched with) over both. ``max_num_seqs`` is capped at
+    ``max_num_batched_tokens``, as vLLM caps it; a KV size in blocks or bytes replaces the
+    profile's ``gpu_memory_utilization``."""
+    check_fields(settings, "engine_settings")
+    calibrated_under = getattr(predictor, "info", {}).get("engine") or {}
+    knobs = {**profile.settings(hw),
+             **{k: v for k, v in calibrated_under.items() if v is not None}, **settings}
+    if settings.get("num_kv_blocks") is not None or settings.get("kv_cache_bytes") is not None:
+        knobs["gpu_memory_utilization"] = None
+    knobs["max_num_seqs"] = min(knobs["max_num_seqs"], knobs["max_num_batched_tokens"])
+    return EngineConfig.from_mapping(knobs, "engine_settings")
 
-    `engine` (a profile name or file, `gnomon.predict.engines`) gives the scheduler defaults on
-    this GPU and the host overhead the roofline adds; `engine_settings` (`EngineArgs` fields: the
-    settings a server was launched with) and `max_num_seqs` and `max_num_batched_tokens` override
-    the first. `args` replaces all of the scheduler's knobs;
-    by default a calibrated predictor runs under the ones it was calibrated with (its domain).
-    `concurrency` caps the requests in flight (`run_workload`); `input_len` / `output_len`
-    replace a synthetic workload's lengths; `weight_dtype` / `kv_dtype` ("auto", "bfloat16",
-    "fp8") override what the model's config declares. `enable_hybrid_kv` False keeps full KV on
-    sliding-window layers (`gnomon.engine.kv_cache`), unless `args` says. `dp` runs attention
-    data-parallel over that many groups of `tp` GPUs (`gnomon.predict.data_parallel`); `ep`
-    splits the routed experts over that many of the ``tp x dp`` GPUs
-    (`gnomon.engine.parallel.check_ep`)."""
-    spec = model if isinstance(model, ModelSpec) else ModelSpec.from_model(
-        model, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-    hw = resolve_hardware(hardware)
-    profile = resolve_engine(engine)
-    pred = (make_predictor(predictor, hw, profile.overhead) if isinstance(predictor, str)
-            else predictor)
-    if args is not None and (max_num_seqs, max_num_batched_tokens, engine_settings) != (
-            None, None, None):
-        raise ValueError("max_num_seqs, max_num_batched_tokens, engine_settings: pass them in "
-                         "args, which replaces every scheduler knob, or leave args None")
-    if args is None:
-        calibrated_under = getattr(pred, "info", {}).get("engine")
-        knobs = dict(calibrated_under) if calibrated_under else profile.scheduler_defaults(hw)
-        settings = dict(engine_settings or {})
-        unknown = set(settings) - set(EngineArgs.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"engine_settings: unknown {sorted(unknown)}; expected fields of "
-                             f"EngineArgs: {', '.join(EngineArgs.__dataclass_fields__)}")
-        knobs.update(settings)
-        for name, value in (("max_num_seqs", max_num_seqs),
-                            ("max_num_batched_tokens", max_num_batched_tokens)):
-            if value is not None:
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ValueError(f"{name}: expected a positive int, got {value!r}")
-                knobs[name] = value
-        knobs["max_num_seqs"] = min(knobs["max_num_seqs"], knobs["max_num_batched_tokens"])
-        knobs["enable_hybrid_kv"] = enable_hybrid_kv
-        args = EngineArgs(**knobs)
-    synthetic_rate = None  # a trace or a given Workload carries its own arrivals
-    if isinstance(workload, str):
-        synthetic_rate = None if workload.startswith("trace:") else rate
-        workload = resolve(workload, num_requests=num_requests, rate=synthetic_rate,
-                           vocab_size=spec.config.vocab_size, seed=seed, input_len=input_len,
-                           output_len=output_len)
-    sim = simulated_engine(spec, hw, pred, tp=tp, ep=ep, dp=dp, args=args,
-                           gpu_memory_utilization=profile.gpu_memory_utilization,
-                           kv_memory=profile.kv_memory)
-    trace: RunTrace = run_workload(sim, workload, concurrency=concurrency,
+
+def simulate(spec: SimulationSpec = SimulationSpec(), *,
+             progress: Optional[Callable[[int, int], None]] = None):
+    """Run the simulation `spec` describes; returns ``(report, trace)``; ``progress(done,
+    total)`` after each step.
+
+    The engine (`engine_config`): its profile (`gnomon.predict.engines`) gives the scheduler
+    defaults on this GPU, the host overhead the roofline adds and the serving path; a
+    calibrated predictor runs by default under the scheduler it was calibrated with (its
+    domain); the spec's ``engine_settings`` override both. ``data_parallel_size`` runs
+    attention data-parallel over that many groups of ``tensor_parallel_size`` GPUs
+    (`gnomon.predict.data_parallel`); ``expert_parallel_size`` splits the routed experts over
+    that many of them (`gnomon.engine.parallel.check_ep`). The report embeds `spec`."""
+    if not isinstance(spec, SimulationSpec):
+        raise TypeError(f"spec: expected a SimulationSpec (SimulationSpec.of(**flags) builds "
+                        f"one from gnomon simulate's flag names), got {type(spec).__name__}")
+    model = ModelSpec.from_model(spec.model, weight_dtype=spec.weight_dtype,
+                                 kv_dtype=spec.kv_dtype)
+    hw = resolve_hardware(spec.hardware)
+    profile = resolve_engine(spec.engine)
+    pred = make_predictor(spec.predictor, hw, profile.overhead)
+    # the activations' dtype is the model's (ModelSpec); a simulated engine reads no device or seed
+    config = engine_config(profile, hw, pred, spec.engine_settings).replace(dtype=model.dtype)
+    tp, ep, dp = (config.tensor_parallel_size, config.expert_parallel_size,
+                  config.data_parallel_size)
+    w = spec.workload
+    workload = resolve(w.name, num_requests=w.num_requests, rate=w.rate,
+                       vocab_size=model.config.vocab_size, seed=spec.seed, input_len=w.input_len,
+                       output_len=w.output_len)
+    sim = simulated_engine(model, hw, pred, config, kv_memory=profile.kv_memory)
+    trace: RunTrace = run_workload(sim, workload, concurrency=w.concurrency,
                                    serving=profile.serving, progress=progress)
-    rate_shown = "inf" if synthetic_rate is not None and math.isinf(synthetic_rate) \
-        else synthetic_rate
-    setup = {"model": spec.name, "hardware": hw.name, "predictor": pred.name, "tp": tp, "ep": ep,
-             "dp": dp,
-             "dtypes": {"activations": spec.dtype, "weights": spec.linear_dtype,
-                        "experts": spec.experts_dtype,
-                        "kv_cache": spec.kv_dtype or spec.dtype},
+    setup = {"model": model.name, "hardware": hw.name, "predictor": pred.name, "tp": tp,
+             "ep": ep, "dp": dp,
+             "dtypes": {"activations": model.dtype, "weights": model.linear_dtype,
+                        "experts": model.experts_dtype,
+                        "kv_cache": model.kv_dtype or model.dtype},
              "workload": {"name": workload.name, "description": workload.description,
-                          "num_requests": workload.num_requests, "rate": rate_shown,
-                          "concurrency": concurrency},
+                          "num_requests": workload.num_requests,
+                          "rate": w.to_json()["rate"], "concurrency": w.concurrency},
              "engine": {"profile": profile.name, "description": profile.description,
-                        **args.kwargs(), "num_kv_blocks": trace.num_kv_blocks,
-                        "gpu_memory_utilization": profile.gpu_memory_utilization,
+                        **{k: v for k, v in config.to_json().items()
+                           if k not in ("device", "seed")},
+                        "num_kv_blocks": trace.num_kv_blocks,
                         "kv_memory": profile.kv_memory,
-                        "kv_capacity_tokens": trace.num_kv_blocks * args.block_size,
+                        "kv_capacity_tokens": trace.num_kv_blocks * config.block_size,
                         "overhead": (asdict(profile.overhead)
                                      if isinstance(pred, RooflinePredictor) else None),
-                        "serving": asdict(profile.serving),
-                        **({"attention_dp_balance": asdict(args.balance())} if dp > 1
-                           else {})}}
+                        "serving": asdict(profile.serving)}}
     report = build_report(trace=trace,
-                          metrics=compute_metrics(trace, slo or SLO(), num_gpus=tp * dp),
+                          metrics=compute_metrics(trace, spec.slo, num_gpus=tp * dp),
                           setup=setup,
-                          limits=limits_for(spec, pred, hw, profile, args.enable_hybrid_kv, ep,
-                                            dp))
+                          limits=limits_for(model, pred, hw, profile, config.enable_hybrid_kv,
+                                            ep, dp),
+                          spec=spec.to_json())
     return report, trace

@@ -1,20 +1,23 @@
 """`gnomon sweep`: one simulation per point of a grid of serving configurations, and the Pareto
 frontier of output tok/s per GPU against tok/s per user.
 
-A `SweepSpec` is what every point shares (`base`: `simulate`'s keyword arguments: model,
-workload, predictor, seed, ...) and the axes that vary (`axes`: hardware, tp, concurrency,
-max_num_batched_tokens, max_num_seqs, rate). `run_point` runs one point, the same function in
+A `SweepSpec` is what every point shares (`base`: a `SimulationSpec`: model, workload,
+predictor, seed, ...) and the axes that vary (`axes`: hardware, tp, ep, dp, concurrency,
+max_num_batched_tokens, max_num_seqs, rate; each point is the base with its axis values over
+it, `SimulationSpec.with_flags`). `run_point` runs one point, the same function in
 every executor (`--jobs N` local processes, or Ray tasks), and returns its record: the full
 report, or the refusal that named why the point cannot run (a model that does not fit, a tp
 that does not divide the heads). A refused point is listed, never dropped.
 
-The sweep document (kind ``gnomon.predict.sweep``, schema 3, `gnomon.documents`) holds the spec,
+The sweep document (kind ``gnomon.predict.sweep``, schema 4, `gnomon.documents`) holds the spec
+(its base as the `SimulationSpec` document),
 the gnomon version, a record per finished point and the answer: the spec's ``frontier`` part
 says which points may enter it (``max_ttft_s`` and ``max_tpot_s`` bound the means) and what a
 GPU-hour costs per hardware (``usd_per_gpu_hour``); each complete record carries
 ``on_frontier`` and, where its hardware has a price, ``usd_per_million_output_tokens``; and
 the document's ``frontier`` lists the frontier's points in order of tok/s per user (so of
-falling tok/s per GPU), each with its figures. Schema 2 documents (no frontier) still load. `run_sweep` writes it atomically after
+falling tok/s per GPU), each with its figures. Schema 2 (no frontier) and 3 documents (a base
+of keyword arguments) still load; they cannot be resumed. `run_sweep` writes it atomically after
 every point, so an interrupted sweep loses at most the points in flight, and resumes from it:
 a point with a complete record is not run again, anything else is. A resume against another
 spec is refused, naming the field that differs.
@@ -40,9 +43,11 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from gnomon import documents
 from gnomon.documents import DocumentError
 
+from .spec import SimulationSpec
+
 KIND = "gnomon.predict.sweep"
-SCHEMA_VERSION = 3
-ACCEPTED_VERSIONS = (2, 3)
+SCHEMA_VERSION = 4
+ACCEPTED_VERSIONS = (2, 3, 4)
 AXES = ("hardware", "tp", "ep", "dp", "concurrency", "max_num_batched_tokens", "max_num_seqs",
         "rate")
 COMPLETE, REFUSED = "complete", "refused"
@@ -51,11 +56,12 @@ FRONTIER = ("max_ttft_s", "max_tpot_s", "usd_per_gpu_hour")  # the spec's fronti
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """`base`: the `simulate` arguments every point shares (JSON values); `axes`: {axis: values}
-    in `AXES` order, their product the points; `frontier`: which points may enter the
-    frontier and the prices (`FRONTIER`: seconds, and USD per GPU-hour by hardware name)."""
+    """`base`: the `SimulationSpec` every point shares (or a mapping of `gnomon simulate`'s flag
+    names, `SimulationSpec.of`); `axes`: {axis: values} in `AXES` order, their product the
+    points; `frontier`: which points may enter the frontier and the prices (`FRONTIER`:
+    seconds, and USD per GPU-hour by hardware name)."""
 
-    base: Mapping[str, Any]
+    base: SimulationSpec
     axes: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     frontier: Mapping[str, Any] = field(default_factory=dict)
 
@@ -83,8 +89,14 @@ class SweepSpec:
         for axis, values in self.axes.items():
             if not values:
                 raise ValueError(f"sweep axis {axis}: expected at least one value")
-            if axis in self.base:
-                raise ValueError(f"{axis}: given both as an axis and as a fixed value")
+        if isinstance(self.base, Mapping):
+            both = sorted(set(self.axes) & set(self.base))
+            if both:
+                raise ValueError(f"{both[0]}: given both as an axis and as a fixed value")
+            object.__setattr__(self, "base", SimulationSpec.of(**self.base))
+        if not isinstance(self.base, SimulationSpec):
+            raise ValueError(f"sweep base: expected a SimulationSpec or a mapping of gnomon "
+                             f"simulate's flag names, got {type(self.base).__name__}")
 
     def points(self) -> List[Dict[str, Any]]:
         names = [a for a in AXES if a in self.axes]
@@ -92,13 +104,13 @@ class SweepSpec:
                 for values in itertools.product(*(self.axes[a] for a in names))]
 
     def to_json(self) -> dict:
-        return {"base": dict(self.base), "axes": {a: list(v) for a, v in self.axes.items()},
+        return {"base": self.base.to_json(), "axes": {a: list(v) for a, v in self.axes.items()},
                 "frontier": dict(self.frontier)}
 
     @staticmethod
     def from_file(path) -> "SweepSpec":
         """A YAML or JSON spec: ``{"grid": {axis: [values]}, "frontier": {...} (optional),
-        <fixed simulate arguments>}``."""
+        <fixed values by gnomon simulate's flag names>}``."""
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
@@ -123,23 +135,7 @@ class SweepSpec:
         return SweepSpec(raw, grid, frontier)
 
 
-def _simulate_args(base: Mapping[str, Any], point: Mapping[str, Any]) -> Dict[str, Any]:
-    from .metrics import SLO
-    from .workloads import parse_length
-
-    args = {**base, **point}
-    if args.get("rate") == "inf":  # JSON has no infinity: the spec spells it
-        args["rate"] = math.inf
-    for name in ("input_len", "output_len"):
-        if isinstance(args.get(name), str):
-            args[name] = parse_length(args[name], f"--{name.replace('_', '-')}")
-    slo = args.pop("slo", None)
-    if slo is not None:
-        args["slo"] = SLO(ttft_s=slo["ttft_s"], tpot_s=slo["tpot_s"])
-    return args
-
-
-def run_point(base: Mapping[str, Any], point: Mapping[str, Any]) -> Dict[str, Any]:
+def run_point(base: SimulationSpec, point: Mapping[str, Any]) -> Dict[str, Any]:
     """One point's record: ``{"point", "status": "complete", "report"}``, or ``"refused"``
     with the ``reason`` (a ValueError from the model, hardware or predictor: a model that does
     not fit, a tp that does not divide it). Also where and how long it ran."""
@@ -148,7 +144,7 @@ def run_point(base: Mapping[str, Any], point: Mapping[str, Any]) -> Dict[str, An
     began = time.perf_counter()
     record: Dict[str, Any] = {"point": dict(point)}
     try:
-        report, _ = simulate(**_simulate_args(base, point))
+        report, _ = simulate(base.with_flags(**point))
         record.update(status=COMPLETE, report=report)
     except ValueError as refusal:  # PredictionRefused is one too
         record.update(status=REFUSED, reason=str(refusal))
@@ -377,8 +373,8 @@ def run_sweep(spec: SweepSpec, *, out: Optional[os.PathLike] = None, resume: boo
         todo = [p for p in points if point_key(p) not in done]
         if progress:
             progress(len(doc["points"]), len(points))
-        results = (_ray_results(dict(spec.base), todo, ray_address) if use_ray
-                   else _local_results(dict(spec.base), todo, jobs))
+        results = (_ray_results(spec.base, todo, ray_address) if use_ray
+                   else _local_results(spec.base, todo, jobs))
         for record in results:
             doc["points"].append(record)
             if out is not None:

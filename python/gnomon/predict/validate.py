@@ -40,8 +40,7 @@ from gnomon.engine.parallel import check_tp
 
 from . import accuracy
 from .accuracy import KIND, SCHEMA_VERSION
-from .calibrate import (CPU_KV_BLOCKS, calibrate, cpu_engine_args, measured_steps, rank_threads,
-                        real_run)
+from .calibrate import calibrate, cpu_engine_config, measured_steps, rank_threads, real_run
 from .calibrated import CalibratedPredictor
 from .cost import PredictionRefused
 from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
@@ -71,7 +70,7 @@ def validation_workload(spec: ModelSpec, num_requests: int = 120, seed: int = 7,
     """Lognormal serving-like lengths at a moderate Poisson rate (another shape and seed than
     `calibrate.calibration_workload`): prompts of median 1/10 and at most 1/2 of the sequence
     limit, outputs of median 1/32 and at most 1/8."""
-    limit = cpu_engine_args(spec).max_model_len
+    limit = cpu_engine_config(spec).max_model_len
     return synthetic(SyntheticSpec(
         num_requests=num_requests, rate=rate,
         prompt_len=LengthDist.lognormal(limit // 10, 0.8, 16, limit // 2),
@@ -173,8 +172,8 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
         say("real run 1 repeated step for step")
         repeat = real_run(model, workload, pace=first, tp=tp)
     say("simulated run")
-    engine = simulated_engine(spec, "host", predictor, tp=tp, args=cpu_engine_args(spec),
-                              num_kv_blocks=CPU_KV_BLOCKS)
+    engine = simulated_engine(spec, "host", predictor,
+                              cpu_engine_config(spec).replace(tensor_parallel_size=tp))
     simulated = run_workload(engine, workload)
 
     real_metrics, second_metrics = compute_metrics(first), compute_metrics(second)
@@ -187,7 +186,7 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
         "setup": {"model": spec.name, "predictor": predictor.name,
                   "calibration": predictor.info, "workload": workload.description,
                   "scale": scale, "tp": tp,
-                  "engine": {**cpu_engine_args(spec).kwargs(), "num_kv_blocks": CPU_KV_BLOCKS}},
+                  "engine": cpu_engine_config(spec).replace(tensor_parallel_size=tp).to_json()},
         "step_ape": step_ape,
         "step_ape_by_kind": {k: _ape_summary(errors[k]) for k in ("prefill", "decode", "mixed")},
         "step_ape_rescaled": rescaled(errors["all"]),
