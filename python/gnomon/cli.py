@@ -522,6 +522,9 @@ def _add_calibrate_parser(commands) -> None:  # noqa: ANN001
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel ranks the engine runs (and the fit prices) at; the "
                         "comm suite joins the sweep above 1 (default 1)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu or cuda[:N]: where the bench sweep, the GEMM sweep and the real "
+                        "engine run (a GPU build; default cpu)")
 
 
 def _run_calibrate(args) -> int:  # noqa: ANN001
@@ -533,7 +536,7 @@ def _run_calibrate(args) -> int:  # noqa: ANN001
     try:
         predictor = cal.calibrate(args.model, random_weights=not os.path.isdir(args.model),
                                   bench_suites=suites, num_requests=args.num_requests,
-                                  tp=args.tp)
+                                  tp=args.tp, device=args.device)
         predictor.save(args.out)
     except (ValueError, TypeError, KeyError, OSError) as error:
         return _error(error)
@@ -553,6 +556,14 @@ def _add_validate_parser(commands) -> None:  # noqa: ANN001
         description="Calibrates on one workload, runs another twice for real and once "
                     "simulated, and reports per-step and TTFT/TPOT/throughput errors.")
     p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--model", default=defaults.CALIBRATION_MODEL,
+                   help=f"a preset, run with random weights (default "
+                        f"{defaults.CALIBRATION_MODEL}; llama-1b and gpt-oss-1b are sized for "
+                        f"a GPU)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu or cuda[:N]: where calibration and the real runs happen; the "
+                        "simulation prices that GPU's catalogue entry (default cpu: this "
+                        "machine, measured)")
     p.add_argument("--num-requests", type=int, default=120, help="(default 120)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel ranks for the calibration, the real runs and the "
@@ -570,7 +581,8 @@ def _run_validate(args) -> int:  # noqa: ANN001
     from gnomon.predict import validate as val
 
     try:
-        report = val.validate(num_requests=args.num_requests, tp=args.tp, commit=args.commit,
+        report = val.validate(args.model, num_requests=args.num_requests, tp=args.tp,
+                              device=args.device, commit=args.commit,
                               calibration_requests=args.num_calibration_requests,
                               progress=lambda stage: print(stage, file=sys.stderr))
         if args.out:

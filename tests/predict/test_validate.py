@@ -111,6 +111,8 @@ def test_tp2_validates_a_tensor_parallel_run_and_reports_its_communication(repor
     assert 0 < report_tp2["communication_share"] < 1
     assert report_tp2["step_ape"]["count"] == report_tp2["steps"]["real"] > 0
     assert report_tp2["step_ape"]["median"] < 0.5  # as loose as at tp 1 (see above)
+    # this CPU's catalogue entry has no interconnect: the uncalibrated roofline says so
+    assert "interconnect bandwidth" in report_tp2["roofline"]["refused"]
     json.dumps(report_tp2, allow_nan=False)
     assert not multiprocessing.active_children()  # every engine's workers were shut down
 
@@ -127,3 +129,13 @@ def test_the_report_is_a_document_the_dashboard_ingests(report, tmp_path):
     assert figures["step_ape_median"] == (report["step_ape"]["median"],
                                           report["noise_floor"]["step_ape"]["median"])
     assert figures["ttft_error"][0] == abs(report["ttft_error"])
+
+
+def test_the_uncalibrated_roofline_is_reported_beside(report):
+    # the roofline of this machine as measured, with gnomon's host cost and no fit to it
+    r = report["roofline"]
+    assert r["predictor"].startswith("roofline") and report["setup"]["hardware"] == "host"
+    assert r["step_ape"]["count"] == report["steps"]["real"]
+    for key in FIGURES:
+        assert math.isfinite(r[key])
+    assert r["simulated"]["tpot"] > 0

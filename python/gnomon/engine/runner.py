@@ -75,14 +75,22 @@ FAMILIES = ("overhead", "attention", "gemm", "moe", "elementwise", "communicatio
 
 
 class _FamilyTimer:
-    """Charges the time since the previous charge to a family."""
+    """Charges the time since the previous charge to a family. With `sync` (a GPU's
+    synchronize) each reading waits for the device first, so a family is charged its kernels'
+    time, not their launches'."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync: Optional[Callable[[], None]] = None) -> None:
         self.seconds = dict.fromkeys(FAMILIES, 0.0)
-        self._last = time.perf_counter()
+        self._sync = sync
+        self._last = self._now()
+
+    def _now(self) -> float:
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter()
 
     def __call__(self, family: str) -> None:
-        now = time.perf_counter()
+        now = self._now()
         self.seconds[family] += now - self._last
         self._last = now
 
@@ -159,6 +167,7 @@ class ModelRunner:
             "max_position", config.max_position_embeddings if max_position is None
             else max_position)
         self.device = resolve_device(device)
+        self.timer_sync: Optional[Callable[[], None]] = None  # `time_families`
         if "embed" not in weights:
             raise KeyError("weights: missing 'embed' (expected gnomon's weight names, as "
                            "load_weights / random_weights return)")
@@ -334,6 +343,12 @@ class ModelRunner:
             tick("communication")
         return logits
 
+    def time_families(self) -> None:
+        """From now on each step's breakdown by family waits for the GPU at every charge: its
+        kernels' times, at the cost of a synchronize per family (a CPU needs none)."""
+        if self.device.type == "cuda":
+            self.timer_sync = torch.cuda.synchronize
+
     # ------------------------------------------------------------------ step
     @torch.inference_mode()
     def execute_logits(self, batch: ScheduledBatch) -> Tuple[torch.Tensor, Dict[str, float]]:
@@ -341,7 +356,7 @@ class ModelRunner:
         sample this step ([R, V], batch order) and the time by family so far."""
         if not isinstance(batch, ScheduledBatch):
             raise TypeError(f"batch: expected a ScheduledBatch, got {type(batch).__name__}")
-        tick = _FamilyTimer()
+        tick = _FamilyTimer(self.timer_sync)
         self._copy_blocks(batch.block_copies)
         if batch.is_empty:
             self.tables.apply(batch)  # drops the finished sequences' tables

@@ -18,24 +18,24 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .calibrated import CalibratedPredictor
-from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
 from gnomon.engine.engine_config import EngineConfig
 
+from .calibrated import CalibratedPredictor
+from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
 from .serve import RunTrace, run_workload, timed_engine
 from .shapes import ModelSpec, StepShape
 from .workloads import LengthDist, SyntheticSpec, synthetic
 
-CPU_KV_BLOCKS = 4096  # 64k tokens: the sequence cap binds, not the cache
+KV_BLOCKS = 4096  # 64k tokens: the sequence cap binds, not the cache
 
 
-def cpu_engine_config(spec: ModelSpec) -> EngineConfig:
-    """The engine settings calibration and validation share: a CPU-sized token budget,
-    sequences of up to 2048 tokens (fewer where the model's positions end sooner), and a KV
-    cache of `CPU_KV_BLOCKS`."""
+def calibration_engine(spec: ModelSpec, device: str = "cpu") -> EngineConfig:
+    """The engine settings calibration and validation share, on `device`: a CPU-sized token
+    budget, sequences of up to 2048 tokens (fewer where the model's positions end sooner), and
+    a KV cache of `KV_BLOCKS`."""
     return EngineConfig(block_size=16, max_num_seqs=32, max_num_batched_tokens=512,
                         max_model_len=min(2048, spec.config.max_position_embeddings),
-                        num_kv_blocks=CPU_KV_BLOCKS)
+                        num_kv_blocks=KV_BLOCKS, device=device)
 
 
 def calibration_workload(spec: ModelSpec, num_requests: int = CALIBRATION_REQUESTS,
@@ -43,7 +43,7 @@ def calibration_workload(spec: ModelSpec, num_requests: int = CALIBRATION_REQUES
     """Wide uniform lengths (prompts up to 5/8 and outputs up to 5/32 of the sequence limit)
     arriving faster than they are served, so the steps span prefill, decode and mixed batches
     up to the token budget and the sequence cap."""
-    limit = cpu_engine_config(spec).max_model_len
+    limit = calibration_engine(spec).max_model_len
     return synthetic(SyntheticSpec(num_requests=num_requests, rate=200.0,
                                    prompt_len=LengthDist.uniform(8, limit * 5 // 8),
                                    output_len=LengthDist.uniform(2, limit * 5 // 32),
@@ -93,12 +93,13 @@ def family_rows(trace: RunTrace, spec: ModelSpec, tp: int = 1):
 
 
 def real_run(model, workload, *, random_weights: bool = True,
-             pace: Optional[RunTrace] = None, tp: int = 1,
+             pace: Optional[RunTrace] = None, tp: int = 1, device: str = "cpu",
              progress: Optional[Callable[[int, int], None]] = None) -> RunTrace:
-    """The workload through the real engine on this CPU (`cpu_engine_config`, `tp` ranks),
+    """The workload through the real engine on `device` (`calibration_engine`, `tp` ranks),
     timed on a virtual clock (paced by an earlier run's step times when `pace` is given, to
     repeat its decisions)."""
-    config = cpu_engine_config(ModelSpec.from_model(model)).replace(tensor_parallel_size=tp)
+    config = calibration_engine(ModelSpec.from_model(model), device).replace(
+        tensor_parallel_size=tp)
     engine = timed_engine(model, config, random_weights=random_weights,
                           pace=None if pace is None else [s.seconds for s in pace.steps])
     try:
@@ -107,12 +108,14 @@ def real_run(model, workload, *, random_weights: bool = True,
         engine.close()
 
 
-def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7, tp: int = 1):
+def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7, tp: int = 1,
+               device: str = "cpu"):
     """The model's own GEMMs (`opcount.dense_ops`' gemm family: every layer's projections and
     lm_head; one rank's shard of them at `tp`), timed through ``torch.nn.functional.linear``
-    as the runner calls them, at each knot M = 1, 2, 4, ... up to `max_m`: ``[(ops, seconds)]``,
-    the median of `repeats` passes. A pass walks every layer's own weights, as a step does, so
-    they stream from memory rather than sit in a cache."""
+    on `device` as the runner calls them, at each knot M = 1, 2, 4, ... up to `max_m`:
+    ``[(ops, seconds)]``, the median of `repeats` passes (on a GPU, from the first launch to
+    the device's last finish). A pass walks every layer's own weights, as a step does, so they
+    stream from memory rather than sit in a cache."""
     import torch
     import torch.nn.functional as F
 
@@ -120,6 +123,7 @@ def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7, tp: int = 1):
     from .opcount import dense_ops
 
     dtype = getattr(torch, spec.dtype)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(0)
     out = []
     for m in (k for k in GEMM_KNOTS if k <= max_m):
@@ -127,15 +131,17 @@ def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7, tp: int = 1):
         calls = []
         for op in ops:
             n = round(op.flops / (2 * op.rows * op.depth * op.launches))
-            x = torch.randn(m, op.depth, generator=g, dtype=dtype)
-            calls += [(x, torch.randn(n, op.depth, generator=g, dtype=dtype) * 0.02)
+            x = torch.randn(m, op.depth, generator=g, dtype=dtype).to(device)
+            calls += [(x, (torch.randn(n, op.depth, generator=g, dtype=dtype) * 0.02).to(device))
                       for _ in range(op.launches)]
         times = []
         with torch.inference_mode():
             for _ in range(repeats + 1):  # the first pass warms up
+                sync()
                 began = time.perf_counter()
                 for x, w in calls:
                     F.linear(x, w)
+                sync()
                 times.append(time.perf_counter() - began)
         out.append((ops, float(np.median(times[1:]))))
     return out
@@ -144,38 +150,42 @@ def gemm_sweep(spec: ModelSpec, max_m: int, repeats: int = 7, tp: int = 1):
 def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True,
               num_requests: int = CALIBRATION_REQUESTS, workload=None,
               bench_suites: Sequence[str] = CALIBRATION_BENCH_SUITES, bench_mode: str = "hot",
-              bench_results: Sequence[dict] = (), tp: int = 1,
+              bench_results: Sequence[dict] = (), tp: int = 1, device: str = "cpu",
               progress: Optional[Callable[[int, int], None]] = None) -> CalibratedPredictor:
     """Bench sweep (skipped when `bench_suites` is empty; at `tp` > 1 with the ``comm``
     suite) plus the calibration workload (default: `calibration_workload` of `num_requests`)
-    through the real engine at `tp`; returns the fitted predictor."""
+    through the real engine at `tp` on `device`; returns the fitted predictor."""
     from gnomon.bench.runner import run_bench
     from gnomon.engine.parallel import check_tp
+    from gnomon.engine.runner import resolve_device
 
     spec = ModelSpec.from_model(model)
     check_tp(spec.config, tp, "tp")
+    resolve_device(device)  # a device this build cannot run on is refused before any work
     suites = list(bench_suites) + (["comm"] if tp > 1 and "comm" not in bench_suites else [])
     docs = list(bench_results)
     with rank_threads(tp):
         if suites:
             # the sweep's document stays in memory, so it needs no commit of its own
-            docs.append(run_bench(suites, quick=True, mode=bench_mode, commit="0" * 40))
+            docs.append(run_bench(suites, device=device, quick=True, mode=bench_mode,
+                                  commit="0" * 40))
         workload = workload or calibration_workload(spec, num_requests)
-        trace = real_run(model, workload, random_weights=random_weights, tp=tp,
+        trace = real_run(model, workload, random_weights=random_weights, tp=tp, device=device,
                          progress=progress)
-        timed = gemm_sweep(spec, cpu_engine_config(spec).max_num_batched_tokens, tp=tp)
+        timed = gemm_sweep(spec, calibration_engine(spec).max_num_batched_tokens, tp=tp,
+                           device=device)
     # the scheduler it ran under (a simulation under this predictor takes it by default); the
-    # KV cache it had is this CPU's, not the simulated GPU's
+    # KV cache it had is this machine's, not the simulated GPU's
     info = {"model": spec.name, "workload": workload.description, "tp": tp,
-            "engine": cpu_engine_config(spec).replace(num_kv_blocks=None).to_json(),
+            "engine": calibration_engine(spec, device).replace(num_kv_blocks=None).to_json(),
             "bench": f"suites {','.join(suites) or 'none'} (quick, {bench_mode})",
-            "machine": _machine()}
+            "machine": _machine(device)}
     timed += family_rows(trace, spec, tp)
     return CalibratedPredictor.fit_from(measured_steps(trace, spec, tp), docs, info=info,
                                         timed_ops=timed)
 
 
-def _machine() -> dict:
+def _machine(device: str) -> dict:
     from gnomon.bench.machine import machine_info
 
-    return machine_info("cpu")
+    return machine_info("cpu" if device == "cpu" else "cuda")

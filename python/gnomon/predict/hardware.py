@@ -12,6 +12,23 @@ from gnomon.hardware import Figure, Hardware
 HOST = "host"
 
 
+def of_device(device: str) -> Hardware:
+    """The hardware a real run on `device` runs on: `host` for ``"cpu"``, else the catalogue's
+    entry for the GPU torch names there (`gnomon.hardware.from_device_name`, exact). Raises
+    ValueError naming a GPU the catalogue does not list."""
+    if device == "cpu":
+        return host()
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(device))
+    entry = hardware.from_device_name(name)
+    if entry is None:
+        raise ValueError(f"device: {device} is a {name!r}, which no entry of the hardware "
+                         f"catalogue reports (gnomon/hardware.py, device_names); add it there "
+                         f"with its datasheet figures")
+    return entry
+
+
 @functools.lru_cache(maxsize=1)
 def host() -> Hardware:
     """This machine as the bench harness measures it (copy bandwidth and the best square

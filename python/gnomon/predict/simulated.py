@@ -215,6 +215,8 @@ class TimedRunner:
     def __init__(self, runner, clock: VirtualClock,
                  pace: Optional[Sequence[float]] = None) -> None:
         self.runner, self.clock = runner, clock
+        if hasattr(runner, "time_families"):  # a GPU's breakdown times kernels, not launches
+            runner.time_families()
         self.pace = None if pace is None else list(pace)
         self.steps: List[StepRecord] = []
         self._last_end: Optional[float] = None

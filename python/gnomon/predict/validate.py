@@ -16,6 +16,13 @@
    between the calibration and the real run scales every step's time; this figure is what is
    left of the error apart from that scale, so it holds on a busy machine where the plain one
    does not.
+6. Beside them, with no goal (``roofline``): the same figures of the uncalibrated roofline of
+   this hardware with gnomon's own host cost, what a machine never measured would be told.
+
+On a GPU (``device`` ``cuda``) every real run, the bench sweep and the GEMM sweep run there,
+the runner's breakdown by op family waits for the GPU at each charge (`TimedRunner`), and the
+simulations price that GPU's hardware catalogue entry (`hardware.of_device`); on the CPU they
+price this machine as measured (``host``).
 
 Goal: step median APE <= 5% and TTFT, TPOT and throughput within 5%, or 1.5x the noise floor
 where the noise floor exceeds 3.3%.
@@ -40,11 +47,14 @@ from gnomon.engine.parallel import check_tp
 
 from . import accuracy
 from .accuracy import KIND, SCHEMA_VERSION
-from .calibrate import calibrate, cpu_engine_config, measured_steps, rank_threads, real_run
+from .calibrate import calibrate, calibration_engine, measured_steps, rank_threads, real_run
 from .calibrated import CalibratedPredictor
 from .cost import PredictionRefused
 from .defaults import CALIBRATION_BENCH_SUITES, CALIBRATION_MODEL, CALIBRATION_REQUESTS
+from .engines import resolve_engine
+from .hardware import of_device
 from .metrics import compute_metrics
+from .roofline import RooflinePredictor
 from .serve import RunTrace, run_workload, simulated_engine
 from .shapes import ModelSpec
 from .workloads import LengthDist, SyntheticSpec, synthetic
@@ -70,7 +80,7 @@ def validation_workload(spec: ModelSpec, num_requests: int = 120, seed: int = 7,
     """Lognormal serving-like lengths at a moderate Poisson rate (another shape and seed than
     `calibrate.calibration_workload`): prompts of median 1/10 and at most 1/2 of the sequence
     limit, outputs of median 1/32 and at most 1/8."""
-    limit = cpu_engine_config(spec).max_model_len
+    limit = calibration_engine(spec).max_model_len
     return synthetic(SyntheticSpec(
         num_requests=num_requests, rate=rate,
         prompt_len=LengthDist.lognormal(limit // 10, 0.8, 16, limit // 2),
@@ -97,7 +107,7 @@ def step_errors(predictor, trace: RunTrace, spec: ModelSpec,
         try:
             predicted = predictor.predict(shape).seconds
         except PredictionRefused as refused:
-            raise PredictionRefused(f"the calibrated predictor refused a validation step "
+            raise PredictionRefused(f"the {predictor.name} predictor refused a validation step "
                                     f"({refused.reason})") from None
         e = (predicted - seconds) / seconds
         out["all"].append(e)
@@ -136,24 +146,29 @@ def noise_step_errors(first: RunTrace, repeat: RunTrace) -> List[float]:
 def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
              calibration_requests: int = CALIBRATION_REQUESTS,
              bench_suites: Sequence[str] = CALIBRATION_BENCH_SUITES,
-             scale: Optional[float] = None, tp: int = 1, commit: Optional[str] = None,
+             scale: Optional[float] = None, tp: int = 1, device: str = "cpu",
+             commit: Optional[str] = None,
              progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Runs the whole validation (module docstring) at `tp` ranks and returns the JSON-ready
-    report (a `gnomon.predict.accuracy` document of `commit`, default: the checkout's).
-    `scale` shrinks both workloads (None: `machine_scale` measures it from the warm-up)."""
+    """Runs the whole validation (module docstring) at `tp` ranks on `device` and returns the
+    JSON-ready report (a `gnomon.predict.accuracy` document of `commit`, default: the
+    checkout's). `scale` shrinks both workloads (None: `machine_scale` measures it from the
+    warm-up)."""
     import gnomon
     from gnomon.bench.machine import machine_info, resolve_commit
+    from gnomon.engine.runner import resolve_device
 
     say = progress or (lambda stage: None)
     commit = resolve_commit(commit)
     spec = ModelSpec.from_model(model)
     check_tp(spec.config, tp, "tp")
+    resolve_device(device)  # a device this build cannot run on is refused before any work
+    hardware = of_device(device)
     with rank_threads(tp):
         # The first real run in a process runs slower (page faults, allocator growth, thread
         # pool start-up); a warm-up keeps that out of both the calibration and the validation.
         say("warm-up run")
         warm = real_run(model, validation_workload(
-            spec, num_requests=max(num_requests // 8, 4), seed=99), tp=tp)
+            spec, num_requests=max(num_requests // 8, 4), seed=99), tp=tp, device=device)
         if scale is None:
             scale = machine_scale(warm, num_requests)
         # A slower machine runs fewer requests at a proportionally lower rate: the same load
@@ -161,32 +176,31 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
         n = max(round(num_requests * scale), 1)
         say(f"calibrating (bench sweep, GEMM sweep, calibration workload; scale {scale:.2f})")
         predictor: CalibratedPredictor = calibrate(
-            model, bench_suites=bench_suites, tp=tp,
+            model, bench_suites=bench_suites, tp=tp, device=device,
             num_requests=max(round(calibration_requests * scale), 1))
         workload = validation_workload(spec, num_requests=n,
                                        rate=VALIDATION_RATE * n / num_requests)
         say("real run 1")
-        first = real_run(model, workload, tp=tp)
+        first = real_run(model, workload, tp=tp, device=device)
         say("real run 2")
-        second = real_run(model, workload, tp=tp)
+        second = real_run(model, workload, tp=tp, device=device)
         say("real run 1 repeated step for step")
-        repeat = real_run(model, workload, pace=first, tp=tp)
-    say("simulated run")
-    engine = simulated_engine(spec, "host", predictor,
-                              cpu_engine_config(spec).replace(tensor_parallel_size=tp))
-    simulated = run_workload(engine, workload)
-
+        repeat = real_run(model, workload, pace=first, tp=tp, device=device)
+    say("simulated runs")
+    config = calibration_engine(spec, device).replace(tensor_parallel_size=tp)
+    simulated = run_workload(simulated_engine(spec, hardware, predictor, config), workload)
     real_metrics, second_metrics = compute_metrics(first), compute_metrics(second)
     sim_metrics = compute_metrics(simulated)
     errors = step_errors(predictor, first, spec, tp)
     step_ape = _ape_summary(errors["all"])
     report = {
         "schema_version": SCHEMA_VERSION, "kind": KIND, "commit": commit,
-        "machine": machine_info("cpu"), "created_with": {"version": gnomon.__version__},
+        "machine": machine_info("cpu" if device == "cpu" else "cuda"),
+        "created_with": {"version": gnomon.__version__},
         "setup": {"model": spec.name, "predictor": predictor.name,
                   "calibration": predictor.info, "workload": workload.description,
-                  "scale": scale, "tp": tp,
-                  "engine": cpu_engine_config(spec).replace(tensor_parallel_size=tp).to_json()},
+                  "scale": scale, "tp": tp, "hardware": hardware.name,
+                  "engine": config.to_json()},
         "step_ape": step_ape,
         "step_ape_by_kind": {k: _ape_summary(errors[k]) for k in ("prefill", "decode", "mixed")},
         "step_ape_rescaled": rescaled(errors["all"]),
@@ -194,6 +208,7 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
         "noise_floor": {"step_ape": _ape_summary(noise_step_errors(first, repeat)),
                         **_signed(_headline(second_metrics), _headline(real_metrics))},
         "real": _headline(real_metrics), "simulated": _headline(sim_metrics),
+        "roofline": _roofline(spec, hardware, config, workload, first, real_metrics),
         # busy seconds by family: the real runner's timings (the scheduler's share is
         # "unattributed") against the calibrated predictor's split
         "breakdown_s": {name: {**m["steps"]["breakdown_s"],
@@ -207,6 +222,22 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
     }
     report["goal"] = _goal(report)
     return report
+
+
+def _roofline(spec: ModelSpec, hardware, config, workload, first: RunTrace,
+              real_metrics: dict) -> dict:
+    """The uncalibrated roofline of `hardware` with gnomon's own host cost on the same steps
+    and workload (what a machine never measured would be told), or its refusal's reason."""
+    roofline = RooflinePredictor(hardware, overhead=resolve_engine("gnomon").overhead)
+    try:
+        unfitted = compute_metrics(run_workload(
+            simulated_engine(spec, hardware, roofline, config), workload))
+        errors = step_errors(roofline, first, spec, config.tensor_parallel_size)
+    except PredictionRefused as refused:
+        return {"predictor": roofline.name, "refused": refused.reason}
+    return {"predictor": roofline.name, "step_ape": _ape_summary(errors["all"]),
+            **_signed(_headline(unfitted), _headline(real_metrics)),
+            "simulated": _headline(unfitted)}
 
 
 def _goal(report: dict) -> dict:
@@ -269,3 +300,9 @@ def render(report: dict, console=None) -> None:
     for family in sorted(set(real) | set(sim)):
         split.add_row(family, *(f"{b.get(family, 0.0):.2f}" for b in (real, sim)))
     console.print(split)
+    r = report["roofline"]
+    console.print(f"uncalibrated {r['predictor']} on {setup['hardware']}: "
+                  + (f"refused ({r['refused']})" if "refused" in r else
+                     f"step error median {r['step_ape']['median']:.1%}; TTFT "
+                     f"{pct(r['ttft_error'])}, TPOT {pct(r['tpot_error'])}, throughput "
+                     f"{pct(r['throughput_error'])}"), highlight=False)

@@ -45,9 +45,9 @@ def config_fields(r, base) -> dict:
                 activation="swiglu_oai", gate_up_layout="interleaved")
 
 
-def _gpt_oss(layers: int, experts: int) -> dict:
+def _gpt_oss(layers: int, experts: int, vocab: int = 201088) -> dict:
     return {
-        "architectures": [ARCHITECTURE], "vocab_size": 201088, "hidden_size": 2880,
+        "architectures": [ARCHITECTURE], "vocab_size": vocab, "hidden_size": 2880,
         "intermediate_size": 2880, "num_hidden_layers": layers, "num_attention_heads": 64,
         "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 150000,
         "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
@@ -68,6 +68,10 @@ PRESETS = {
     "gpt-oss-20b": _gpt_oss(layers=24, experts=32),
     # openai/gpt-oss-120b config.json (Hugging Face hub).
     "gpt-oss-120b": _gpt_oss(layers=36, experts=128),
+    # gpt-oss-20b's layers (attention, sinks, windows, MXFP4 experts of its width, top-4), 4
+    # of them with 8 experts each and a 32,000-token vocabulary: 1.09B parameters, 0.80B of them
+    # MXFP4 experts, the about-1B gpt-oss a GPU's calibration and validation run for real.
+    "gpt-oss-1b": _gpt_oss(layers=4, experts=8, vocab=32000),
     # max_position = factor * original, as in the real gpt-oss config
     "tiny-gpt-oss": common.tiny(
         ARCHITECTURE, intermediate_size=64, rope_theta=150000.0, num_local_experts=4,

@@ -22,14 +22,15 @@ def config_fields(r, base) -> dict:
 
 
 
-def _llama31(layers: int, hidden: int, heads: int, inter: int) -> dict:
+def _llama31(layers: int, hidden: int, heads: int, inter: int, factor: float = 8.0,
+             tied: bool = False) -> dict:
     return {
         "architectures": [ARCHITECTURE], "vocab_size": 128256, "hidden_size": hidden,
         "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
         "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        "max_position_embeddings": 131072, "tie_word_embeddings": False,
+        "max_position_embeddings": 131072, "tie_word_embeddings": tied,
         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
         "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16",
     }
@@ -40,6 +41,9 @@ PRESETS = {
     "llama-3.1-8b": _llama31(layers=32, hidden=4096, heads=32, inter=14336),
     # meta-llama/Llama-3.1-70B config.json (Hugging Face hub).
     "llama-3.1-70b": _llama31(layers=80, hidden=8192, heads=64, inter=28672),
+    # meta-llama/Llama-3.2-1B config.json (Hugging Face hub; 1.24B parameters, its embedding
+    # tied to the lm_head): the about-1B Llama a GPU's calibration and validation run for real.
+    "llama-1b": _llama31(layers=16, hidden=2048, heads=32, inter=8192, factor=32.0, tied=True),
     # A CPU-sized Llama (21M parameters) that `gnomon calibrate` / `validate` run for real.
     "small-llama": {
         "architectures": [ARCHITECTURE], "vocab_size": 8192, "hidden_size": 512,
