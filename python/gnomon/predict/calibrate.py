@@ -161,13 +161,15 @@ def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True,
 
     spec = ModelSpec.from_model(model)
     check_tp(spec.config, tp, "tp")
-    resolve_device(device)  # a device this build cannot run on is refused before any work
+    # a device this build cannot run on is refused before any work; the bench times the
+    # current GPU (its devices are "cpu" and "cuda")
+    kind = resolve_device(device).type
     suites = list(bench_suites) + (["comm"] if tp > 1 and "comm" not in bench_suites else [])
     docs = list(bench_results)
     with rank_threads(tp):
         if suites:
             # the sweep's document stays in memory, so it needs no commit of its own
-            docs.append(run_bench(suites, device=device, quick=True, mode=bench_mode,
+            docs.append(run_bench(suites, device=kind, quick=True, mode=bench_mode,
                                   commit="0" * 40))
         workload = workload or calibration_workload(spec, num_requests)
         trace = real_run(model, workload, random_weights=random_weights, tp=tp, device=device,
@@ -179,13 +181,13 @@ def calibrate(model=CALIBRATION_MODEL, *, random_weights: bool = True,
     info = {"model": spec.name, "workload": workload.description, "tp": tp,
             "engine": calibration_engine(spec, device).replace(num_kv_blocks=None).to_json(),
             "bench": f"suites {','.join(suites) or 'none'} (quick, {bench_mode})",
-            "machine": _machine(device)}
+            "machine": _machine(kind)}
     timed += family_rows(trace, spec, tp)
     return CalibratedPredictor.fit_from(measured_steps(trace, spec, tp), docs, info=info,
                                         timed_ops=timed)
 
 
-def _machine(device: str) -> dict:
+def _machine(kind: str) -> dict:
     from gnomon.bench.machine import machine_info
 
-    return machine_info("cpu" if device == "cpu" else "cuda")
+    return machine_info(kind)

@@ -161,7 +161,7 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
     commit = resolve_commit(commit)
     spec = ModelSpec.from_model(model)
     check_tp(spec.config, tp, "tp")
-    resolve_device(device)  # a device this build cannot run on is refused before any work
+    kind = resolve_device(device).type  # refused before any work if this build cannot run on it
     hardware = of_device(device)
     with rank_threads(tp):
         # The first real run in a process runs slower (page faults, allocator growth, thread
@@ -195,7 +195,7 @@ def validate(model=CALIBRATION_MODEL, *, num_requests: int = 120,
     step_ape = _ape_summary(errors["all"])
     report = {
         "schema_version": SCHEMA_VERSION, "kind": KIND, "commit": commit,
-        "machine": machine_info("cpu" if device == "cpu" else "cuda"),
+        "machine": machine_info(kind),
         "created_with": {"version": gnomon.__version__},
         "setup": {"model": spec.name, "predictor": predictor.name,
                   "calibration": predictor.info, "workload": workload.description,
