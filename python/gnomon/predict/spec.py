@@ -22,9 +22,9 @@ report embeds its spec (`to_json`), so ``gnomon simulate --spec report.json`` ru
 axes and the keys of a sweep spec file are the same): ``tp``, ``ep``, ``dp``,
 ``max_num_seqs``, ``max_num_batched_tokens`` and ``enable_hybrid_kv`` set engine settings (None
 leaves the profile's); ``workload``, ``num_requests``, ``rate``, ``concurrency``, ``input_len``
-and ``output_len`` set the workload; the rest are the spec's own fields. Text is parsed as a
-command line gives it (``"inf"``, ``"819:1024"``). A new workload name starts a new workload:
-the workload names given with it are all it keeps.
+and ``output_len`` set the workload; ``engine_settings`` adds to the spec's; the rest are the
+spec's own fields. Text is parsed as a command line gives it (``"inf"``, ``"819:1024"``). A new
+workload name starts a new workload: the workload names given with it are all it keeps.
 """
 
 from __future__ import annotations
