@@ -57,10 +57,14 @@ WORKLOAD_FLAGS = {"workload": "name", "num_requests": "num_requests", "rate": "r
                   "output_len": "output_len"}
 
 
+def _text_int(value):
+    """`value`, or the int its decimal text spells (as a command line gives it)."""
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+
 def _count(name: str, value) -> Optional[int]:
-    """A positive int, None, or its decimal text (as a command line gives it)."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+    """A positive int, None, or its decimal text."""
+    value = _text_int(value)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or value < 1):
         raise ValueError(f"{name}: expected a positive integer or none, got {value!r}")
@@ -181,9 +185,7 @@ class SimulationSpec:
         settings.update(flags.get("engine_settings") or {})
         for flag, name in ENGINE_FLAGS.items():
             if flag in flags:
-                value = flags[flag]
-                if isinstance(value, str) and value.strip().isdigit():
-                    value = int(value)
+                value = _text_int(flags[flag])
                 if value is None:
                     settings.pop(name, None)
                 else:
@@ -192,7 +194,6 @@ class SimulationSpec:
         if workload.get("name", self.workload.name) != self.workload.name:
             work = WorkloadSpec(**workload)
         else:
-            # the old values as given, so a preset's defaults are drawn again for a trace
             work = replace(self.workload, **workload) if workload else self.workload
         top = {k: v for k, v in flags.items() if k in own and k != "engine_settings"}
         return replace(self, workload=work, engine_settings=settings, **top)
