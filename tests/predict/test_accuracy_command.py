@@ -162,6 +162,21 @@ def test_inconsistent_parallel_layouts_are_refused(over, reason):
         measured.from_silicon(_row(**over))
 
 
+def test_a_row_whose_batch_size_is_not_the_concurrency_its_source_ran_is_refused():
+    def source(concurrency):
+        return f"source_file=/x/y/z.csv; silicon_concurrency={concurrency}; measured=2026-03-18"
+
+    assert measured.from_silicon(_row(silicon_data_source=source(16))).concurrency == 16
+    # one attention-DP group's batch_size: the client ran dp of them
+    dp = measured.from_silicon(_row(silicon_data_source=source(64), tp_size="1",
+                                    moe_tp_size="1", moe_ep_size="4", attention_dp_size="4"))
+    assert dp.concurrency == 64
+    # the client ran 4 x batch_size with no attention DP stated: the layout that ran is unknown
+    with pytest.raises(PointRefused, match="batch_size 16 x attention_dp_size 1 = 16 is not "
+                                           "the silicon_concurrency 64 its source records"):
+        measured.from_silicon(_row(silicon_data_source=source(64)))
+
+
 def test_points_in_gnomons_schema_round_trip_csv_and_jsonl(tmp_path):
     row = {"id": "a", "source": "mine", "model": "llama-3.1-8b", "hardware": "H100",
            "engine": "vllm", "tp": "2", "input_len": "900:1000", "output_len": "100",

@@ -25,7 +25,10 @@ attention_dp_size 64, on an 8-GPU b200_sxm): their ids name a layout of one boar
 where tp_size is 64; ``tp4_ep4`` where tp_size x attention_dp_size is 16), so the fields
 multiply what ran. ``batch_size`` is
 one data-parallel group's concurrency, as aiconfigurator reads it: the closed loop runs
-``batch_size x attention_dp_size`` users.
+``batch_size x attention_dp_size`` users. Where the row's source records the concurrency its
+client ran (``silicon_concurrency=N`` in ``silicon_data_source``) and it is some other multiple
+of ``batch_size`` (4 x for gpt-oss-120b at tp_size 4 on h100_sxm with no attention_dp_size),
+the fields do not state the layout that ran, and the row is refused.
 
 The split: ``fit`` points may tune the predictors; ``held-out`` points are only reported. A point
 of neither (``""``) counts only in ``--split all``.
@@ -312,6 +315,15 @@ def _source(row: dict) -> str:
     return f"{key}={os.path.basename(value)}" if value else head
 
 
+def _recorded_concurrency(row: dict) -> Optional[int]:
+    """The ``silicon_concurrency=N`` a row's silicon_data_source records, if it does."""
+    for part in (row.get("silicon_data_source") or "").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == "silicon_concurrency":
+            return int(value)
+    return None
+
+
 def from_silicon(row: dict) -> MeasuredPoint:
     """A silicon_sample.csv row as a point (module docstring), or `PointRefused` naming the
     field the table lacks."""
@@ -359,8 +371,9 @@ def from_silicon(row: dict) -> MeasuredPoint:
                            f"64), so their fields are inconsistent")
     work = table["workload"]
     # batch_size is one attention-DP rank's: the server's concurrency is dp of them
-    # (aiconfigurator's own reading, "global_bs = bs * attention_dp_size", and the rows'
-    # silicon_concurrency wherever their source records it)
+    # (aiconfigurator's own reading, "global_bs = bs * attention_dp_size"). Where the source
+    # records the concurrency its client ran (silicon_concurrency), the two must agree: a row
+    # whose batch_size is some other share of it has a layout its fields do not state.
     isl, osl, conc = _int(row, "isl"), _int(row, "osl"), _int(row, "batch_size") * dp
 
     def length(x: int) -> str:
@@ -378,7 +391,7 @@ def from_silicon(row: dict) -> MeasuredPoint:
                 and all(_int(row, k) == rule[k] for k in ("isl", "osl") if k in rule)
                 and tp < rule.get("tp_below", math.inf) and dp > rule.get("dp_above", 0)):
             settings.update(rule["settings"])
-    return MeasuredPoint(
+    point = MeasuredPoint(
         id=rid, source=source, model=model["model"], hardware=system["hardware"],
         engine=engine, engine_version=row.get("backend_version") or "", tp=tp, ep=ep, dp=dp,
         weight_dtype=quant["weight_dtype"], kv_dtype=quant["kv_dtype"], workload="random",
@@ -386,6 +399,12 @@ def from_silicon(row: dict) -> MeasuredPoint:
         num_requests=work["requests_per_concurrency"] * conc,
         ttft_ms=measured("silicon_ttft_ms"), tpot_ms=measured("silicon_tpot_ms"),
         split=system["split"], engine_settings=join_settings(settings))
+    ran = _recorded_concurrency(row)
+    if ran is not None and ran != conc:
+        raise PointRefused(f"batch_size {_int(row, 'batch_size')} x attention_dp_size {dp} = "
+                           f"{conc} is not the silicon_concurrency {ran} its source records: "
+                           f"the row's parallel layout fields are inconsistent")
+    return point
 
 
 def load_silicon(path: Optional[str] = None) -> Tuple[List[MeasuredPoint], List[dict]]:
