@@ -643,11 +643,10 @@ def _run_accuracy(args) -> int:  # noqa: ANN001
         points, refused, source = measured.resolve_points(args.points)
         filters = {name: [v.strip() for v in getattr(args, name).split(",") if v.strip()]
                    for name in ("model", "hardware", "engine")}
-        points = scorecard.filter_points(points, split=args.split, models=filters["model"],
-                                         hardware=filters["hardware"],
-                                         engines=filters["engine"])
-        if any(filters.values()) or args.split != "all":
-            refused = []  # a refusal before mapping has no model, hardware or split to filter
+        chosen = dict(split=args.split, models=filters["model"], hardware=filters["hardware"],
+                      engines=filters["engine"])
+        points = scorecard.filter_points(points, **chosen)
+        refused = scorecard.filter_refusals(refused, **chosen)
         if not points and not refused:
             raise ValueError("--points: no row is left after the filters")
         columns = (TextColumn("accuracy"), BarColumn(), MofNCompleteColumn())

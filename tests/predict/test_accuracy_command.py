@@ -336,6 +336,35 @@ def test_the_command_prints_the_table_and_writes_the_document_and_plot(tmp_path,
     assert "no row is left after the filters" in capsys.readouterr().err
 
 
+def test_the_filters_keep_the_refusals_of_the_rows_they_choose(tmp_path):
+    with open(DATA, newline="") as f:
+        rows = list(csv.DictReader(f))
+    gpt_oss = next(r for r in rows if r["model_path"] == "openai/gpt-oss-120b")
+    llama = next(r for r in rows if r["model_path"] == "meta-llama/Llama-3.1-70B")
+    small = tmp_path / "small.csv"
+    with open(small, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows([gpt_oss, {**llama, "id": "llama-pp", "pp_size": "2"}])
+    points, refused = measured.load_silicon(str(small))
+    assert refused[0]["labels"] == {"model": "llama-3.1-70b", "hardware": measured.from_silicon(
+        llama).hardware, "split": "fit", "engine": llama["backend"]}
+
+    def coverage(**chosen):
+        kept = scorecard.filter_points(points, **chosen)
+        return len(kept), [r["id"] for r in scorecard.filter_refusals(refused, **chosen)]
+
+    assert coverage(models=["llama-3.1-70b"]) == (0, ["llama-pp"])
+    assert coverage(models=["gpt-oss-120b"]) == (1, [])
+    assert coverage(split="fit") == (1, ["llama-pp"])
+    assert coverage(split="held-out") == (0, [])
+    assert coverage(engines=["nonesuch"]) == (0, [])
+    doc = scorecard.run(points, refused=refused)
+    record = next(r for r in doc["rows"] if r["id"] == "llama-pp")
+    assert (record["status"], record["split"], record["group"]["model"]) == (
+        "refused", "fit", "llama-3.1-70b")
+
+
 def test_the_serving_path_adds_exactly_its_parts_to_a_lone_requests_ttft():
     from gnomon.predict.roofline import RooflinePredictor
     from gnomon.engine.engine_config import EngineConfig

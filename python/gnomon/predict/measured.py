@@ -412,6 +412,7 @@ def load_silicon(path: Optional[str] = None) -> Tuple[List[MeasuredPoint], List[
     refusal is ``{"id", "row", "reason"}``: kept, never dropped."""
     path = path or silicon_csv()
     points, refused = [], []
+    table = silicon_table()
     with open(path, encoding="utf-8", newline="") as f:
         for row in csv.DictReader(f):
             try:
@@ -419,12 +420,22 @@ def load_silicon(path: Optional[str] = None) -> Tuple[List[MeasuredPoint], List[
             except PointRefused as refusal:
                 refused.append({"id": row.get("id") or "?", "reason": refusal.reason,
                                 "row": {k: row.get(k) for k in ("model_path", "system",
-                                                                 "backend", "mode")}})
+                                                                 "backend", "mode")},
+                                "labels": _labels(row, table)})
             except ValueError as error:
                 refused.append({"id": row.get("id") or "?", "reason": f"malformed row: {error}",
-                                "row": {}})
+                                "row": {}, "labels": _labels(row, table)})
     _check_unique(points, path)
     return points, refused
+
+
+def _labels(row: dict, table: dict) -> Dict[str, Optional[str]]:
+    """What the table makes of a refused row's model, hardware, engine and split (None where
+    it names none), so that the accuracy command's filters reach its refusals too."""
+    system = table["systems"].get(row.get("system") or "", {})
+    return {"model": table["models"].get(row.get("model_path") or "", {}).get("model"),
+            "hardware": system.get("hardware"), "split": system.get("split"),
+            "engine": table["backends"].get(row.get("backend") or "")}
 
 
 def resolve_points(spec: str) -> Tuple[List[MeasuredPoint], List[dict], str]:

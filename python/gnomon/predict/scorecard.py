@@ -260,10 +260,12 @@ def run(points: Sequence[MeasuredPoint], *, predictor: str = "roofline",
             records.append({"id": p.id, "split": p.split, "group": p.group,
                             "point": p.to_json(), "status": EXCLUDED, "reason": excluded[p.id]})
     for r in refused:
-        records.append({"id": r["id"], "split": "", "group": {
-            "model": r["row"].get("model_path") or "?", "hardware": r["row"].get("system") or "?",
-            "engine": r["row"].get("backend") or "?", "dtype": "?", "source": "?"},
-            "point": None, "status": REFUSED, "reason": r["reason"]})
+        labels = r.get("labels") or {}
+        records.append({"id": r["id"], "split": labels.get("split") or "", "group": {
+            "model": labels.get("model") or r["row"].get("model_path") or "?",
+            "hardware": labels.get("hardware") or r["row"].get("system") or "?",
+            "engine": labels.get("engine") or r["row"].get("backend") or "?", "dtype": "?",
+            "source": "?"}, "point": None, "status": REFUSED, "reason": r["reason"]})
     # the costliest rows first, so that the workers end together rather than one of them
     # running a long row alone at the end
     todo = [p.to_json() for p in sorted((p for p in points if p.id not in excluded),
@@ -301,6 +303,20 @@ def filter_points(points: Sequence[MeasuredPoint], *, split: str = "all",
                 and (not hardware or p.hardware in hardware)
                 and (not engines or p.engine in engines))
     return [p for p in points if keep(p)]
+
+
+def filter_refusals(refused: Sequence[dict], *, split: str = "all", models: Sequence[str] = (),
+                    hardware: Sequence[str] = (), engines: Sequence[str] = ()) -> List[dict]:
+    """The refusals of `measured.load_silicon` that `filter_points`' filters keep: each given
+    filter must name the model, hardware, engine or split the silicon table makes of the row
+    (its ``labels``); a row of which the table knows none of a filtered field is left out."""
+    def keep(r: dict) -> bool:
+        labels = r.get("labels") or {}
+        return ((split == "all" or labels.get("split") == split)
+                and (not models or labels.get("model") in models)
+                and (not hardware or labels.get("hardware") in hardware)
+                and (not engines or labels.get("engine") in engines))
+    return [r for r in refused if keep(r)]
 
 
 # --------------------------------------------------------------------------- the document
