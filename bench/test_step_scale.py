@@ -257,25 +257,31 @@ class PyBlockManager:
 
 class GnomonSteps:
     """gnomon's allocator driven as an engine does: admission by one `BlockAllocator.admit`
-    (lookup and allocate in one pass); then one `BlockAllocator.step` per engine step that
-    commits everything the previous step allocated, frees the finished and allocates the next
-    tokens (one each), returning the block-table updates a runner applies. The sequences pass
-    as the lists the loop holds, with nothing packed per step."""
+    (lookup and allocate in one pass; the head of the queue, retried after it did not fit,
+    without its unchanged prompt, as `gnomon.engine.kv_cache.KVCacheManager.admit` retries it);
+    then one `BlockAllocator.step` per engine step that commits everything the previous step
+    allocated, frees the finished and allocates the next tokens (one each), returning the
+    block-table updates a runner applies. The sequences pass as the lists the loop holds, with
+    nothing packed per step."""
 
     def __init__(self, num_blocks, block_size=BLOCK_SIZE):
         self.allocator = gnomon.BlockAllocator(num_blocks, block_size)
         self.commit_ids, self.finished = [], []
+        self.failed = None  # the sequence whose admission last did not fit
 
     def admit(self, seq_id, tokens):
-        if self.allocator.admit(seq_id, tokens, len(tokens), len(tokens)) < 0:
+        retry = seq_id == self.failed
+        if self.allocator.admit(seq_id, None if retry else tokens, len(tokens), len(tokens)) < 0:
+            self.failed = seq_id
             return False
+        self.failed = None
         self.commit_ids.append(seq_id)
         return True
 
     def decode(self, seq_ids, new_tokens):
         fitted, _updates = self.allocator.step(self.commit_ids, None, self.finished, seq_ids,
                                                new_tokens, 1, 1)
-        self.commit_ids = seq_ids[:fitted]
+        self.commit_ids = seq_ids if fitted == len(seq_ids) else seq_ids[:fitted]
         self.finished = []
         return fitted
 

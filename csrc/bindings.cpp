@@ -47,6 +47,26 @@ namespace {
 
 std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")); }
 
+// The value of an exact int of one internal digit (|value| < 2**30: every token id, and the
+// sequence ids an engine numbers), read in place: a batch converts thousands of them per step,
+// and PyLong_AsLongLongAndOverflow is a call per entry. False for any other object, which then
+// takes that call. CPython 3.12 made this an API (PyUnstable_Long_IsCompact / CompactValue);
+// 3.11's layout is the one Cython reads, the digit count signed by the value's sign.
+inline bool compact_int(PyObject* item, long long& value) {
+  if (!PyLong_CheckExact(item)) return false;
+#if PY_VERSION_HEX >= 0x030C0000
+  const auto* number = reinterpret_cast<PyLongObject*>(item);
+  if (!PyUnstable_Long_IsCompact(number)) return false;
+  value = PyUnstable_Long_CompactValue(number);
+#else
+  const Py_ssize_t digits = Py_SIZE(item);
+  if (digits < -1 || digits > 1) return false;
+  value = digits == 0 ? 0 : digits * static_cast<long long>(
+                                          reinterpret_cast<PyLongObject*>(item)->ob_digit[0]);
+#endif
+  return true;
+}
+
 // Entry i of a sequence argument as an int64; a bool is not an int here.
 int64_t int_entry(PyObject* item, const char* arg, size_t i, const char* range) {
   if (!PyLong_Check(item) || PyBool_Check(item)) {
@@ -68,7 +88,10 @@ std::vector<int64_t> python_ints(py::handle obj, const char* arg, const char* ra
   const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
   PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
   std::vector<int64_t> values(n);
-  for (size_t i = 0; i < n; ++i) values[i] = int_entry(items[i], arg, i, range);
+  for (size_t i = 0; i < n; ++i) {
+    long long value = 0;
+    values[i] = compact_int(items[i], value) ? value : int_entry(items[i], arg, i, range);
+  }
   return values;
 }
 
@@ -136,9 +159,11 @@ std::vector<int32_t> token_ids(py::handle obj, const char* arg) {
     std::vector<int32_t> ids(n);
     for (size_t i = 0; i < n; ++i) {
       int overflow = 0;
-      const long long value = PyLong_CheckExact(items[i])
-                                  ? PyLong_AsLongLongAndOverflow(items[i], &overflow)
-                                  : int_entry(items[i], arg, i, "int32");
+      long long value = 0;
+      if (!compact_int(items[i], value)) {
+        value = PyLong_CheckExact(items[i]) ? PyLong_AsLongLongAndOverflow(items[i], &overflow)
+                                            : int_entry(items[i], arg, i, "int32");
+      }
       if (overflow != 0 || value < INT32_MIN || value > INT32_MAX) {
         raise<ValueError>(arg, ": entry ", i, " = ", std::string(py::str(items[i])),
                           " is outside the int32 range");
@@ -331,6 +356,12 @@ admit(seq_id, token_ids, target, max_new_tokens, extra_key=0) -> int
   prompt up to ``target`` (its prefill's end) within a step's token budget. Returns ``cached``,
   or -1 when the free blocks do not suffice (nothing changes but ``failed_allocations``).
   ``seq_id`` must be new, ``0 <= target <= len(token_ids)`` and ``max_new_tokens >= 0``.
+  ``token_ids=None`` retries the last admit that returned -1, which must be of this
+  ``seq_id``, with its token ids and ``extra_key``: the same answer as passing them, as an
+  engine retries the head of its waiting queue each step. It neither converts nor hashes the
+  prompt again, and while no block has entered a cache under a key of the prompt's chain it
+  answers -1 at once when the fresh blocks its last hit would leave exceed the free ones (no
+  hit can have grown). An admit that fits forgets the failed one.
 
 commit(seq_id, num_computed_tokens)
   After a forward: records how many of the sequence's tokens now have KV. It may not decrease,
@@ -432,6 +463,10 @@ void bind_allocator(py::module_& m) {
           "admit",
           [](BlockAllocator& self, int64_t seq_id, py::handle token_ids, int64_t target,
              int64_t max_new_tokens, const py::int_& extra_key) {
+            if (token_ids.is_none()) {
+              return self.retry_admission(seq_id, target, max_new_tokens,
+                                          extra_key_arg(extra_key));
+            }
             const std::vector<int32_t> ids = gnomon::token_ids(token_ids, "token_ids");
             return self.admit(seq_id, span_of(ids), target, max_new_tokens,
                               extra_key_arg(extra_key));

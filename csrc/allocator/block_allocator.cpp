@@ -186,6 +186,8 @@ BlockAllocator::Chain BlockAllocator::find_prefix(TokenSpan tokens, uint64_t ext
   p.serials.clear();
   p.anchor_blocks.clear();
   p.blocks.clear();
+  p.hit = 0;
+  p.has_miss = false;
   if (!prefix_caching_ || tokens.size == 0) return Chain{0, 0, kRootSerial};
   // Leave at least one token to compute, so a fully cached prompt still yields logits.
   const int64_t max_blocks = (static_cast<int64_t>(tokens.size) - 1) / block_size_;
@@ -197,15 +199,16 @@ BlockAllocator::Chain BlockAllocator::find_prefix(TokenSpan tokens, uint64_t ext
   for (int64_t i = 0; i < max_blocks; ++i) {
     const int32_t* block_tokens = tokens.data + i * block_size_;
     key = hash_block(key, block_tokens, block_size_, extra_key) & key_mask_;
-    const auto entry = anchor_cache.find(key);
-    if (entry == anchor_cache.end() ||
-        !holds_content(entry->second, serial, extra_key, block_tokens)) {
+    const int32_t entry = anchor_cache.find(key);
+    if (entry == KeyMap::kAbsent || !holds_content(entry, serial, extra_key, block_tokens)) {
+      p.miss_key = key;
+      p.has_miss = true;
       break;
     }
-    serial = blocks_[entry->second].serial;
+    serial = blocks_[entry].serial;
     keys.push_back(key);
     serials.push_back(serial);
-    anchor_blocks.push_back(entry->second);
+    anchor_blocks.push_back(entry);
   }
   const int64_t chain = static_cast<int64_t>(keys.size());
   const int64_t num_groups = this->num_groups();
@@ -221,10 +224,10 @@ BlockAllocator::Chain BlockAllocator::find_prefix(TokenSpan tokens, uint64_t ext
       if (g == anchor_) {
         block = anchor_blocks[i];
       } else {
-        const auto entry = cache.find(keys[i]);
-        if (entry != cache.end() && holds_content(entry->second, serials[i], extra_key,
-                                                  tokens.data + i * block_size_)) {
-          block = entry->second;
+        const int32_t entry = cache.find(keys[i]);
+        if (entry != KeyMap::kAbsent &&
+            holds_content(entry, serials[i], extra_key, tokens.data + i * block_size_)) {
+          block = entry;
         }
       }
       blocks[g * chain + i] = block;
@@ -239,6 +242,7 @@ BlockAllocator::Chain BlockAllocator::find_prefix(TokenSpan tokens, uint64_t ext
     }
     if (served) break;
   }
+  p.hit = hit;
   if (hit == 0) return Chain{0, 0, kRootSerial};
   return Chain{hit, keys[hit - 1], serials[hit - 1]};
 }
@@ -255,10 +259,13 @@ int32_t BlockAllocator::cache_block(int64_t group, int32_t block, uint64_t key,
     // The anchor keeps the entry it has: later entries may be chained on top of it. Elsewhere
     // an entry that does not verify against this prefix (its anchor entry evicted, or a
     // colliding key) gives its key to the block just computed.
-    const int32_t other = entry->second;
+    const int32_t other = *entry;
     if (group == anchor_ || holds_content(other, verify_serial, extra_key, tokens)) return other;
     blocks_[other].cached = false;
-    entry->second = block;
+    *entry = block;
+  }
+  if (failed_.hit_bounds && failed_.watched.find(key) != KeyMap::kAbsent) {
+    failed_.hit_bounds = false;  // a retry may find more now
   }
   Block& b = blocks_[block];
   b.cached = true;
@@ -326,7 +333,7 @@ void BlockAllocator::release_outside_window(Sequence& seq) {
 bool BlockAllocator::reset_prefix_cache() {
   if (num_free_ != num_blocks()) return false;
   for (Group& group : groups_) {
-    for (const auto& [key, block] : group.cache) blocks_[block].cached = false;
+    group.cache.for_each([&](uint64_t, int32_t block) { blocks_[block].cached = false; });
     group.cache.clear();
   }
   return true;
@@ -361,8 +368,8 @@ bool BlockAllocator::allocate(int64_t seq_id, TokenSpan new_tokens, int64_t num_
   return admit_new(seq_id, new_tokens, kNoTarget, num_new_tokens, extra_key) >= 0;
 }
 
-int64_t BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t target,
-                              int64_t max_new_tokens, uint64_t extra_key) {
+void BlockAllocator::check_admission(int64_t seq_id, TokenSpan tokens, int64_t target,
+                                     int64_t max_new_tokens) const {
   if (seqs_.count(seq_id) != 0) {
     raise<ValueError>("seq_id: sequence id ", seq_id,
                       " is already present; admit takes a new sequence (allocate extends one)");
@@ -374,7 +381,87 @@ int64_t BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t target,
   if (max_new_tokens < 0) {
     raise<ValueError>("max_new_tokens: expected an integer >= 0, got ", max_new_tokens);
   }
-  return admit_new(seq_id, tokens, target, max_new_tokens, extra_key);
+}
+
+int64_t BlockAllocator::admit(int64_t seq_id, TokenSpan tokens, int64_t target,
+                              int64_t max_new_tokens, uint64_t extra_key) {
+  check_admission(seq_id, tokens, target, max_new_tokens);
+  return admit_checked(seq_id, tokens, target, max_new_tokens, extra_key);
+}
+
+int64_t BlockAllocator::retry_admission(int64_t seq_id, int64_t target, int64_t max_new_tokens,
+                                        uint64_t extra_key) {
+  FailedAdmission& f = failed_;
+  if (!f.present || f.seq_id != seq_id) {
+    if (!f.present) {
+      raise<ValueError>("token_ids: None retries the last admission that did not fit, and "
+                        "there is none (pass the token ids of sequence ", seq_id, ")");
+    }
+    raise<ValueError>("token_ids: None retries the last admission that did not fit, which was "
+                      "of sequence ", f.seq_id, ", not ", seq_id, " (pass its token ids)");
+  }
+  if (extra_key != f.extra_key) {
+    raise<ValueError>("extra_key: a retry (token_ids None) keeps the failed admission's ",
+                      f.extra_key, ", got ", extra_key);
+  }
+  const TokenSpan tokens{f.tokens.data(), f.tokens.size()};
+  check_admission(seq_id, tokens, target, max_new_tokens);
+  if (f.hit_bounds && !could_fit(f, target, max_new_tokens)) {
+    ++stats_.failed_allocations;
+    return -1;
+  }
+  return admit_checked(seq_id, tokens, target, max_new_tokens, extra_key);
+}
+
+// Whether the admission fits at some hit h <= f.hit, its claimed blocks f.blocks' first h of
+// each group: with no insertion under a watched key since it failed, the hit a walk would find
+// now is one of those, with exactly those blocks. admit_new's test at each.
+bool BlockAllocator::could_fit(const FailedAdmission& f, int64_t target,
+                               int64_t max_new_tokens) const {
+  const int64_t groups = num_groups(), width = f.hit + 1;
+  std::vector<int64_t>& free_before = prefix_.runs;  // [g][i]: free blocks among f.blocks[g][<i]
+  free_before.assign(groups * width, 0);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t i = 0; i < f.hit; ++i) {
+      const int32_t block = f.blocks[g * f.chain + i];
+      free_before[g * width + i + 1] =
+          free_before[g * width + i] + (block != kNullBlock && blocks_[block].ref_count == 0);
+    }
+  }
+  for (int64_t h = f.hit; h >= 0; --h) {
+    const int64_t computed = h * block_size_;
+    const int64_t num_new = std::max<int64_t>(0, std::min(target - computed, max_new_tokens));
+    if (num_new > num_blocks() * block_size_) continue;
+    int64_t claimed_free = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t* before = free_before.data() + g * width;
+      claimed_free += before[h] - before[first_needed(g, computed)];
+    }
+    if (groups * (ceil_div(computed + num_new, block_size_) - h) <= num_free_ - claimed_free) {
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t BlockAllocator::admit_checked(int64_t seq_id, TokenSpan tokens, int64_t target,
+                                      int64_t max_new_tokens, uint64_t extra_key) {
+  const int64_t cached = admit_new(seq_id, tokens, target, max_new_tokens, extra_key);
+  FailedAdmission& f = failed_;
+  f.present = cached < 0;
+  if (cached >= 0) return cached;
+  if (tokens.data != f.tokens.data()) f.tokens.assign(tokens.data, tokens.data + tokens.size);
+  f.seq_id = seq_id;
+  f.extra_key = extra_key;
+  f.hit = prefix_.hit;
+  f.chain = static_cast<int64_t>(prefix_.keys.size());
+  f.blocks.assign(prefix_.blocks.begin(), prefix_.blocks.end());
+  f.hit_bounds = true;
+  f.watched.clear();
+  f.watched.reserve(prefix_.keys.size() + 1);
+  for (const uint64_t key : prefix_.keys) f.watched.try_emplace(key, 0);
+  if (prefix_.has_miss) f.watched.try_emplace(prefix_.miss_key, 0);
+  return cached;
 }
 
 int64_t BlockAllocator::admit_new(int64_t seq_id, TokenSpan tokens, int64_t target,
@@ -756,7 +843,7 @@ std::vector<int32_t> BlockAllocator::cached_blocks() const {
   std::vector<int32_t> cached;
   cached.reserve(num_cached_blocks());
   for (const Group& group : groups_) {
-    for (const auto& [key, block] : group.cache) cached.push_back(block);
+    group.cache.for_each([&](uint64_t, int32_t block) { cached.push_back(block); });
   }
   std::sort(cached.begin(), cached.end());
   return cached;

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "key_map.h"
+
 namespace gnomon {
 
 // A borrowed, read-only 1-D integer array: int32 or int64, as numpy hands it over; or, with
@@ -78,6 +80,10 @@ class BlockAllocator {
   // min(target - cached, max_new_tokens); returns the cached tokens, or -1 when they do not fit.
   int64_t admit(int64_t seq_id, TokenSpan tokens, int64_t target, int64_t max_new_tokens,
                 uint64_t extra_key);
+  // admit again with the tokens and extra key of the last admit that returned -1, which must
+  // have been of `seq_id`; the same answer as passing them.
+  int64_t retry_admission(int64_t seq_id, int64_t target, int64_t max_new_tokens,
+                          uint64_t extra_key);
   void commit(int64_t seq_id, int64_t num_computed_tokens);
   int64_t allocate_batch(IntSpan seq_ids, IntSpan new_token_ids, IntSpan new_token_counts,
                          IntSpan num_new_tokens);
@@ -137,7 +143,7 @@ class BlockAllocator {
 
   struct Group {
     int64_t window = kFullAttention;
-    std::unordered_map<uint64_t, int32_t> cache;
+    KeyMap cache;  // chain key -> block id
     GroupStats stats;
   };
 
@@ -175,7 +181,27 @@ class BlockAllocator {
     std::vector<uint64_t> keys, serials;
     std::vector<int32_t> anchor_blocks, blocks;
     std::vector<int64_t> runs;
+    int64_t hit = 0;        // the blocks found
+    uint64_t miss_key = 0;  // the anchor key after the chain, where the walk stopped at one
+    bool has_miss = false;
   };
+
+  // The last admission that did not fit, for retry_admission: its prompt, and the hit and the
+  // blocks it found. Until a block enters a cache under one of its chain's keys (or the key
+  // after them), a retry can only find a prefix of those blocks, so one that fits at none of
+  // those hits fails without walking the prompt again.
+  struct FailedAdmission {
+    bool present = false;
+    int64_t seq_id = 0;
+    uint64_t extra_key = 0;
+    std::vector<int32_t> tokens;
+    int64_t hit = 0;
+    int64_t chain = 0;            // blocks per group in `blocks`
+    std::vector<int32_t> blocks;  // find_prefix's, group-major
+    bool hit_bounds = false;      // no block has entered a cache under a watched key since
+    KeyMap watched;               // the chain keys and the key after them (ids unused)
+  };
+  bool could_fit(const FailedAdmission& f, int64_t target, int64_t max_new_tokens) const;
 
   Chain find_prefix(TokenSpan tokens, uint64_t extra_key) const;
   int64_t first_needed(int64_t group, int64_t num_tokens) const;
@@ -185,6 +211,10 @@ class BlockAllocator {
   static constexpr int64_t kNoTarget = INT64_MAX;  // admit_new: take max_new_tokens as they are
   int64_t admit_new(int64_t seq_id, TokenSpan tokens, int64_t target, int64_t max_new_tokens,
                     uint64_t extra_key);
+  void check_admission(int64_t seq_id, TokenSpan tokens, int64_t target,
+                       int64_t max_new_tokens) const;
+  int64_t admit_checked(int64_t seq_id, TokenSpan tokens, int64_t target, int64_t max_new_tokens,
+                        uint64_t extra_key);
   bool extend(Sequence& seq, TokenSpan new_tokens, int64_t num_new_tokens);
   void check_commit(const Sequence& seq, int64_t num_computed_tokens) const;
   void apply_commit(Sequence& seq, int64_t num_computed_tokens);
@@ -235,6 +265,7 @@ class BlockAllocator {
   uint64_t next_serial_;
 
   std::unordered_map<int64_t, Sequence> seqs_;
+  FailedAdmission failed_;
   std::vector<std::pair<int32_t, int32_t>> pending_copies_;
   AllocatorStats stats_;
 

@@ -113,6 +113,7 @@ class PyBlockAllocator:
         self._seqs: dict[int, Seq] = {}
         self._copies: list[tuple[int, int]] = []
         self._stats = Stats()
+        self._failed = None  # (seq_id, tokens, extra_key) of the last admit that returned -1
         self.duplicates = self.collisions = 0  # observed by the tests only
 
     # -- the free queue ------------------------------------------------------------------------
@@ -287,8 +288,18 @@ class PyBlockAllocator:
     def admit(self, seq_id: int, token_ids, target: int, max_new_tokens: int,
               extra_key: int = 0) -> int:
         """`lookup` then `allocate` of a new sequence, its new tokens ``min(target - cached,
-        max_new_tokens)``: the cached tokens, or -1 where they do not fit."""
-        tokens = _int_list(token_ids, "token_ids")
+        max_new_tokens)``: the cached tokens, or -1 where they do not fit. ``token_ids=None``
+        repeats the last admit that returned -1 (of this ``seq_id``, with its ``extra_key``)
+        with its token ids; an admit that fits forgets it."""
+        if token_ids is None:
+            if self._failed is None or self._failed[0] != seq_id:
+                raise ValueError(f"token_ids: None retries the last admission that did not fit "
+                                 f"({self._failed and self._failed[0]}), not {seq_id}")
+            if extra_key != self._failed[2]:
+                raise ValueError(f"extra_key: a retry keeps {self._failed[2]}, got {extra_key}")
+            tokens = self._failed[1]
+        else:
+            tokens = _int_list(token_ids, "token_ids")
         if seq_id in self._seqs:
             raise ValueError(f"seq_id: sequence id {seq_id} is already present")
         if not 0 <= target <= len(tokens):
@@ -298,6 +309,7 @@ class PyBlockAllocator:
         cached = self.lookup(tokens, extra_key)
         fits = self.allocate(seq_id, tokens, max(0, min(target - cached, max_new_tokens)),
                              extra_key)
+        self._failed = None if fits else (seq_id, tokens, extra_key)
         return cached if fits else -1
 
     def _admit(self, seq_id: int, tokens: list, num_new: int, extra_key: int) -> bool:

@@ -13,6 +13,7 @@ more steps with a seeded generator, to reach deep states (full pools, long LRU c
 import copy
 import inspect
 import random
+from collections import Counter
 
 import numpy as np
 from hypothesis import HealthCheck, event, settings, strategies as st
@@ -49,6 +50,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.copies_seen = 0
         self.reader = {}  # seq_id -> block tables rebuilt from take_block_updates' reports
         self.kv_of = {}  # block -> the prefix whose KV its last commit computed
+        self.retries = Counter()  # retried admissions that fit, and that failed again
 
     def both(self, method, *args):
         """Calls `method` on both allocators; they must return the same or raise the same."""
@@ -98,6 +100,22 @@ class AllocatorMachine(RuleBasedStateMachine):
         cached = self.both("admit", seq_id, prompt, len(prompt) - short, chunk, extra_key)
         if cached[0] == "ok" and cached[1] >= 0:
             self.check_hit_kv(seq_id, prompt, extra_key)
+
+    @rule(short=st.integers(-1, 2), chunk=st.integers(-1, 12), stranger=st.booleans(),
+          key_override=st.sampled_from([None, None, 5]))
+    def retry_failed_admission(self, short, chunk, stranger, key_override):
+        """`admit` with no token ids: the last admission that did not fit, retried (its bound
+        answering at once while nothing it could hit entered a cache); now and then of another
+        sequence, with another extra key, or none to retry."""
+        failed = self.model._failed
+        seq_id = self.fresh_id() if stranger or failed is None else failed[0]
+        prompt = failed[1] if failed else []
+        key = failed[2] if failed and key_override is None else (key_override or 0)
+        cached = self.both("admit", seq_id, None, len(prompt) - short, chunk, key)
+        if cached[0] == "ok":
+            self.retries["fit" if cached[1] >= 0 else "failed"] += 1
+        if cached[0] == "ok" and cached[1] >= 0:
+            self.check_hit_kv(seq_id, prompt, key)
 
     def check_hit_kv(self, seq_id, prompt, extra_key):
         """Every block a hit claimed, in every group, holds the KV of this very prompt's prefix."""
@@ -359,6 +377,8 @@ def _draw(rng, strategy_args):
         "batch": lambda: [(rng.getrandbits(16), new_tokens(), rng.randint(0, 4))
                           for _ in range(rng.randint(1, 6))],
         "frees": lambda: [rng.getrandbits(16) for _ in range(rng.randint(0, 2))],
+        "short": lambda: rng.randint(-1, 2), "existing": lambda: rng.random() < 0.1,
+        "stranger": lambda: rng.random() < 0.1, "key_override": lambda: rng.choice([None] * 5 + [5]),
     }
     return {name: values[name]() for name in strategy_args}
 
@@ -366,7 +386,7 @@ def _draw(rng, strategy_args):
 WEIGHTS = {"lookup": 1, "admit": 4, "extend": 1, "decode": 6, "forward": 6, "commit": 1,
            "allocate_batch": 3, "commit_batch": 3, "free": 2, "fork": 1, "fork_into_existing": 1,
            "unknown_sequence": 1, "pending_copies": 1, "reset_prefix_cache": 1, "report": 2,
-           "step": 3}
+           "step": 3, "admit_in_one_call": 3, "retry_failed_admission": 3}
 
 
 def _run_workload(seed, steps=1500):
@@ -392,7 +412,8 @@ def _run_workload(seed, steps=1500):
 
 def test_long_random_workloads():
     reach = dict.fromkeys(["hits", "evictions", "failed_allocations", "copies", "duplicates",
-                           "collisions", "released", "sliding hits"], 0)
+                           "collisions", "released", "sliding hits", "retries that fit",
+                           "retries that failed"], 0)
     for seed in range(12):
         machine = _run_workload(seed)
         stats = machine.real.stats()
@@ -403,6 +424,8 @@ def test_long_random_workloads():
         reach["duplicates"] += machine.model.duplicates
         reach["collisions"] += machine.model.collisions
         reach["released"] += sum(s["released"] for s in machine.real.group_stats())
+        reach["retries that fit"] += machine.retries["fit"]
+        reach["retries that failed"] += machine.retries["failed"]
         if any(w is not None for w in machine.model.groups):
             reach["sliding hits"] += stats["hits"]
     # The generator must keep reaching every mechanism, or the test would pass vacuously.

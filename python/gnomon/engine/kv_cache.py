@@ -129,6 +129,7 @@ class KVCacheManager:
         self.allocator = _C.BlockAllocator(_positive_int("num_blocks", num_blocks),
                                            _positive_int("block_size", block_size),
                                            enable_prefix_caching, groups=tuple(windows))
+        self._failed: Optional[int] = None  # the sequence whose admission last did not fit
 
     @classmethod
     def from_budget(cls, *, groups: KVCacheGroups, num_kv_heads: int, head_dim: int,
@@ -188,8 +189,14 @@ class KVCacheManager:
     def admit(self, seq_id: int, token_ids: Seq[int], target: int, max_new_tokens: int) -> int:
         """`lookup` and `allocate_new` in one call: claim the cached prefix, then slots for
         ``min(target - cached, max_new_tokens)`` more; the cached tokens, or -1 where they do
-        not fit (nothing changes)."""
-        return self.allocator.admit(seq_id, token_ids, target, max_new_tokens)
+        not fit (nothing changes). A waiting sequence's tokens do not change while it waits, so
+        the admission that last did not fit is retried without them (the allocator keeps
+        them, and answers at once while it can tell they still do not fit)."""
+        retry = seq_id == self._failed
+        cached = self.allocator.admit(seq_id, None if retry else token_ids, target,
+                                      max_new_tokens)
+        self._failed = seq_id if cached < 0 else None
+        return cached
 
     # running sequences, once per step
     def allocate_running(self, seq_ids: Seq[int], new_token_ids: Seq[int],
