@@ -448,7 +448,7 @@ int64_t BlockAllocator::admit_checked(int64_t seq_id, TokenSpan tokens, int64_t 
                                       int64_t max_new_tokens, uint64_t extra_key) {
   const int64_t cached = admit_new(seq_id, tokens, target, max_new_tokens, extra_key);
   FailedAdmission& f = failed_;
-  f.present = cached < 0;
+  f.present = f.hit_bounds = cached < 0;  // one that fits forgets the failed one
   if (cached >= 0) return cached;
   if (tokens.data != f.tokens.data()) f.tokens.assign(tokens.data, tokens.data + tokens.size);
   f.seq_id = seq_id;
@@ -456,7 +456,6 @@ int64_t BlockAllocator::admit_checked(int64_t seq_id, TokenSpan tokens, int64_t 
   f.hit = prefix_.hit;
   f.chain = static_cast<int64_t>(prefix_.keys.size());
   f.blocks.assign(prefix_.blocks.begin(), prefix_.blocks.end());
-  f.hit_bounds = true;
   f.watched.clear();
   f.watched.reserve(prefix_.keys.size() + 1);
   for (const uint64_t key : prefix_.keys) f.watched.try_emplace(key, 0);
