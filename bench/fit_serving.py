@@ -20,7 +20,8 @@ fixed part goes to ``request_s`` and ``response_s`` stays 0. Held-out rows (h200
 read. ``--write`` stores the figures in ``gnomon/predict/data/engines.json`` with the rows they
 were fitted on (the groups and the count).
 
-    python bench/fit_serving.py --points PATH/silicon_sample.csv [--write]
+    python bench/fit_serving.py [--points PATH/silicon_sample.csv] [--model M,...]
+        [--engine E,...] [--write]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import os
 import sys
 import tempfile
 from collections import Counter, defaultdict
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from gnomon.predict import engines, measured, scorecard
 
@@ -74,10 +75,13 @@ def _theil_sen(xs, ys):
     return a, b
 
 
-def fit(points, jobs: int):
+def fit(points, jobs: int, models=None, engine_names=None):
+    """The fit per engine profile; `models` / `engine_names` (sets) keep only those rows."""
     known = set(measured.silicon_table()["workload"]["client_sources"])
     light = [p for p in points if p.split == "fit" and p.concurrency is not None
-             and p.concurrency <= LIGHT and p.ep == 1 and p.dp == 1 and p.source in known]
+             and p.concurrency <= LIGHT and p.ep == 1 and p.dp == 1 and p.source in known
+             and (models is None or p.model in models)
+             and (engine_names is None or p.engine in engine_names)]
     by_engine = defaultdict(list)
     for p in light:
         by_engine[p.engine].append(p)
@@ -142,10 +146,15 @@ def main(argv=None) -> int:
     parser.add_argument("--points", default=None,
                         help="a silicon_sample.csv (default: the installed aiconfigurator-core's)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--model", default=None,
+                        help="fit on these gnomon models' rows only (comma-separated)")
+    parser.add_argument("--engine", default=None,
+                        help="fit (and write) these engine profiles only (comma-separated)")
     parser.add_argument("--write", action="store_true", help="store the fit in engines.json")
     args = parser.parse_args(argv)
     points, _ = measured.load_silicon(args.points)
-    fitted = fit(points, args.jobs)
+    fitted = fit(points, args.jobs, *(None if a is None else set(a.split(","))
+                                      for a in (args.model, args.engine)))
     print(json.dumps(fitted, indent=1))
     if args.write:
         write(fitted)
