@@ -41,7 +41,10 @@ import statistics
 from gnomon.engine.cost import ring_bytes
 from gnomon.predict.hardware import resolve_hardware
 
-SYSTEMS = {"b200_sxm": "B200", "h100_sxm": "H100 SXM"}
+# aiconfigurator-core's systems with GEMM tables, by gnomon's name of the GPU (H200 and GB200 take
+# H100's and B200's figures in efficiency.json: the same dies)
+SYSTEMS = {"a100_sxm": "A100 SXM 80GB", "b200_sxm": "B200", "b300_sxm": "B300",
+           "h100_sxm": "H100 SXM", "l40s": "L40S", "rtx_pro_6000_server": "RTX PRO 6000 Blackwell"}
 MATH = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4"}
 REF_M, REF_K, N_RANGE = 8192, 16384, (4096, 16384)
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -126,7 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--system", action="append", choices=sorted(SYSTEMS))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    result = {s: {"gemm": gemm_fractions(s), "allreduce": allreduce(s)}
+    result = {s: {"gemm": gemm_fractions(s),
+                  "allreduce": allreduce(s) if s in ("b200_sxm", "h100_sxm") else None}
               for s in (args.system or sorted(SYSTEMS))}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -137,6 +141,8 @@ def main(argv=None) -> int:
             for label, frac in entry["tables"].items():
                 print(f"    {frac:.3f}  {label}")
         ar = figures["allreduce"]
+        if ar is None:
+            continue
         print(f"{system} all-reduce ({'; '.join(ar['tables'])}): latency "
               f"{ar['latency_s'] * 1e6:.2f} us; share of the link by ring bytes {ar['points']}")
     return 0
