@@ -92,19 +92,25 @@ def _newest(folder: str) -> str:
     return max(os.listdir(folder), key=key)
 
 
-def allreduce(system: str) -> dict:
-    """``{"tables": [...], "latency_s": s, "points": [[ring bytes, share], ...]}``."""
+def allreduce(system: str):
+    """``{"tables": [...], "latency_s": s, "points": [[ring bytes, share], ...]}``; None where
+    no engine has a custom all-reduce table for `system` or it has no interconnect figure."""
     import pandas as pd
 
     gbps = resolve_hardware(SYSTEMS[system]).interconnect_gbps.value
     tables = {}
     for engine in ENGINES:
         folder = os.path.join(_root(), system, "comm", engine)
-        version = _newest(folder)
-        df = pd.read_parquet(os.path.join(folder, version, "custom_allreduce_perf.parquet"))
+        version = _newest(folder) if os.path.isdir(folder) else None
+        path = os.path.join(folder, version or "", "custom_allreduce_perf.parquet")
+        if not gbps or not os.path.isfile(path):
+            continue
+        df = pd.read_parquet(path)
         if "backend" in df:
             df = df[df.backend.str.endswith("graph")]
         tables[f"{engine} {version}"] = df
+    if not tables:
+        return None
     times = {}  # (table, gpus, elements) -> median seconds
     for name, df in tables.items():
         for (gpus, elements), rows in df.groupby(["num_gpus", "message_size"]):
@@ -129,8 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--system", action="append", choices=sorted(SYSTEMS))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    result = {s: {"gemm": gemm_fractions(s),
-                  "allreduce": allreduce(s) if s in ("b200_sxm", "h100_sxm") else None}
+    result = {s: {"gemm": gemm_fractions(s), "allreduce": allreduce(s)}
               for s in (args.system or sorted(SYSTEMS))}
     if args.json:
         print(json.dumps(result, indent=1))
