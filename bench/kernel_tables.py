@@ -2,11 +2,9 @@
 
 aiconfigurator-core (NVIDIA AIConfigurator, Apache-2.0) ships the per-GPU, per-engine kernel
 latencies it measured, ``systems/data/<system>/<op>/<engine>/<version>/<op>_perf.parquet``.
-This script reads two of them and prints their figures with the tables they come from: the
-GEMMs' are ``best_gemm`` in ``gnomon/predict/data/efficiency.json``; the all-reduce's are not
-used yet (the roofline's collectives take the stated 10 us and the datasheet bandwidth: priced
-with these, TensorRT-LLM's fit-split TPOT improved and vLLM's got worse, so vLLM's decode steps
-hold costs the op list does not have).
+This script reads two of them and prints the figures `gnomon.predict.efficiency` keeps in
+``gnomon/predict/data/efficiency.json``, with the tables they come from (``--json``: all of it
+as JSON, the ``allreduce`` entries as that file holds them, under the GPU's gnomon name).
 
 GEMMs (``gemm/*/*/gemm_perf.parquet``: m, n, k, gemm_dtype, kernel_source, latency in ms)
   ``best_gemm`` is the rate at the shape the curves are normalised to: the ``gemm`` curve (by
@@ -17,12 +15,12 @@ GEMMs (``gemm/*/*/gemm_perf.parquet``: m, n, k, gemm_dtype, kernel_source, laten
   tables; FP4 is ``nvfp4``.
 
 All-reduce (``comm/<engine>/<version>/custom_allreduce_perf.parquet``: num_gpus, message_size
-in bf16 elements, latency in ms; the CUDA-graph rows, as a decode step runs them)
-  Each engine's newest table, over 2, 4 and 8 GPUs. ``latency_s``: the median time of a 16 KB
-  all-reduce (the bandwidth term is nothing there). Then per payload the share of the
-  per-direction link bandwidth the rest of the time moves the ring's bytes at,
-  ``ring_bytes / (bandwidth * (time - latency_s))`` capped at 1, the median over the tables
-  and GPU counts, at the median ring bytes one rank sends.
+in bf16 elements, latency in ms)
+  ``allreduce``: each engine's newest table, its CUDA-graph rows where it has eager ones too
+  (a decode step runs in a graph), over 2, 4 and 8 GPUs: the seconds of one all-reduce by its
+  payload (2^10 to 2^27 elements, as bytes). A table holds one measurement per size, so a time
+  is the least of its own and those of every larger payload (a larger all-reduce never takes
+  less time; this drops the single slow outliers of small sizes).
 
 Needs pandas and pyarrow (a bench script, not a runtime dependency).
 
@@ -48,8 +46,8 @@ SYSTEMS = {"a100_sxm": "A100 SXM 80GB", "b200_sxm": "B200", "b300_sxm": "B300",
 MATH = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4"}
 REF_M, REF_K, N_RANGE = 8192, 16384, (4096, 16384)
 ENGINES = ("vllm", "sglang", "trtllm")
-SMALL_ELEMENTS = 8192  # 16 KB of bf16: the latency
-PAYLOADS = (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)  # bf16 elements
+GPU_COUNTS = (2, 4, 8)
+PAYLOADS = tuple(1 << e for e in range(10, 28))  # bf16 elements
 
 
 def _root() -> str:
@@ -92,42 +90,42 @@ def _newest(folder: str) -> str:
     return max(os.listdir(folder), key=key)
 
 
-def allreduce(system: str):
-    """``{"tables": [...], "latency_s": s, "points": [[ring bytes, share], ...]}``; None where
-    no engine has a custom all-reduce table for `system` or it has no interconnect figure."""
+def allreduce(system: str) -> dict:
+    """``{engine: {"source": ..., "gpus": {"2": [[payload bytes, seconds], ...], ...}}}`` for
+    every engine with a custom all-reduce table for `system`."""
     import pandas as pd
 
-    gbps = resolve_hardware(SYSTEMS[system]).interconnect_gbps.value
-    tables = {}
+    out = {}
     for engine in ENGINES:
         folder = os.path.join(_root(), system, "comm", engine)
         version = _newest(folder) if os.path.isdir(folder) else None
         path = os.path.join(folder, version or "", "custom_allreduce_perf.parquet")
-        if not gbps or not os.path.isfile(path):
+        if not os.path.isfile(path):
             continue
         df = pd.read_parquet(path)
-        if "backend" in df:
+        graph = ""
+        if "backend" in df and df.backend.str.endswith("graph").any():
             df = df[df.backend.str.endswith("graph")]
-        tables[f"{engine} {version}"] = df
-    if not tables:
-        return None
-    times = {}  # (table, gpus, elements) -> median seconds
-    for name, df in tables.items():
-        for (gpus, elements), rows in df.groupby(["num_gpus", "message_size"]):
-            times[name, int(gpus), int(elements)] = float(rows.latency.median()) * 1e-3
-    latency = statistics.median(t for (_, g, e), t in times.items()
-                                if e == SMALL_ELEMENTS and g in (2, 4, 8))
-    points = []
-    for elements in PAYLOADS:
-        xs, shares = [], []
-        for (name, gpus, e), t in times.items():
-            if e != elements or gpus not in (2, 4, 8):
+            graph = ", CUDA-graph rows"
+        gpus = {}
+        for n in GPU_COUNTS:
+            rows = df[df.num_gpus == n]
+            times = rows.groupby("message_size").latency.median() * 1e-3
+            if not all(e in times.index for e in PAYLOADS):
                 continue
-            ring = ring_bytes("all_reduce", 2.0 * elements, gpus)
-            xs.append(ring)
-            shares.append(min(ring / (gbps * 1e9 * max(t - latency, 1e-12)), 1.0))
-        points.append([round(statistics.median(xs)), round(statistics.median(shares), 3)])
-    return {"tables": sorted(tables), "latency_s": round(latency, 8), "points": points}
+            points, least = [], float("inf")
+            for elements in reversed(PAYLOADS):
+                least = min(least, float(times[elements]))
+                points.append([2 * elements, float(f"{least:.3g}")])
+            gpus[str(n)] = points[::-1]
+        if gpus:
+            out[engine] = {"source": f"aiconfigurator-core 0.12.0's measured custom all-reduce "
+                                     f"(systems/data/{system}/comm/{engine}/{version}/"
+                                     f"custom_allreduce_perf.parquet{graph}; NVIDIA "
+                                     f"AIConfigurator, Apache-2.0), bf16, read by "
+                                     f"bench/kernel_tables.py",
+                           "gpus": gpus}
+    return out
 
 
 def main(argv=None) -> int:
@@ -145,11 +143,10 @@ def main(argv=None) -> int:
             print(f"{system} GEMM {math}: median {entry['median']}")
             for label, frac in entry["tables"].items():
                 print(f"    {frac:.3f}  {label}")
-        ar = figures["allreduce"]
-        if ar is None:
-            continue
-        print(f"{system} all-reduce ({'; '.join(ar['tables'])}): latency "
-              f"{ar['latency_s'] * 1e6:.2f} us; share of the link by ring bytes {ar['points']}")
+        for engine, entry in figures["allreduce"].items():
+            for gpus, points in entry["gpus"].items():
+                print(f"{system} all-reduce {engine} over {gpus} GPUs, us at 2 KB .. 256 MB: "
+                      + " ".join(f"{s * 1e6:.3g}" for _, s in points))
     return 0
 
 

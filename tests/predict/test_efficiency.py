@@ -125,3 +125,68 @@ def test_every_catalogued_gpu_prices_every_preset_model():
         for model in ("llama-3.1-8b", "gpt-oss-120b"):
             cost = p.predict(StepShape.of(ModelSpec.from_model(model), [(256, 0), (1, 300)]))
             assert math.isfinite(cost.seconds) and cost.seconds > 0, (gpu.name, model)
+
+
+def test_every_measured_allreduce_names_its_source_and_grows_with_its_payload():
+    tables = {k: v for k, v in efficiency._data()["allreduce"].items() if k != "about"}
+    assert {"H100 SXM", "H200", "B200"} <= set(tables)
+    for gpu, entry in tables.items():
+        hw = hardware.gpu(gpu)  # names a catalogued GPU
+        if "as" in entry:
+            assert entry["source"] and entry["as"] in tables
+            continue
+        for engine in entry:
+            table = efficiency.allreduce_table(hw, engine)
+            assert "aiconfigurator" in table.source, (gpu, engine)
+            for ranks, points in table.gpus.items():
+                times = [s for _, s in points]
+                assert ranks in (2, 4, 8) and times == sorted(times), (gpu, engine, ranks)
+
+
+def test_allreduce_table_is_log_log_between_points_and_holds_its_floor():
+    table = efficiency.AllReduceTable(
+        "e", {2: ((math.log2(1e3), math.log2(4e-6)), (math.log2(1e5), math.log2(16e-6)))}, "t")
+    assert table.seconds(2, 10.0) == pytest.approx(4e-6)  # below the first: the floor
+    assert table.seconds(2, 1e4) == pytest.approx(8e-6)  # halfway in log-log
+    assert table.seconds(2, 4e5) == pytest.approx(64e-6)  # beyond the last: at its rate
+    assert table.seconds(4, 1e4) is None  # 4 GPUs not measured
+    h100, h200 = hardware.gpu("H100"), hardware.gpu("H200")
+    assert efficiency.allreduce_table(h100, None) is None
+    assert efficiency.allreduce_table(h100, "tgi") is None
+    assert efficiency.allreduce_table(h200, "vllm").gpus == \
+        efficiency.allreduce_table(h100, "vllm").gpus
+    assert "as H100 SXM" in efficiency.allreduce_table(h200, "vllm").source
+
+
+def test_roofline_prices_an_engines_allreduce_as_measured_and_others_by_the_ring():
+    from gnomon.engine.cost import Op, ring_bytes
+
+    hidden = 64 * 8192 * 2  # 64 tokens' bf16 hidden states
+    op = Op("communication", "all_reduce", 0.0, 0.0, 160,
+            comm_bytes=160 * ring_bytes("all_reduce", hidden, 8), collectives=160, ranks=8)
+    ring = RooflinePredictor("H100")
+    measured = RooflinePredictor("H100", allreduce="trtllm")
+    table = efficiency.allreduce_table(hardware.gpu("H100"), "trtllm")
+    assert measured.op_seconds(op) == pytest.approx(160 * table.seconds(8, hidden))
+    assert ring.op_seconds(op) == pytest.approx(
+        160 * (ring_bytes("all_reduce", hidden, 8) / 450e9 + 10e-6))
+    # a GPU count the engine's table lacks, and the other collectives, keep the ring model
+    wide = op._replace(ranks=16)
+    assert measured.op_seconds(wide) == pytest.approx(ring.op_seconds(wide))
+    gather = Op("communication", "all_gather", 0.0, 0.0, 1, comm_bytes=1e6, collectives=1,
+                ranks=8)
+    assert measured.op_seconds(gather) == ring.op_seconds(gather)
+    assert resolve_engine("vllm-0.10").allreduce == "vllm"
+    assert resolve_engine("gnomon").allreduce is None
+    with pytest.raises(TypeError, match="allreduce: expected"):
+        RooflinePredictor("H100", allreduce=8)
+
+
+def test_an_engine_file_names_its_allreduce_kernel_or_is_refused(tmp_path):
+    raw = json.loads(open(resolve_engine.__globals__["DATA_FILE"]).read())["engines"]["vllm"]
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({**raw, "name": "mine", "allreduce": 3}))
+    with pytest.raises(ValueError, match="allreduce: expected the name"):
+        resolve_engine(str(path))
+    path.write_text(json.dumps({**raw, "name": "mine", "allreduce": None}))
+    assert resolve_engine(str(path)).allreduce is None

@@ -74,9 +74,10 @@ def test_a_row_wider_than_its_board_is_refused_and_such_a_layout_pays_the_nics()
     with pytest.raises(PointRefused, match="tp_size 64 x attention_dp_size 1: 64 GPUs, more "
                                            "than one 8-GPU b200_sxm board"):
         from_silicon(row)
-    # a 64-GPU layout asked for directly is priced over the NICs
+    # a 64-GPU layout asked for directly is priced over the NICs (gnomon's engine: the ring
+    # model on the board too, where trtllm's all-reduce would take its measured times)
     kw = dict(model="deepseek-v3", hardware="B200", ep=8, weight_dtype="fp8", kv_dtype="fp8",
-              engine="trtllm", num_requests=4, concurrency=2, rate=float("inf"),
+              engine="gnomon", num_requests=4, concurrency=2, rate=float("inf"),
               input_len=parse_length("128", "i"), output_len=parse_length("8", "o"))
     (wide, wide_trace), (board, board_trace) = (simulate(SimulationSpec.of(tp=64, **kw)),
                                                 simulate(SimulationSpec.of(tp=8, **kw)))

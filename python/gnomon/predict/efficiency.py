@@ -22,6 +22,11 @@ The roofline multiplies them (`gnomon.predict.roofline`):
 
 A generation without curves of its own (Ampere, Ada, CDNA2) borrows the nearest one's (the
 factors apply to its own peaks), and `CurveSet.note` says so.
+
+`AllReduceTable`: an engine's all-reduce kernel on one GPU as measured, the seconds of one
+all-reduce by its payload per GPU count (``allreduce`` in the data file, per GPU and engine; a
+GPU may take another's, ``{"as": name}``, with the reason). The roofline prices a
+tensor-parallel all-reduce with it where the engine and the GPU count have one.
 """
 
 from __future__ import annotations
@@ -98,6 +103,32 @@ class CurveSet:
                 for n, c in self.curves.items()}
 
 
+@dataclass(frozen=True)
+class AllReduceTable:
+    """Seconds of one all-reduce by its payload bytes, per GPU count (`allreduce_table`).
+    Between points linear in log-log; below the first its time (the kernel's floor); beyond the
+    last at the last point's bytes per second."""
+
+    engine: str
+    gpus: Dict[int, Tuple[Tuple[float, float], ...]]  # ranks -> ((log2 bytes, log2 s), ...)
+    source: str
+
+    def seconds(self, ranks: int, payload: float) -> Optional[float]:
+        """One all-reduce of `payload` bytes over `ranks` GPUs; None where none was measured."""
+        points = self.gpus.get(ranks)
+        if points is None:
+            return None
+        lx = math.log2(max(payload, 1.0))
+        i = bisect.bisect_right(points, (lx, math.inf))
+        if i == 0:
+            return 2.0 ** points[0][1]
+        if i == len(points):
+            x, y = points[-1]
+            return 2.0 ** (y + lx - x)
+        (x0, y0), (x1, y1) = points[i - 1], points[i]
+        return 2.0 ** (y0 + (lx - x0) / (x1 - x0) * (y1 - y0))
+
+
 @functools.lru_cache(maxsize=1)
 def _data() -> dict:
     with open(DATA_FILE, encoding="utf-8") as f:
@@ -108,6 +139,37 @@ def best_gemm(hw: Hardware) -> Dict[str, Tuple[float, str]]:
     """``{compute dtype: (best-shape fraction of peak, source)}`` for a catalogued GPU; empty
     for one without a published figure."""
     return {k: (float(v), s) for k, (v, s) in _data()["best_gemm"].get(hw.name, {}).items()}
+
+
+def allreduce_table(hw: Hardware, engine: Optional[str]) -> Optional[AllReduceTable]:
+    """`engine`'s measured all-reduce on `hw` (through its ``as``), or None where there is none
+    (an engine or GPU without a table, no engine)."""
+    return _allreduce_table(hw.name, engine)
+
+
+@functools.lru_cache(maxsize=None)
+def _allreduce_table(gpu: str, engine: Optional[str]) -> Optional[AllReduceTable]:
+    tables = _data().get("allreduce", {})
+    entry, alias = tables.get(gpu), ""
+    if isinstance(entry, dict) and "as" in entry:
+        alias = f"{entry.get('source', 'as ' + str(entry['as']))}: "
+        entry = tables.get(entry["as"])
+    if engine is None or not isinstance(entry, dict) or engine not in entry:
+        return None
+    where = f"{DATA_FILE} allreduce.{gpu}.{engine}"
+    raw = entry[engine]
+    try:
+        gpus = {}
+        for ranks, points in raw["gpus"].items():
+            pairs = sorted((float(b), float(s)) for b, s in points)
+            if int(ranks) < 2 or not pairs or any(b <= 0 or s <= 0 for b, s in pairs):
+                raise ValueError(f"gpus.{ranks}: expected a count >= 2 and [bytes > 0, "
+                                 f"seconds > 0] pairs")
+            gpus[int(ranks)] = tuple((math.log2(b), math.log2(s)) for b, s in pairs)
+        source = raw["source"]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None
+    return AllReduceTable(engine, gpus, alias + str(source))
 
 
 def defaults() -> dict:

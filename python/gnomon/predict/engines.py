@@ -2,7 +2,8 @@
 
 A profile is a partial `EngineConfig` (`EngineProfile.settings`: the engine's defaults on a
 GPU: ``max_num_seqs``, ``max_num_batched_tokens``, the capacity policy, the share of HBM it
-takes) plus its host overhead per step and its serving path, each with its source, from
+takes) plus its host overhead per step, its serving path and the name of its all-reduce kernel (whose
+measured times `gnomon.predict.efficiency` holds per GPU), each with its source, from
 ``data/engines.json`` or a user's JSON file of the same shape.
 
 `EngineOverhead`: ``per_step_s + per_seq_s * sequences in the step`` of host work (scheduling,
@@ -25,7 +26,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from gnomon.engine.engine_config import CAPACITY_POLICIES, MAX_UTILIZATION
 from gnomon.hardware import Hardware
@@ -95,6 +96,7 @@ class EngineProfile:
     serving: ServingPath = ServingPath()
     kv_memory: str = "total"  # how the KV cache is sized: a key of KV_MEMORY
     capacity_policy: str = "max_utilization"  # the scheduler's (gnomon.engine.scheduler)
+    allreduce: Optional[str] = None  # its all-reduce kernel's name in efficiency.json
 
     def is_large(self, hw: Hardware) -> bool:
         if any(word.lower() in hw.name.lower() for word in self.large_gpu_excludes):
@@ -125,7 +127,7 @@ def _profile(name: str, raw: dict, where: str) -> EngineProfile:
             gpu_memory_utilization=float(raw["gpu_memory_utilization"]),
             sources={str(k): str(v) for k, v in raw["sources"].items()},
             serving=_serving(raw.get("serving", {})), kv_memory=_kv_memory(raw),
-            capacity_policy=_capacity_policy(raw))
+            capacity_policy=_capacity_policy(raw), allreduce=_allreduce(raw))
     except KeyError as error:
         raise ValueError(f"{where}: engine {name!r} lacks the field {error.args[0]!r}") from None
     except (TypeError, ValueError) as error:
@@ -156,6 +158,15 @@ def _capacity_policy(raw: dict) -> str:
     if value not in CAPACITY_POLICIES:
         raise ValueError(f"capacity_policy: expected one of {', '.join(CAPACITY_POLICIES)}, "
                          f"got {value!r}")
+    return value
+
+
+def _allreduce(raw: dict) -> Optional[str]:
+    value = raw.get("allreduce")
+    if value is not None and not (isinstance(value, str) and value):
+        raise ValueError(f"allreduce: expected the name of the engine's measured all-reduce "
+                         f"kernel (a key of efficiency.json's allreduce tables) or null, got "
+                         f"{value!r}")
     return value
 
 

@@ -15,7 +15,10 @@ read efficiencies from its own curves. Hardware of no generation (``host``, made
 has no curves: its factors are 1.
 
 Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`) at the per-direction
-interconnect bandwidth plus ``allreduce_latency_s`` per collective. A collective over more GPUs
+interconnect bandwidth plus ``allreduce_latency_s`` per collective; a tensor-parallel
+all-reduce takes the engine's measured time instead where its all-reduce kernel was measured on
+this GPU at this GPU count (`gnomon.predict.efficiency.AllReduceTable`; the predictor's
+``allreduce``, an engine profile's name for its kernel). A collective over more GPUs
 than the hardware's scale-up domain (``scale_up_gpus``) runs at its scale-out bandwidth per GPU
 (``scale_out_gbps``; refused where none is given): a ring at that rate, an all-to-all with its
 share to GPUs beyond the domain at that rate and the rest over the scale-up links at once.
@@ -33,10 +36,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, Mapping, Optional, Union
 
+from gnomon.engine.cost import ring_bytes
 from gnomon.hardware import Hardware
 
 from .cost import FAMILIES, PredictionRefused, StepCost
-from .efficiency import CurveSet, best_gemm, curves_for, defaults
+from .efficiency import AllReduceTable, CurveSet, allreduce_table, best_gemm, curves_for, defaults
 from .engines import EngineOverhead
 from .hardware import resolve_hardware
 from .opcount import attention_ops, dense_ops
@@ -59,9 +63,12 @@ class Efficiencies:
     allreduce_latency_s: float = 10e-6
     interconnect_gbps: Optional[float] = None  # overrides the hardware's figure
     curves: Optional[CurveSet] = None
+    allreduce: Optional[AllReduceTable] = None  # an engine's measured all-reduce on this GPU
 
     @classmethod
-    def default_for(cls, hw: Hardware) -> "Efficiencies":
+    def default_for(cls, hw: Hardware, allreduce: Optional[str] = None) -> "Efficiencies":
+        """The GPU's figures, with the all-reduce the engine named `allreduce` was measured
+        to take on it (none: the ring model)."""
         if hw.vendor == "host":
             return cls({"bfloat16": 1.0, "float32": 1.0}, memory=1.0, launch_s=5e-6)
         stated = defaults()
@@ -70,13 +77,13 @@ class Efficiencies:
         return cls({"bfloat16": bf16, "fp8": best.get("fp8", bf16), "fp4": best.get("fp4", bf16)},
                    memory=stated["memory"]["value"], launch_s=stated["launch_s"]["value"],
                    allreduce_latency_s=stated["allreduce_latency_s"]["value"],
-                   curves=curves_for(hw))
+                   curves=curves_for(hw), allreduce=allreduce_table(hw, allreduce))
 
     @classmethod
-    def coerce(cls, value, hw: Hardware) -> "Efficiencies":
+    def coerce(cls, value, hw: Hardware, allreduce: Optional[str] = None) -> "Efficiencies":
         """None (the defaults), an `Efficiencies`, or a mapping of fields overriding the
         defaults (``{"memory": 0.7, "compute": {"bfloat16": 0.6}}``)."""
-        base = cls.default_for(hw)
+        base = cls.default_for(hw, allreduce)
         if value is None:
             return base
         if isinstance(value, Efficiencies):
@@ -106,13 +113,17 @@ class Efficiencies:
 
 
 class RooflinePredictor:
-    """``RooflinePredictor(hardware, efficiencies=None, overhead=None)``; see the module
-    docstring."""
+    """``RooflinePredictor(hardware, efficiencies=None, overhead=None, allreduce=None)``; see
+    the module docstring."""
 
     def __init__(self, hardware: Union[str, Hardware], efficiencies=None,
-                 overhead: Optional[EngineOverhead] = None) -> None:
+                 overhead: Optional[EngineOverhead] = None,
+                 allreduce: Optional[str] = None) -> None:
         self.hardware = resolve_hardware(hardware)
-        self.efficiencies = Efficiencies.coerce(efficiencies, self.hardware)
+        if allreduce is not None and not isinstance(allreduce, str):
+            raise TypeError(f"allreduce: expected an engine's all-reduce name or None, got "
+                            f"{type(allreduce).__name__}")
+        self.efficiencies = Efficiencies.coerce(efficiencies, self.hardware, allreduce)
         if overhead is not None and not isinstance(overhead, EngineOverhead):
             raise TypeError(f"overhead: expected an EngineOverhead or None, got "
                             f"{type(overhead).__name__}")
@@ -182,6 +193,12 @@ class RooflinePredictor:
         return max(compute, memory) + op.launches * self.efficiencies.launch_s
 
     def _collective_seconds(self, op) -> float:
+        table = self.efficiencies.allreduce
+        if table is not None and op.name == "all_reduce":
+            payload = op.comm_bytes / op.collectives / ring_bytes("all_reduce", 1.0, op.ranks)
+            seconds = table.seconds(op.ranks, payload)
+            if seconds is not None:
+                return op.collectives * seconds
         hw = self.hardware
         gbps = self.efficiencies.interconnect_gbps or hw.interconnect_gbps.value
         if gbps is None:

@@ -29,14 +29,15 @@ from .workloads import resolve
 
 
 def make_predictor(spec: str, hardware: Union[str, Hardware],
-                   overhead: Optional[EngineOverhead] = None):
-    """``"roofline"`` (on `hardware`, with the engine's `overhead`), ``"calibrated:FILE"`` or
-    ``"table:FILE"`` (which carry the host cost of the engine they measured)."""
+                   overhead: Optional[EngineOverhead] = None, allreduce: Optional[str] = None):
+    """``"roofline"`` (on `hardware`, with the engine's `overhead` and its `allreduce`
+    kernel), ``"calibrated:FILE"`` or ``"table:FILE"`` (which carry the host cost of the
+    engine they measured)."""
     if not isinstance(spec, str):
         raise TypeError(f"predictor: expected {PREDICTOR_FORMS}, got {type(spec).__name__}")
     kind, _, path = spec.partition(":")
     if kind == "roofline" and not path:
-        return RooflinePredictor(hardware, overhead=overhead)
+        return RooflinePredictor(hardware, overhead=overhead, allreduce=allreduce)
     if kind == "calibrated" and path:
         return CalibratedPredictor.load(path)
     if kind == "table" and path:
@@ -99,6 +100,13 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
                            f"(gnomon/predict/data/efficiency.json names them)")
         out.append(f"roofline: uniform expert routing, {eff.launch_s * 1e6:g} µs per kernel "
                    f"launch, no CUDA graphs")
+        collectives = (f"ring traffic at the link bandwidth plus "
+                       f"{eff.allreduce_latency_s * 1e6:g} µs each")
+        if eff.allreduce is not None:
+            gpus = ", ".join(str(n) for n in sorted(eff.allreduce.gpus))
+            collectives = (f"all-reduces over {gpus} GPUs at {eff.allreduce.engine}'s measured "
+                           f"times ({eff.allreduce.source}); the others {collectives}")
+        out.append(f"roofline: collectives: {collectives}")
         if predictor.overhead is None:
             out.append("roofline: no engine overhead")
     elif engine is not None:
@@ -156,7 +164,7 @@ def simulate(spec: SimulationSpec = SimulationSpec(), *,
                                  kv_dtype=spec.kv_dtype)
     hw = resolve_hardware(spec.hardware)
     profile = resolve_engine(spec.engine)
-    pred = make_predictor(spec.predictor, hw, profile.overhead)
+    pred = make_predictor(spec.predictor, hw, profile.overhead, profile.allreduce)
     # the activations' dtype is the model's (ModelSpec); a simulated engine reads no device or seed
     config = engine_config(profile, hw, pred, spec.engine_settings).replace(dtype=model.dtype)
     tp, ep, dp = (config.tensor_parallel_size, config.expert_parallel_size,
