@@ -18,9 +18,12 @@ All-reduce (``comm/<engine>/<version>/custom_allreduce_perf.parquet``: num_gpus,
 in bf16 elements, latency in ms)
   ``allreduce``: each engine's newest table, its CUDA-graph rows where it has eager ones too
   (a decode step runs in a graph), over 2, 4 and 8 GPUs: the seconds of one all-reduce by its
-  payload (2^10 to 2^27 elements, as bytes). A table holds one measurement per size, so a time
-  is the least of its own and those of every larger payload (a larger all-reduce never takes
-  less time; this drops the single slow outliers of small sizes).
+  payload (2^10 to 2^27 elements, as bytes), or NCCL's (``comm/nccl/<version>/nccl_perf.
+  parquet``, its newest, half precision) where that is faster: the engines send a payload past
+  their custom kernel's range to NCCL (vLLM's and SGLang's ``CustomAllreduce.max_size``,
+  TensorRT-LLM's AUTO strategy). A table holds one measurement per size, so a time is the least
+  of its own and those of every larger payload (a larger all-reduce never takes less time; this
+  drops the single slow outliers of small sizes).
 
 Needs pandas and pyarrow (a bench script, not a runtime dependency).
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -90,11 +94,26 @@ def _newest(folder: str) -> str:
     return max(os.listdir(folder), key=key)
 
 
+def _allreduce_times(path: str, **where) -> dict:
+    """``{gpus: {elements: seconds}}`` of an all-reduce table's rows matching `where`."""
+    import pandas as pd
+
+    df = pd.read_parquet(path)
+    for column, value in where.items():
+        df = df[df[column] == value]
+    return {int(n): (rows.groupby("message_size").latency.median() * 1e-3).to_dict()
+            for n, rows in df.groupby("num_gpus")}
+
+
 def allreduce(system: str) -> dict:
     """``{engine: {"source": ..., "gpus": {"2": [[payload bytes, seconds], ...], ...}}}`` for
     every engine with a custom all-reduce table for `system`."""
     import pandas as pd
 
+    nccl_folder = os.path.join(_root(), system, "comm", "nccl")
+    nccl_version = _newest(nccl_folder) if os.path.isdir(nccl_folder) else None
+    nccl = (_allreduce_times(os.path.join(nccl_folder, nccl_version, "nccl_perf.parquet"),
+                             op_name="all_reduce", nccl_dtype="half") if nccl_version else {})
     out = {}
     for engine in ENGINES:
         folder = os.path.join(_root(), system, "comm", engine)
@@ -102,29 +121,30 @@ def allreduce(system: str) -> dict:
         path = os.path.join(folder, version or "", "custom_allreduce_perf.parquet")
         if not os.path.isfile(path):
             continue
-        df = pd.read_parquet(path)
-        graph = ""
-        if "backend" in df and df.backend.str.endswith("graph").any():
-            df = df[df.backend.str.endswith("graph")]
-            graph = ", CUDA-graph rows"
+        backends = pd.read_parquet(path, columns=None).get("backend")
+        graph = next((b for b in ([] if backends is None else backends.unique())
+                      if b.endswith("graph")), None)
+        custom = _allreduce_times(path, **({"backend": graph} if graph else {}))
         gpus = {}
         for n in GPU_COUNTS:
-            rows = df[df.num_gpus == n]
-            times = rows.groupby("message_size").latency.median() * 1e-3
-            if not all(e in times.index for e in PAYLOADS):
+            times = custom.get(n, {})
+            if not all(e in times for e in PAYLOADS):
                 continue
             points, least = [], float("inf")
             for elements in reversed(PAYLOADS):
-                least = min(least, float(times[elements]))
+                least = min(least, times[elements], nccl.get(n, {}).get(elements, math.inf))
                 points.append([2 * elements, float(f"{least:.3g}")])
             gpus[str(n)] = points[::-1]
         if gpus:
-            out[engine] = {"source": f"aiconfigurator-core 0.12.0's measured custom all-reduce "
-                                     f"(systems/data/{system}/comm/{engine}/{version}/"
-                                     f"custom_allreduce_perf.parquet{graph}; NVIDIA "
-                                     f"AIConfigurator, Apache-2.0), bf16, read by "
-                                     f"bench/kernel_tables.py",
-                           "gpus": gpus}
+            out[engine] = {"source": (
+                f"aiconfigurator-core 0.12.0's measured all-reduce (NVIDIA AIConfigurator, "
+                f"Apache-2.0), bf16, read by bench/kernel_tables.py: the faster of the "
+                f"engine's custom all-reduce (systems/data/{system}/comm/{engine}/{version}/"
+                f"custom_allreduce_perf.parquet{', CUDA-graph rows' if graph else ''}) and "
+                + (f"NCCL's (comm/nccl/{nccl_version}/nccl_perf.parquet)" if nccl else
+                   "NCCL's (none measured here)")
+                + ", as the engine sends a large payload to NCCL"),
+                "gpus": gpus}
     return out
 
 
