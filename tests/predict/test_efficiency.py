@@ -190,3 +190,14 @@ def test_an_engine_file_names_its_allreduce_kernel_or_is_refused(tmp_path):
         resolve_engine(str(path))
     path.write_text(json.dumps({**raw, "name": "mine", "allreduce": None}))
     assert resolve_engine(str(path)).allreduce is None
+
+
+def test_giving_the_ring_models_figures_prices_the_allreduce_with_them():
+    from gnomon.engine.cost import Op, ring_bytes
+
+    op = Op("communication", "all_reduce", 0.0, 0.0, 1,
+            comm_bytes=ring_bytes("all_reduce", 1e6, 8), collectives=1, ranks=8)
+    given = RooflinePredictor("H100", {"allreduce_latency_s": 0.0}, allreduce="vllm")
+    assert given.efficiencies.allreduce is None
+    assert given.op_seconds(op) == pytest.approx(ring_bytes("all_reduce", 1e6, 8) / 450e9)
+    assert RooflinePredictor("H100", {"memory": 0.7}, allreduce="vllm").efficiencies.allreduce

@@ -14,11 +14,11 @@ chip (INT4 experts with bf16 activations: w4a16 at bf16 peak). Attention takes i
 read efficiencies from its own curves. Hardware of no generation (``host``, made-up units)
 has no curves: its factors are 1.
 
-Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`) at the per-direction
-interconnect bandwidth plus ``allreduce_latency_s`` per collective; a tensor-parallel
-all-reduce takes the engine's measured time instead where its all-reduce kernel was measured on
-this GPU at this GPU count (`gnomon.predict.efficiency.AllReduceTable`; the predictor's
-``allreduce``, an engine profile's name for its kernel). A collective over more GPUs
+Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`) at the
+per-direction interconnect bandwidth plus ``allreduce_latency_s`` per collective; a
+tensor-parallel all-reduce takes the engine's measured time instead where its all-reduce kernel
+was measured on this GPU at this GPU count (`gnomon.predict.efficiency.AllReduceTable`; the
+predictor's ``allreduce``, an engine profile's name for its kernel). A collective over more GPUs
 than the hardware's scale-up domain (``scale_up_gpus``) runs at its scale-out bandwidth per GPU
 (``scale_out_gbps``; refused where none is given): a ring at that rate, an all-to-all with its
 share to GPUs beyond the domain at that rate and the rest over the scale-up links at once.
@@ -82,7 +82,9 @@ class Efficiencies:
     @classmethod
     def coerce(cls, value, hw: Hardware, allreduce: Optional[str] = None) -> "Efficiencies":
         """None (the defaults), an `Efficiencies`, or a mapping of fields overriding the
-        defaults (``{"memory": 0.7, "compute": {"bfloat16": 0.6}}``)."""
+        defaults (``{"memory": 0.7, "compute": {"bfloat16": 0.6}}``). A mapping that gives the
+        ring model's ``interconnect_gbps`` or ``allreduce_latency_s`` prices the all-reduces
+        with them, not with the engine's measured times."""
         base = cls.default_for(hw, allreduce)
         if value is None:
             return base
@@ -97,6 +99,8 @@ class Efficiencies:
             raise ValueError(f"efficiencies: unknown field(s) {sorted(unknown)}; known: "
                              f"{', '.join(sorted(known))}")
         merged = dict(value)
+        if {"interconnect_gbps", "allreduce_latency_s"} & set(merged):
+            merged.setdefault("allreduce", None)  # the ring model's figures, given: it applies
         if "compute" in merged:
             merged["compute"] = {**base.compute, **merged["compute"]}
         out = replace(base, **merged)
