@@ -8,6 +8,7 @@ import pytest
 
 from gnomon import hardware
 from gnomon.predict import efficiency
+from gnomon.predict.cost import PredictionRefused
 from gnomon.predict.engines import EngineOverhead, profiles, resolve_engine
 from gnomon.predict.opcount import step_ops
 from gnomon.predict.roofline import RooflinePredictor
@@ -62,17 +63,32 @@ def test_small_k_and_few_tokens_per_expert_cost_more_per_flop():
     assert (w13.depth, w2.depth) == (2880, 2880) and w13.flops == 2 * w2.flops
 
 
-def test_mxfp4_on_hopper_runs_w4a16_and_blackwell_fp4():
+def test_mxfp4_experts_run_w4a16_on_hopper_and_mxfp8_activations_on_blackwell(tmp_path):
     spec = ModelSpec.from_model("gpt-oss-120b")
     h100, b200 = RooflinePredictor("H100"), RooflinePredictor("B200")
     op = next(o for o in step_ops(StepShape.of(spec, [(16384, 0)])) if o.name == "fused_moe[w13]")
-    assert op.compute == "fp4"
-    rate_h100 = op.flops / (h100.op_seconds(op) - op.launches * h100.efficiencies.launch_s)
+    assert op.compute == "w4a8"
+
+    def rate(p):
+        return op.flops / (p.op_seconds(op) - op.launches * p.efficiencies.launch_s)
+
     c = h100.efficiencies.curves
-    expected = (989e12 * h100.efficiencies.compute["bfloat16"] * c["grouped_gemm"](op.rows)
-                * c["gemm_k"](op.depth) * c["w4a16"](op.rows))
-    assert rate_h100 == pytest.approx(expected, rel=1e-9)
-    assert b200.op_seconds(op) < h100.op_seconds(op) / 4
+    assert rate(h100) == pytest.approx(  # weight-only at the bf16 peak
+        989e12 * h100.efficiencies.compute["bfloat16"] * c["grouped_gemm"](op.rows)
+        * c["gemm_k"](op.depth) * c["w4a16"](op.rows), rel=1e-9)
+    c = b200.efficiencies.curves
+    assert rate(b200) == pytest.approx(  # the FP8 peak: MXFP8 activations, not FP4 x FP4
+        hardware.gpu("B200").fp8_tflops.value * 1e12 * b200.efficiencies.compute["fp8"]
+        * c["grouped_gemm"](op.rows) * c["gemm_k"](op.depth), rel=1e-9)
+    # dense NVFP4 weights (W4A4 checkpoints) keep the FP4 peak
+    nvfp4 = ModelSpec.from_model("llama-3.1-70b", weight_dtype="nvfp4")
+    assert nvfp4.linear_compute == "fp4" and nvfp4.expert_compute == "fp4"
+    # a chip whose FP4 figure is unknown cannot tell: refused, naming the field
+    base = {"name": "Mystery", "vendor": "NVIDIA", "generation": "blackwell",
+            "bf16_tflops": 2000, "fp8_tflops": 4000, "hbm_tbps": 8, "hbm_gb": 180}
+    (tmp_path / "m.json").write_text(json.dumps(base))
+    with pytest.raises(PredictionRefused, match="fp4_tflops is not given"):
+        RooflinePredictor(str(tmp_path / "m.json")).op_seconds(op)
 
 
 def test_attention_prefill_efficiency_grows_with_context():

@@ -80,8 +80,8 @@ class Pricing(NamedTuple):
     """The bytes and math a step's ops are counted in (`gnomon.predict.shapes.ModelSpec` makes
     one): activations, linear weights, their GEMMs' math, the routed experts' bytes per
     parameter and their grouped GEMMs' math (the linear layers' unless the experts hold a dtype
-    of their own: "fp4" for MXFP4 experts, "w4a16" for INT4 ones, weight-only at the bf16
-    peak)."""
+    of their own: "w4a8" for MXFP4 experts (MXFP8 activations where the chip has FP4 math,
+    else weight-only), "w4a16" for INT4 ones, weight-only at the bf16 peak)."""
 
     activation_bytes: int
     linear_bytes: float

@@ -7,12 +7,13 @@ For every op of `opcount.step_ops`::
 
 summed by family. ``eff_compute`` is the GPU's best-shape GEMM fraction for the op's math
 (`Efficiencies.compute`) times the generation's measured curves (`gnomon.predict.efficiency`):
-the GEMM factors by M and by K, the grouped-GEMM factor by tokens per expert for the MoE, and the
-weight-only factor where the chip lacks the weights' math (MXFP4 on Hopper or CDNA3 runs
+the GEMM factors by M and by K, the grouped-GEMM factor by tokens per expert for the MoE, and
+the weight-only factor where the chip lacks the weights' math (MXFP4 on Hopper or CDNA3 runs
 w4a16, FP8 on Ampere or CDNA2 w8a16, both at bf16 peak) and for a weight-only scheme on every
-chip (INT4 experts with bf16 activations: w4a16 at bf16 peak). Attention takes its compute and KV
-read efficiencies from its own curves. Hardware of no generation (``host``, made-up units)
-has no curves: its factors are 1.
+chip (INT4 experts with bf16 activations: w4a16 at bf16 peak). MXFP4 experts of their own
+(gpt-oss's) run "w4a8": MXFP8 activations at the FP8 peak on a chip with FP4 math, else w4a16.
+Attention takes its compute and KV read efficiencies from its own curves. Hardware of no
+generation (``host``, made-up units) has no curves: its factors are 1.
 
 Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`) at the
 per-direction interconnect bandwidth plus ``allreduce_latency_s`` per collective; a
@@ -50,7 +51,10 @@ ANALYTICAL = dict.fromkeys(FAMILIES, "analytical")  # every part's provenance
 _FIGURE_FIELD = {"bfloat16": "bf16_tflops", "fp8": "fp8_tflops", "fp4": "fp4_tflops"}
 # the weight-only curve a chip without the weights' math runs them with, at its bf16 peak; a
 # weight-only scheme ("w4a16": INT4 weights, bf16 activations) runs so on every chip
-_WEIGHT_ONLY = {"fp4": "w4a16", "fp8": "w8a16", "w4a16": "w4a16"}
+_WEIGHT_ONLY = {"fp4": "w4a16", "fp8": "w8a16", "w4a16": "w4a16", "w4a8": "w4a16"}
+# mixed precision: the math the weights need the chip to have, and the math it runs in ("w4a8":
+# FP4 weights, FP8 activations, at the FP8 peak where the chip has FP4 math)
+_MIXED = {"w4a8": ("fp4", "fp8")}
 
 
 @dataclass(frozen=True)
@@ -142,18 +146,21 @@ class RooflinePredictor:
     def _best_flops(self, compute: str) -> tuple:
         """``(best-shape FLOP/s, the weight-only curve's name or None)`` for the op's math."""
         hw, eff = self.hardware, self.efficiencies
-        figure = hw.figure(compute)
+        weights, math = _MIXED.get(compute, (compute, compute))
+        figure = hw.figure(weights)
         weight_only = None
         if figure is None and compute in _WEIGHT_ONLY:  # weight-only by its scheme
             weight_only, compute = _WEIGHT_ONLY[compute], "bfloat16"
         elif figure is not None and figure.value is None:
             if not figure.given:
                 raise PredictionRefused(
-                    f"hardware {hw.name}: {_FIGURE_FIELD[compute]} is not given, and this "
-                    f"model's {compute} weights need it; give the chip's dense peak, or null "
-                    f"where it has no {compute} math (its weights then run weight-only at the "
+                    f"hardware {hw.name}: {_FIGURE_FIELD[weights]} is not given, and this "
+                    f"model's {weights} weights need it; give the chip's dense peak, or null "
+                    f"where it has no {weights} math (its weights then run weight-only at the "
                     f"bf16 peak)")
             weight_only, compute = _WEIGHT_ONLY[compute], "bfloat16"
+        else:
+            compute = math
         tflops = hw.tflops(compute)
         if tflops is None:
             raise PredictionRefused(f"hardware {hw.name}: no peak for {compute!r} math")

@@ -41,6 +41,13 @@ _CONFIG_WEIGHTS = {"fp8": "fp8", "nvfp4": "nvfp4", "mxfp4-dense": "mxfp4"}  # qu
 # quantization -> the dtype a checkpoint holds its routed experts in, apart from its other
 # linear layers: gpt-oss's MXFP4 experts, Kimi-K2.5's INT4 ones
 _CONFIG_EXPERTS = {"mxfp4": "mxfp4", "int4": "int4"}
+# the math the engines run such experts in. Both are weight-only checkpoints (bf16 activations).
+# MXFP4 experts: "w4a8", MXFP8 activations at the FP8 peak on a chip with FP4 math (its MMA
+# takes the mixed FP8 x FP4 operands), else weight-only: TensorRT-LLM's GPT-OSS deployment
+# guide (MoE backend matrix: B200/GB200/B300/GB300 MXFP8 activations x MXFP4 weights, TRTLLM
+# backend; H200 BF16 x MXFP4, Triton), and InferenceMAX's vLLM B200 launch
+# (benchmarks/gptoss_fp4_b200_docker.sh: VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1). INT4: w4a16.
+_EXPERT_COMPUTE = {"mxfp4": "w4a8", "int4": "w4a16"}
 
 
 def _dtype_bytes(name: str) -> float:
@@ -182,9 +189,11 @@ class ModelSpec:
 
     @property
     def expert_compute(self) -> str:
-        """The math of the routed experts' grouped GEMMs: "fp4" (MXFP4), "w4a16" (INT4:
-        weight-only at the bf16 peak), else the linear layers'."""
-        return QUANT_COMPUTE.get(self.experts_dtype, "bfloat16")
+        """The math of the routed experts' grouped GEMMs: for experts of their own dtype
+        "w4a8" (MXFP4) or "w4a16" (INT4) (`_EXPERT_COMPUTE`), else the linear layers'."""
+        if self.expert_dtype is not None:
+            return _EXPERT_COMPUTE[self.expert_dtype]
+        return self.linear_compute
 
     @functools.cached_property
     def pricing(self) -> Pricing:

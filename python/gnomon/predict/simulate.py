@@ -85,6 +85,11 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
         if model.linear_compute != "bfloat16" and hardware.tflops(model.linear_compute) is None:
             out.append(f"{hardware.name} has no {model.linear_compute} math: the "
                        f"{model.linear_dtype} GEMMs run weight-only at its bf16 peak")
+    if model.expert_compute == "w4a8":
+        out.append(f"MXFP4 routed experts run with MXFP8 activations at {hardware.name}'s fp8 "
+                   f"peak" if hardware.tflops("fp4") else
+                   f"MXFP4 routed experts run weight-only (w4a16) at {hardware.name}'s bf16 "
+                   f"peak, without FP4 math")
     if isinstance(predictor, RooflinePredictor):
         eff = predictor.efficiencies
         if eff.curves is None:
