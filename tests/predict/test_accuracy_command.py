@@ -84,10 +84,14 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
         assert q.engine_settings == "max_num_batched_tokens=16384"
     # another source, backend or model: the engine's defaults
     for over in ({"silicon_data_source": "source_file=/a/b/meta-llama_Llama-3.1-70B.csv"},
-                 {"backend": "vllm"}, {"model_path": "openai/gpt-oss-120b",
-                                        "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"}):
+                 {"backend": "vllm"}, {"model_path": "meta-llama/Llama-3.1-8B-Instruct",
+                                        "gemm_quant_mode": "", "moe_quant_mode": ""}):
         q = measured.from_silicon(_row(**{**llama, "isl": "1024", "osl": "1024", **over}))
         assert q.engine_settings == "" and _launched(q) == {}
+    # gpt-oss's own launches: max_num_tokens 20000 on every row
+    q = measured.from_silicon(_row(**{**llama, "model_path": "openai/gpt-oss-120b",
+                                      "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"}))
+    assert _launched(q) == {"max_num_batched_tokens": 20000}
     # DeepSeek-R1's attention-DP balance: only on its rows with attention data parallelism
     deepseek = dict(model_path="deepseek-ai/DeepSeek-R1", backend="trtllm", backend_version="",
                     gemm_quant_mode="fp8", moe_quant_mode="fp8", tp_size="1",
