@@ -48,8 +48,9 @@ def test_a_silicon_row_maps_as_its_benchmark_ran():
     p = measured.from_silicon(_row())
     assert (p.model, p.hardware, p.engine, p.engine_version, p.tp) == (
         "gpt-oss-120b", "B200", "vllm", "0.15.1", 2)
-    # the checkpoint's own MXFP4 experts and bf16 attention, whatever the label says
-    assert (p.weight_dtype, p.kv_dtype) == ("auto", "auto")
+    # the checkpoint's own MXFP4 experts and bf16 attention, whatever the label says; the FP8
+    # KV cache InferenceMAX's B200 launch chose
+    assert (p.weight_dtype, p.kv_dtype) == ("auto", "fp8")
     # each length uniform in [0.8 x, x]; 10 requests per unit of concurrency, all at once
     assert (p.input_len, p.output_len) == ("819:1024", "6553:8192")
     assert (p.concurrency, p.num_requests, math.isinf(p.rate)) == (16, 160, True)
@@ -88,10 +89,15 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
                                         "gemm_quant_mode": "", "moe_quant_mode": ""}):
         q = measured.from_silicon(_row(**{**llama, "isl": "1024", "osl": "1024", **over}))
         assert q.engine_settings == "" and _launched(q) == {}
-    # gpt-oss's own launches: max_num_tokens 20000 on every row
-    q = measured.from_silicon(_row(**{**llama, "model_path": "openai/gpt-oss-120b",
-                                      "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"}))
-    assert _launched(q) == {"max_num_batched_tokens": 20000}
+    # gpt-oss's own launches: max_num_tokens 20000 on every row; an FP8 KV cache on B200 only
+    oss = {**llama, "model_path": "openai/gpt-oss-120b", "gemm_quant_mode": "nvfp4",
+           "moe_quant_mode": "nvfp4"}
+    q = measured.from_silicon(_row(**oss))
+    assert _launched(q) == {"max_num_batched_tokens": 20000} and q.kv_dtype == "fp8"
+    assert measured.from_silicon(_row(**oss, system="h200_sxm")).kv_dtype == "auto"
+    assert measured.from_silicon(_row(**{**oss, "backend": "vllm"})).kv_dtype == "fp8"
+    assert measured.from_silicon(_row(**{**oss, "backend": "vllm"},
+                                      system="h100_sxm")).kv_dtype == "auto"
     # DeepSeek-R1's attention-DP balance: only on its rows with attention data parallelism
     deepseek = dict(model_path="deepseek-ai/DeepSeek-R1", backend="trtllm", backend_version="",
                     gemm_quant_mode="fp8", moe_quant_mode="fp8", tp_size="1",

@@ -385,16 +385,19 @@ def from_silicon(row: dict) -> MeasuredPoint:
 
     source = _source(row)
     settings: Dict[str, object] = {}
+    kv_dtype = quant["kv_dtype"]
     for rule in table["launches"]["rules"]:
         if (source in rule["sources"] and row.get("backend") == rule["backend"]
                 and row.get("model_path") in rule["models"]
+                and row.get("system") in rule.get("systems", (row.get("system"),))
                 and all(_int(row, k) == rule[k] for k in ("isl", "osl") if k in rule)
                 and tp < rule.get("tp_below", math.inf) and dp > rule.get("dp_above", 0)):
-            settings.update(rule["settings"])
+            settings.update(rule.get("settings", {}))
+            kv_dtype = rule.get("kv_dtype", kv_dtype)
     point = MeasuredPoint(
         id=rid, source=source, model=model["model"], hardware=system["hardware"],
         engine=engine, engine_version=row.get("backend_version") or "", tp=tp, ep=ep, dp=dp,
-        weight_dtype=quant["weight_dtype"], kv_dtype=quant["kv_dtype"], workload="random",
+        weight_dtype=quant["weight_dtype"], kv_dtype=kv_dtype, workload="random",
         input_len=length(isl), output_len=length(osl), concurrency=conc, rate=math.inf,
         num_requests=work["requests_per_concurrency"] * conc,
         ttft_ms=measured("silicon_ttft_ms"), tpot_ms=measured("silicon_tpot_ms"),
