@@ -4,7 +4,7 @@ aiconfigurator-core (NVIDIA AIConfigurator, Apache-2.0) ships the per-GPU, per-e
 latencies it measured, ``systems/data/<system>/<op>/<engine>/<version>/<op>_perf.parquet``.
 This script reads two of them and prints the figures `gnomon.predict.efficiency` keeps in
 ``gnomon/predict/data/efficiency.json``, with the tables they come from (``--json``: all of it
-as JSON, the ``allreduce`` entries as that file holds them, under the GPU's gnomon name).
+as JSON under the GPUs' gnomon names, the ``allreduce`` entries as that file holds them).
 
 GEMMs (``gemm/*/*/gemm_perf.parquet``: m, n, k, gemm_dtype, kernel_source, latency in ms)
   ``best_gemm`` is the rate at the shape the curves are normalised to: the ``gemm`` curve (by
@@ -40,7 +40,6 @@ import os
 import re
 import statistics
 
-from gnomon.engine.cost import ring_bytes
 from gnomon.predict.hardware import resolve_hardware
 
 # aiconfigurator-core's systems with GEMM tables, by gnomon's name of the GPU (H200 and GB200 take
@@ -71,13 +70,13 @@ def gemm_fractions(system: str) -> dict:
         df = pd.read_parquet(path)
         ref = df[(df.m == REF_M) & (df.k == REF_K) & df.n.between(*N_RANGE)]
         for dtype, rows in ref.groupby("gemm_dtype"):
-            math = MATH.get(dtype)
-            peak = hw.tflops(math) if math else None
+            kind = MATH.get(dtype)
+            peak = hw.tflops(kind) if kind else None
             if not peak or rows.empty:
                 continue
             rates = 2.0 * rows.m * rows.n * rows.k / (rows.latency * 1e-3) / 1e12
             kernels = ", ".join(sorted(rows.kernel_source.unique()))
-            out.setdefault(math, {"tables": {}})["tables"][
+            out.setdefault(kind, {"tables": {}})["tables"][
                 f"{engine} {version} ({dtype}: {kernels})"] = round(
                 float(rates.median()) / peak, 3)
     for entry in out.values():
@@ -94,13 +93,8 @@ def _newest(folder: str) -> str:
     return max(os.listdir(folder), key=key)
 
 
-def _allreduce_times(path: str, **where) -> dict:
-    """``{gpus: {elements: seconds}}`` of an all-reduce table's rows matching `where`."""
-    import pandas as pd
-
-    df = pd.read_parquet(path)
-    for column, value in where.items():
-        df = df[df[column] == value]
+def _allreduce_times(df) -> dict:
+    """``{gpus: {elements: seconds}}`` of an all-reduce table's rows."""
     return {int(n): (rows.groupby("message_size").latency.median() * 1e-3).to_dict()
             for n, rows in df.groupby("num_gpus")}
 
@@ -112,8 +106,10 @@ def allreduce(system: str) -> dict:
 
     nccl_folder = os.path.join(_root(), system, "comm", "nccl")
     nccl_version = _newest(nccl_folder) if os.path.isdir(nccl_folder) else None
-    nccl = (_allreduce_times(os.path.join(nccl_folder, nccl_version, "nccl_perf.parquet"),
-                             op_name="all_reduce", nccl_dtype="half") if nccl_version else {})
+    nccl = {}
+    if nccl_version:
+        df = pd.read_parquet(os.path.join(nccl_folder, nccl_version, "nccl_perf.parquet"))
+        nccl = _allreduce_times(df[(df.op_name == "all_reduce") & (df.nccl_dtype == "half")])
     out = {}
     for engine in ENGINES:
         folder = os.path.join(_root(), system, "comm", engine)
@@ -121,10 +117,9 @@ def allreduce(system: str) -> dict:
         path = os.path.join(folder, version or "", "custom_allreduce_perf.parquet")
         if not os.path.isfile(path):
             continue
-        backends = pd.read_parquet(path, columns=None).get("backend")
-        graph = next((b for b in ([] if backends is None else backends.unique())
-                      if b.endswith("graph")), None)
-        custom = _allreduce_times(path, **({"backend": graph} if graph else {}))
+        df = pd.read_parquet(path)
+        graph = "backend" in df and df.backend.str.endswith("graph").any()
+        custom = _allreduce_times(df[df.backend.str.endswith("graph")] if graph else df)
         gpus = {}
         for n in GPU_COUNTS:
             times = custom.get(n, {})
@@ -153,19 +148,19 @@ def main(argv=None) -> int:
     ap.add_argument("--system", action="append", choices=sorted(SYSTEMS))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    result = {s: {"gemm": gemm_fractions(s), "allreduce": allreduce(s)}
+    result = {SYSTEMS[s]: {"gemm": gemm_fractions(s), "allreduce": allreduce(s)}
               for s in (args.system or sorted(SYSTEMS))}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    for system, figures in result.items():
-        for math, entry in figures["gemm"].items():
-            print(f"{system} GEMM {math}: median {entry['median']}")
+    for gpu, figures in result.items():
+        for kind, entry in figures["gemm"].items():
+            print(f"{gpu} GEMM {kind}: median {entry['median']}")
             for label, frac in entry["tables"].items():
                 print(f"    {frac:.3f}  {label}")
         for engine, entry in figures["allreduce"].items():
             for gpus, points in entry["gpus"].items():
-                print(f"{system} all-reduce {engine} over {gpus} GPUs, us at 2 KB .. 256 MB: "
+                print(f"{gpu} all-reduce {engine} over {gpus} GPUs, us at 2 KB .. 256 MB: "
                       + " ".join(f"{s * 1e6:.3g}" for _, s in points))
     return 0
 
