@@ -14,6 +14,12 @@ GEMMs (``gemm/*/*/gemm_perf.parquet``: m, n, k, gemm_dtype, kernel_source, laten
   median over the tables. FP8 pools the per-tensor (``fp8``) and block-scaled (``fp8_block``)
   tables; FP4 is ``nvfp4``.
 
+  ``curves`` (the generation's ``gemm`` and ``gemm_k`` in efficiency.json): per table (an
+  engine's version and GEMM dtype), the rate at each M (K = 16384) and at each K (M = 8192),
+  each the median over N in the same range, over its rate at the reference shape; then the
+  median over the tables, capped at 1 (a curve is a factor of the reference shape's rate; the
+  few points above it, 1.01 to 1.05 in B200's tables, lie within the tables' spread).
+
 All-reduce (``comm/<engine>/<version>/custom_allreduce_perf.parquet``: num_gpus, message_size
 in bf16 elements, latency in ms)
   ``allreduce``: each engine's newest table, its CUDA-graph rows where it has eager ones too
@@ -48,6 +54,8 @@ SYSTEMS = {"a100_sxm": "A100 SXM 80GB", "b200_sxm": "B200", "b300_sxm": "B300",
            "h100_sxm": "H100 SXM", "l40s": "L40S", "rtx_pro_6000_server": "RTX PRO 6000 Blackwell"}
 MATH = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4"}
 REF_M, REF_K, N_RANGE = 8192, 16384, (4096, 16384)
+CURVE_M = (256, 512, 1024, 2048, 4096, 8192)
+CURVE_K = (512, 1024, 1536, 2048, 3072, 4096, 8192, 16384)
 ENGINES = ("vllm", "sglang", "trtllm")
 GPU_COUNTS = (2, 4, 8)
 PAYLOADS = tuple(1 << e for e in range(10, 28))  # bf16 elements
@@ -82,6 +90,44 @@ def gemm_fractions(system: str) -> dict:
     for entry in out.values():
         entry["median"] = round(statistics.median(entry["tables"].values()), 3)
     return out
+
+
+def _gemm_tables(system: str):
+    """``(label, rows)`` for every GEMM table of `system` whose dtype gnomon prices."""
+    import pandas as pd
+
+    for path in sorted(glob.glob(os.path.join(_root(), system, "gemm", "*", "*",
+                                              "gemm_perf.parquet"))):
+        engine, version = path.split(os.sep)[-3:-1]
+        df = pd.read_parquet(path)
+        for dtype, rows in df[df.n.between(*N_RANGE)].groupby("gemm_dtype"):
+            if dtype in MATH:
+                yield f"{engine} {version} {dtype}", rows
+
+
+def gemm_curves(system: str) -> dict:
+    """``{"gemm": [[M, factor], ...], "gemm_k": [[K, factor], ...], "tables": [labels]}``:
+    the shape curves of `system`'s GEMM tables (module docstring)."""
+    def rate(rows, m, k):
+        at = rows[(rows.m == m) & (rows.k == k)]
+        return float((2.0 * at.m * at.n * at.k / at.latency).median()) if len(at) else None
+
+    labels, by_m, by_k = [], {m: [] for m in CURVE_M}, {k: [] for k in CURVE_K}
+    for label, rows in _gemm_tables(system):
+        ref = rate(rows, REF_M, REF_K)
+        if not ref:
+            continue
+        labels.append(label)
+        for axis, points, at in ((by_m, CURVE_M, lambda x: (x, REF_K)),
+                                 (by_k, CURVE_K, lambda x: (REF_M, x))):
+            for x in points:
+                r = rate(rows, *at(x))
+                if r:
+                    axis[x].append(r / ref)
+
+    def curve(axis):
+        return [[x, round(min(statistics.median(v), 1.0), 3)] for x, v in axis.items() if v]
+    return {"gemm": curve(by_m), "gemm_k": curve(by_k), "tables": labels}
 
 
 def _newest(folder: str) -> str:
@@ -148,7 +194,8 @@ def main(argv=None) -> int:
     ap.add_argument("--system", action="append", choices=sorted(SYSTEMS))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    result = {SYSTEMS[s]: {"gemm": gemm_fractions(s), "allreduce": allreduce(s)}
+    result = {SYSTEMS[s]: {"gemm": gemm_fractions(s), "curves": gemm_curves(s),
+                           "allreduce": allreduce(s)}
               for s in (args.system or sorted(SYSTEMS))}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -158,6 +205,10 @@ def main(argv=None) -> int:
             print(f"{gpu} GEMM {kind}: median {entry['median']}")
             for label, frac in entry["tables"].items():
                 print(f"    {frac:.3f}  {label}")
+        curves = figures["curves"]
+        for name in ("gemm", "gemm_k"):
+            print(f"{gpu} {name} curve over {len(curves['tables'])} tables: "
+                  + " ".join(f"{x}:{f}" for x, f in curves[name]))
         for engine, entry in figures["allreduce"].items():
             for gpus, points in entry["gpus"].items():
                 print(f"{gpu} all-reduce {engine} over {gpus} GPUs, us at 2 KB .. 256 MB: "
