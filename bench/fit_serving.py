@@ -7,7 +7,7 @@ queues. So, per engine, on the fit-split rows at concurrency <= `LIGHT` of the s
 benchmark client is known (silicon.json's ``workload.client_sources``: a serving path is the
 way through that client and the server; other sources, whose client is not stated, stay out):
 
-1. simulate each row with the profile's serving path set to zero (its async-scheduling lag kept:
+1. simulate each row with the profile's serving path set to zero (its scheduling ahead kept:
    that is a mechanism read from the engine's source, not a fitted number);
 2. take the TTFT left over, ``measured - predicted`` (ms), per row;
 3. fit ``left = request_s + per_prompt_token_s * mean prompt tokens`` by the Theil-Sen
@@ -40,12 +40,12 @@ LIGHT = 8  # the highest concurrency a row may run at to enter the fit
 
 
 def _zeroed_profile(name: str, folder: str) -> str:
-    """A profile file of `name` with no serving path but its async lag."""
+    """A profile file of `name` with no serving path but its scheduling ahead."""
     with open(engines.DATA_FILE, encoding="utf-8") as f:
         raw = json.load(f)["engines"][name]
-    lag = raw.get("serving", {}).get("output_lag_steps", 0)
+    ahead = raw.get("serving", {}).get("schedule_ahead_steps", 0)
     raw = dict(raw, name=name, serving={"request_s": 0.0, "per_prompt_token_s": 0.0,
-                                        "response_s": 0.0, "output_lag_steps": lag})
+                                        "response_s": 0.0, "schedule_ahead_steps": ahead})
     path = os.path.join(folder, f"{name}.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(raw, f)
@@ -122,10 +122,10 @@ def write(fitted) -> None:
         raw = json.load(f)
     for name, fig in fitted.items():
         entry = raw["engines"][name]
-        lag = entry.get("serving", {}).get("output_lag_steps", 0)
+        ahead = entry.get("serving", {}).get("schedule_ahead_steps", 0)
         entry["serving"] = {"request_s": round(fig["request_s"], 6),
                             "per_prompt_token_s": round(fig["per_prompt_token_s"], 10),
-                            "response_s": 0.0, "output_lag_steps": lag}
+                            "response_s": 0.0, "schedule_ahead_steps": ahead}
         groups = "; ".join(f"{n} {g}" for g, n in sorted(fig["groups"].items()))
         entry["sources"]["serving"] = (
             f"fitted by bench/fit_serving.py on {fig['rows']} fit-split rows of "

@@ -406,18 +406,37 @@ def test_the_serving_path_adds_exactly_its_parts_to_a_lone_requests_ttft():
     # a closed loop of one: each request is sent when the client sees the last one finish
     assert served["duration_s"] == pytest.approx(plain["duration_s"] + 3 * extra)
     assert served["tpot"]["mean"] == pytest.approx(plain["tpot"]["mean"])
-    lagged, trace = run(ServingPath(output_lag_steps=1))
-    decode = [s.seconds for s in trace.steps if s.num_prefill_tokens == 0][0]
-    for a, b, q, p, s in zip(plain["per_request"]["ttft_s"], lagged["per_request"]["ttft_s"],
-                             lagged["per_request"]["queueing_s"],
-                             lagged["per_request"]["prefill_s"],
-                             lagged["per_request"]["serving_s"]):
-        assert b == pytest.approx(a + decode, rel=1e-6)  # one more step before it is seen
-        assert b == pytest.approx(q + p + s)
+    # an engine that schedules a step ahead, in a closed loop of one: the step it chose ahead
+    # had nothing in it, so each request goes in at once, as without it
+    ahead, _ = run(ServingPath(schedule_ahead_steps=1))
+    assert ahead["per_request"]["ttft_s"] == pytest.approx(plain["per_request"]["ttft_s"])
+
+    # a second request that comes 50 ms in, while the first decodes: scheduling ahead, the
+    # engine had chosen the step after the running one without it, so it waits for that one
+    # too, in the scheduler's queue
+    later = synthetic(SyntheticSpec(num_requests=2, rate=20.0, prompt_len=LengthDist.fixed(500),
+                                    output_len=LengthDist.fixed(20), arrival="fixed",
+                                    vocab_size=1000))
+
+    def open_loop(path):
+        engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
+                                  EngineConfig(max_num_seqs=8))
+        trace = run_workload(engine, later, serving=path)
+        return compute_metrics(trace)["per_request"], trace
+
+    (now, _), (ahead, trace) = open_loop(ServingPath()), open_loop(
+        ServingPath(schedule_ahead_steps=1))
+    running = next(s for s in trace.steps if s.start < 0.05 < s.start + s.seconds)
+    chosen = next(s for s in trace.steps if s.start == running.start + running.seconds)
+    assert chosen.num_prefill_tokens == 0  # the first request's decode, alone
+    assert ahead["ttft_s"][0] == pytest.approx(now["ttft_s"][0])
+    assert ahead["ttft_s"][1] == pytest.approx(now["ttft_s"][1] + chosen.seconds, rel=1e-3)
+    assert ahead["queueing_s"][1] == pytest.approx(now["queueing_s"][1] + chosen.seconds,
+                                                   rel=1e-3)
 
 
 def test_a_serving_path_out_of_range_is_refused():
     with pytest.raises(ValueError, match="serving.request_s"):
         ServingPath(request_s=-1)
-    with pytest.raises(ValueError, match="output_lag_steps"):
-        ServingPath(output_lag_steps=2)
+    with pytest.raises(ValueError, match="schedule_ahead_steps"):
+        ServingPath(schedule_ahead_steps=2)

@@ -202,7 +202,7 @@ def test_plain_decode_steps_decide_as_batched_steps_under_preemption_and_arrival
 
 def test_plain_decode_steps_decide_as_batched_steps_in_a_closed_loop_with_sliding_windows():
     # gpt-oss's sliding layers release blocks behind the window; shared prefixes hit the cache;
-    # a closed loop with async lag sends each request a step after the one before it finished
+    # a closed loop whose engine schedules a step ahead: a request sent mid-step waits a step
     from gnomon.predict.engines import ServingPath
     model = ModelSpec.from_config(ModelConfig.preset("tiny-gpt-oss"), name="tiny-gpt-oss")
     workload = synthetic(SyntheticSpec(num_requests=30, rate=float("inf"),
@@ -212,7 +212,7 @@ def test_plain_decode_steps_decide_as_batched_steps_in_a_closed_loop_with_slidin
     config = EngineConfig(block_size=4, max_num_seqs=8, max_num_batched_tokens=32,
                           max_model_len=128)
     serving = ServingPath(request_s=1e-4, per_prompt_token_s=1e-6, response_s=2e-4,
-                          output_lag_steps=1)
+                          schedule_ahead_steps=1)
     batched, fast, plain = _plain_vs_batched(model, workload, config=config, concurrency=6,
                                              serving=serving)
     _same_run(batched, fast)

@@ -13,10 +13,12 @@ The roofline reports it as the ``overhead`` family.
 
 `ServingPath`: what a request crosses outside the step loop, between the client and the
 scheduler: the API server and tokenisation on the way in (``request_s + per_prompt_token_s *
-prompt tokens``), output processing and streaming on the way out (``response_s``), and the
-steps an engine's async scheduling puts between a step and its tokens' output
-(``output_lag_steps``). `gnomon.predict.serve.run_workload` applies it; the metrics report it
-as the ``serving`` part of TTFT.
+prompt tokens``), output processing and streaming on the way out (``response_s``), and
+whether the engine schedules a step ahead (``schedule_ahead_steps`` 1: vLLM's async
+scheduling, SGLang's and TensorRT-LLM's overlap schedulers), so that a request reaching it while
+a step runs misses the step already chosen to follow. `gnomon.predict.serve.run_workload`
+applies it; the metrics report what it adds to TTFT as ``serving`` (the way in and out) and
+``queueing`` (the step chosen ahead).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class ServingPath:
     request_s: float = 0.0
     per_prompt_token_s: float = 0.0
     response_s: float = 0.0
-    output_lag_steps: int = 0
+    schedule_ahead_steps: int = 0
 
     def __post_init__(self):
         for name in ("request_s", "per_prompt_token_s", "response_s"):
@@ -71,9 +73,10 @@ class ServingPath:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
                     math.isfinite(v) and v >= 0):
                 raise ValueError(f"serving.{name}: expected seconds >= 0, got {v!r}")
-        if self.output_lag_steps not in (0, 1) or isinstance(self.output_lag_steps, bool):
-            raise ValueError(f"serving.output_lag_steps: expected 0 or 1, got "
-                             f"{self.output_lag_steps!r}")
+        if self.schedule_ahead_steps not in (0, 1) or isinstance(self.schedule_ahead_steps,
+                                                                  bool):
+            raise ValueError(f"serving.schedule_ahead_steps: expected 0 or 1, got "
+                             f"{self.schedule_ahead_steps!r}")
 
     def ingress(self, prompt_tokens: int) -> float:
         """Seconds from the client's send to the request reaching the scheduler."""

@@ -9,12 +9,13 @@ Definitions (times on the run's clock, seconds):
 
 - arrival is the client's send (the trace's ``sent``); the request reaches the scheduler
   ``serving.ingress(prompt)`` later, or when the one sent before it did, and the client sees a
-  token ``response_s`` after the step that made it ends (after the next step, under async
-  scheduling): the run's `ServingPath` (none by default).
-- queueing = first_scheduled - reaching the scheduler; prefill = first_token -
-  first_scheduled (both on the engine's clock); serving = the rest of the TTFT (ingress, the
-  async lag and the response path); ttft = serving + queueing + prefill, the client's first
-  token - arrival; e2e = the client's last token - arrival.
+  token ``response_s`` after the step that made it ends: the run's `ServingPath` (none by
+  default).
+- queueing = first_scheduled - reaching the scheduler (with the step an engine that schedules
+  ahead had already chosen); prefill = first_token - first_scheduled (both on the engine's
+  clock); serving = the rest of the TTFT (ingress and the response path); ttft = serving +
+  queueing + prefill, the client's first token - arrival; e2e = the client's last token -
+  arrival.
 - tpot = (finish - first_token) / (output_tokens - 1), per request; None for one-token outputs
   (left out of the TPOT summary).
 - itl: the gaps between consecutive output tokens of a request, pooled over all requests.
@@ -111,13 +112,8 @@ class _PerRequest:
             self.out[i] = k
         entered, sched, first, finish = rows.T
         path = trace.serving
-        ends = np.sort(np.fromiter((s.start + s.seconds for s in trace.steps), np.float64,
-                                   len(trace.steps)))
 
         def seen(t):  # when the client sees what the step ending at t made
-            if path.output_lag_steps:
-                i = np.searchsorted(ends, t, side="right")
-                t = np.where(i < len(ends), ends[np.minimum(i, len(ends) - 1)], t)
             return t + path.response_s
 
         sent = getattr(trace, "sent", None) or {}

@@ -12,8 +12,9 @@ from __future__ import annotations
 import gc
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from gnomon.engine.engine_config import EngineConfig
 from gnomon.engine.llm import LLMEngine, RequestOutput
@@ -26,7 +27,7 @@ from .hardware import resolve_hardware
 from .shapes import ModelSpec
 from .simulated import (GPU_MEMORY_UTILIZATION, SimulatedRunner, StepRecord, TimedRunner,
                         VirtualClock, kv_blocks_for_hardware)
-from .workloads import Workload
+from .workloads import Workload, WorkloadRequest
 
 
 @dataclass
@@ -121,8 +122,11 @@ def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workloa
     `serving` is the path outside the steps (`ServingPath`): a request reaches the scheduler
     ``serving.ingress(prompt tokens)`` after its send, never before one sent earlier (the API
     server hands requests on in the order they came), and the client sees a step's tokens
-    ``response_s`` after the step ends, or after the next step ends under async scheduling
-    (``output_lag_steps`` 1). The metrics read it back from the trace."""
+    ``response_s`` after the step ends. An engine that schedules a step ahead
+    (``schedule_ahead_steps`` 1: async scheduling, an overlap scheduler) chose the step that
+    follows the running one when that one began, so a request that reached it since waits for
+    both; one that finds the engine idle, or nothing else to run, goes in at once. The metrics
+    read it back from the trace."""
     clock, runner = engine.clock, engine.runner
     if not isinstance(clock, VirtualClock) or not isinstance(
             runner, (SimulatedRunner, TimedRunner, DataParallelRunner)):
@@ -139,6 +143,7 @@ def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workloa
 
     sent_at: Dict[str, float] = {}
     entered = -math.inf  # when the last request sent reached the scheduler
+    on_way: Deque[Tuple[float, WorkloadRequest]] = deque()  # sent, not yet handed to the engine
 
     def send(limit: int, at: float) -> None:
         nonlocal sent, entered
@@ -147,18 +152,35 @@ def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workloa
             sent_at[r.request_id] = max(start + r.arrival_time, at)
             entered = max(sent_at[r.request_id] + serving.ingress(len(r.prompt_token_ids)),
                           entered)
+            on_way.append((entered, r))
+            sent += 1
+        if not ahead:  # the engine admits each at its arrival time itself
+            hand_on(math.inf)
+
+    def hand_on(until: float) -> None:  # the requests that reached the scheduler by `until`
+        while on_way and on_way[0][0] <= until:
+            at, r = on_way.popleft()
             engine.add_request(r.request_id, r.prompt_token_ids,
                                SamplingParams(max_tokens=r.output_len, temperature=0,
-                                              ignore_eos=True), arrival_time=entered)
-            sent += 1
+                                              ignore_eos=True), arrival_time=at)
+
+    def chosen_at() -> float:
+        """When the step about to begin was chosen: as the last one began, if it just ended and
+        the engine schedules ahead; else now."""
+        now = clock()
+        if ahead and runner.steps:
+            last = runner.steps[-1]
+            if last.start + last.seconds >= now:
+                return last.start
+        return now
 
     total = workload.num_requests
     in_flight = total if concurrency is None else concurrency
+    ahead = serving.schedule_ahead_steps
     send(min(in_flight, total), start)
     kv_usage: List[Tuple[float, float]] = []
     kv_group_blocks: List[Tuple[int, ...]] = []
     done = 0  # requests the client has seen finish
-    held = 0  # finished in the last step, seen by the client only after the next (async lag)
     # Plain decode steps (every running sequence decodes, nothing else happens) need no batch
     # when the runner is simulated and keeps none: the scheduler runs them in place of
     # schedule() and update(), with the same allocator calls (`Scheduler.plain_decode_steps`).
@@ -173,9 +195,11 @@ def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workloa
     # walk their prompts again and again (a tenth of a simulation's time otherwise).
     gc.freeze()
     try:
-        while engine.has_unfinished_requests() or held:
-            for _ in range(scheduler.plain_decode_steps(runner.token) if plain and not held
-                           else 0):
+        while engine.has_unfinished_requests() or on_way:
+            hand_on(chosen_at())
+            for _ in range(scheduler.plain_decode_steps(runner.token) if plain else 0):
+                if on_way and on_way[0][0] <= chosen_at():
+                    break
                 pairs = scheduler.begin_decode(clock())
                 if pairs is None:
                     break
@@ -184,19 +208,21 @@ def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workloa
                 stepped()
                 if progress is not None:
                     progress(done, total)
+            hand_on(chosen_at())
             executed = len(runner.steps)
-            finished = 0
             for delta in engine.step():
-                finished += delta.finished
+                done += delta.finished
             ran = len(runner.steps) != executed
-            if serving.output_lag_steps and ran:
-                done, held = done + held, finished
-            else:
-                done, held = done + held + finished, 0
             if sent < total and sent - done < in_flight:
                 send(min(done + in_flight, total), clock() + serving.response_s)
-            if not ran:  # nothing could run: skip to the next arrival
-                arrival = engine.next_arrival_time()
+            if not ran:
+                if on_way and on_way[0][0] <= clock():
+                    hand_on(clock())  # the step chosen ahead had nothing in it: in at once
+                    continue
+                # nothing could run: skip to the next arrival
+                arrival = min((t for t in (engine.next_arrival_time(),
+                                           on_way[0][0] if on_way else None) if t is not None),
+                              default=None)
                 if arrival is None:
                     break
                 clock.jump_to(arrival)

@@ -125,8 +125,10 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
         out.append(f"engine {engine.name}: TTFT adds its serving path outside the steps, "
                    f"{path.request_s * 1e3:g} ms + {path.per_prompt_token_s * 1e6:g} us per "
                    f"prompt token in, {path.response_s * 1e3:g} ms out"
-                   + (", and one step of async-scheduling lag" if path.output_lag_steps
-                      else "") + f" ({engine.sources.get('serving', 'no source given')})")
+                   + (", and it schedules a step ahead: a request that comes while a step "
+                      "runs also waits for the step chosen to follow"
+                      if path.schedule_ahead_steps else "")
+                   + f" ({engine.sources.get('serving', 'no source given')})")
     out.append("generated tokens are a fixed non-EOS id; every request runs to its "
                "workload output length (ignore_eos)")
     out.append(f"hardware {hardware.name}: {hardware.bf16_tflops.source}")
