@@ -100,7 +100,10 @@ def test_each_run_samples_every_case_in_rounds_over_all_the_cases(monkeypatch):
             passes = case["sampling"]["stopped"].split("+")
             assert len(passes) == 3 and set(passes) <= {"converged", "time_limit",
                                                          "max_samples"}
-            assert len(case["samples_ns"]) >= 3 * FAST.min_samples
+            # a pass stops at its share of the time limit whatever it has (the rule), so only
+            # passes that converged promise min_samples each; every pass takes one at least
+            least = sum(FAST.min_samples if p == "converged" else 1 for p in passes)
+            assert len(case["samples_ns"]) >= least
             assert case["stats"]["count"] == len(case["samples_ns"])
             assert case["sampling"]["rule"]["rounds"] == 3
             assert case["sampling"]["warmup_calls"] >= 3 * FAST.warmup_calls
