@@ -66,34 +66,9 @@ def _root() -> str:
     return os.path.join(os.path.dirname(aiconfigurator_core.__file__), "systems", "data")
 
 
-def gemm_fractions(system: str) -> dict:
-    """``{math: {"tables": {"engine version (gemm_dtype: kernels)": fraction}, "median": f}}``."""
-    import pandas as pd
-
-    hw = resolve_hardware(SYSTEMS[system])
-    out: dict = {}
-    for path in sorted(glob.glob(os.path.join(_root(), system, "gemm", "*", "*",
-                                              "gemm_perf.parquet"))):
-        engine, version = path.split(os.sep)[-3:-1]
-        df = pd.read_parquet(path)
-        ref = df[(df.m == REF_M) & (df.k == REF_K) & df.n.between(*N_RANGE)]
-        for dtype, rows in ref.groupby("gemm_dtype"):
-            kind = MATH.get(dtype)
-            peak = hw.tflops(kind) if kind else None
-            if not peak or rows.empty:
-                continue
-            rates = 2.0 * rows.m * rows.n * rows.k / (rows.latency * 1e-3) / 1e12
-            kernels = ", ".join(sorted(rows.kernel_source.unique()))
-            out.setdefault(kind, {"tables": {}})["tables"][
-                f"{engine} {version} ({dtype}: {kernels})"] = round(
-                float(rates.median()) / peak, 3)
-    for entry in out.values():
-        entry["median"] = round(statistics.median(entry["tables"].values()), 3)
-    return out
-
-
 def _gemm_tables(system: str):
-    """``(label, rows)`` for every GEMM table of `system` whose dtype gnomon prices."""
+    """``(engine, version, gemm_dtype, rows)`` for every GEMM table of `system` whose dtype
+    gnomon prices, its rows those with N in `N_RANGE`."""
     import pandas as pd
 
     for path in sorted(glob.glob(os.path.join(_root(), system, "gemm", "*", "*",
@@ -102,7 +77,26 @@ def _gemm_tables(system: str):
         df = pd.read_parquet(path)
         for dtype, rows in df[df.n.between(*N_RANGE)].groupby("gemm_dtype"):
             if dtype in MATH:
-                yield f"{engine} {version} {dtype}", rows
+                yield engine, version, dtype, rows
+
+
+def gemm_fractions(system: str) -> dict:
+    """``{math: {"tables": {"engine version (gemm_dtype: kernels)": fraction}, "median": f}}``."""
+    hw = resolve_hardware(SYSTEMS[system])
+    out: dict = {}
+    for engine, version, dtype, rows in _gemm_tables(system):
+        kind = MATH[dtype]
+        peak = hw.tflops(kind)
+        ref = rows[(rows.m == REF_M) & (rows.k == REF_K)]
+        if not peak or ref.empty:
+            continue
+        rates = 2.0 * ref.m * ref.n * ref.k / (ref.latency * 1e-3) / 1e12
+        kernels = ", ".join(sorted(ref.kernel_source.unique()))
+        out.setdefault(kind, {"tables": {}})["tables"][
+            f"{engine} {version} ({dtype}: {kernels})"] = round(float(rates.median()) / peak, 3)
+    for entry in out.values():
+        entry["median"] = round(statistics.median(entry["tables"].values()), 3)
+    return out
 
 
 def gemm_curves(system: str) -> dict:
@@ -113,11 +107,11 @@ def gemm_curves(system: str) -> dict:
         return float((2.0 * at.m * at.n * at.k / at.latency).median()) if len(at) else None
 
     labels, by_m, by_k = [], {m: [] for m in CURVE_M}, {k: [] for k in CURVE_K}
-    for label, rows in _gemm_tables(system):
+    for engine, version, dtype, rows in _gemm_tables(system):
         ref = rate(rows, REF_M, REF_K)
         if not ref:
             continue
-        labels.append(label)
+        labels.append(f"{engine} {version} {dtype}")
         for axis, points, at in ((by_m, CURVE_M, lambda x: (x, REF_K)),
                                  (by_k, CURVE_K, lambda x: (REF_M, x))):
             for x in points:

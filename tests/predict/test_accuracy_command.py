@@ -411,9 +411,19 @@ def test_the_serving_path_adds_exactly_its_parts_to_a_lone_requests_ttft():
     ahead, _ = run(ServingPath(schedule_ahead_steps=1))
     assert ahead["per_request"]["ttft_s"] == pytest.approx(plain["per_request"]["ttft_s"])
 
-    # a second request that comes 50 ms in, while the first decodes: scheduling ahead, the
-    # engine had chosen the step after the running one without it, so it waits for that one
-    # too, in the scheduler's queue
+
+def test_scheduling_ahead_makes_a_request_that_comes_mid_step_wait_for_the_step_chosen_ahead():
+    from gnomon.predict.roofline import RooflinePredictor
+    from gnomon.engine.engine_config import EngineConfig
+    from gnomon.predict.serve import run_workload, simulated_engine
+    from gnomon.predict.shapes import ModelSpec
+    from gnomon.predict.metrics import compute_metrics
+    from gnomon.predict.workloads import LengthDist, SyntheticSpec, synthetic
+
+    spec = ModelSpec.from_model("llama-3.1-8b")
+    # a second request comes 50 ms in, while the first decodes: scheduling ahead, the engine
+    # had chosen the step after the running one without it, so it waits for that one too, in
+    # the scheduler's queue
     later = synthetic(SyntheticSpec(num_requests=2, rate=20.0, prompt_len=LengthDist.fixed(500),
                                     output_len=LengthDist.fixed(20), arrival="fixed",
                                     vocab_size=1000))
