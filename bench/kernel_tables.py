@@ -31,7 +31,20 @@ in bf16 elements, latency in ms)
   of its own and those of every larger payload (a larger all-reduce never takes less time; this
   drops the single slow outliers of small sizes).
 
-Needs pandas and pyarrow (a bench script, not a runtime dependency).
+Fused MoE (``moe/<engine>/<version>/moe_perf.parquet``: num_tokens, hidden_size, inter_size,
+topk, num_experts, moe_tp_size, moe_ep_size, moe_dtype, distribution, latency in ms)
+  ``moe``: per engine and math (the dtypes pooled as gnomon prices them: ``fp8`` and
+  ``fp8_block`` are fp8, ``nvfp4`` fp4, ``w4a16_mxfp4`` and ``int4_wo`` w4a16,
+  ``w4a8_mxfp4_mxfp8`` w4a8), its newest table with such rows: the rows where the layer streams
+  its expert weights (balanced routing, no expert parallelism, moe_tp_size <= 8, at most
+  `MOE_TOKENS_PER_EXPERT` tokens per expert), fitted as ``seconds = floor_s + weight bytes /
+  (memory x HBM peak)``, least squares on the relative error. Balanced routing touches
+  ``min(num_tokens x topk, num_experts)`` experts of ``3 x hidden x inter / moe_tp`` weights
+  each (gate, up and down), at the dtype's bits per weight (`MOE_BITS`). A fit is kept where its
+  floor is >= 0, its memory fraction in (0, 1] and its median error within
+  `MOE_MAX_MEDIAN_ERROR`; the others are listed as rejected, with the reason.
+
+Needs pandas, pyarrow and numpy (a bench script, not a runtime dependency).
 
     python bench/kernel_tables.py [--system b200_sxm] [--json]
 """
@@ -58,6 +71,15 @@ CURVE_M = (256, 512, 1024, 2048, 4096, 8192)
 CURVE_K = (512, 1024, 1536, 2048, 3072, 4096, 8192, 16384)
 ENGINES = ("vllm", "sglang", "trtllm")
 GPU_COUNTS = (2, 4, 8)
+# a table's MoE dtypes as the math gnomon prices them in, and their bits per weight (NVFP4: a
+# scale byte per 16 codes; MXFP4: one per 32; INT4: a bf16 scale per 128)
+MOE_MATH = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4",
+            "w4a16_mxfp4": "w4a16", "int4_wo": "w4a16", "w4a8_mxfp4_mxfp8": "w4a8"}
+MOE_BITS = {"bfloat16": 16.0, "fp8": 8.0, "fp8_block": 8.0, "nvfp4": 4.5, "w4a16_mxfp4": 4.25,
+            "int4_wo": 4.125, "w4a8_mxfp4_mxfp8": 4.25}
+MOE_TOKENS_PER_EXPERT = 8
+MOE_MAX_TP = 8
+MOE_MAX_MEDIAN_ERROR = 0.25
 PAYLOADS = tuple(1 << e for e in range(10, 28))  # bf16 elements
 
 
@@ -183,13 +205,73 @@ def allreduce(system: str) -> dict:
     return out
 
 
+def _versions(folder: str, filename: str) -> list:
+    """`folder`'s version folders holding `filename`, oldest first (as `_newest` orders them)."""
+    if not os.path.isdir(folder):
+        return []
+    found = [v for v in os.listdir(folder) if os.path.isfile(os.path.join(folder, v, filename))]
+    return sorted(found, key=lambda name: (bool(re.findall(r"\d+", name)),
+                                           [int(n) for n in re.findall(r"\d+", name)]))
+
+
+def _moe_rows(df):
+    """The rows of a MoE table where the layer streams its expert weights (module docstring)."""
+    df = df[(df.distribution == "balanced") & (df.moe_ep_size == 1)
+            & (df.moe_tp_size <= MOE_MAX_TP) & df.moe_dtype.isin(list(MOE_MATH))]
+    return df[df.num_tokens * df.topk <= MOE_TOKENS_PER_EXPERT * df.num_experts]
+
+
+def moe(system: str) -> dict:
+    """``{engine: {"maths": {math: {"floor_s", "memory", "rows", "median_error", "p90_error",
+    "table"}}, "rejected": {math: reason}}}`` for every engine with a MoE table for `system`."""
+    import numpy as np
+    import pandas as pd
+
+    peak = resolve_hardware(SYSTEMS[system]).hbm_tbps.value * 1e12
+    out = {}
+    for engine in ENGINES:
+        folder = os.path.join(_root(), system, "moe", engine)
+        tables = [(v, _moe_rows(pd.read_parquet(os.path.join(folder, v, "moe_perf.parquet"))))
+                  for v in _versions(folder, "moe_perf.parquet")]
+        maths, rejected = {}, {}
+        for math_ in sorted(set(MOE_MATH.values())):
+            found = [(v, rows[rows.moe_dtype.map(MOE_MATH) == math_]) for v, rows in tables]
+            found = [(v, rows) for v, rows in found if len(rows)]
+            if not found:
+                continue
+            version, rows = found[-1]
+            experts = np.minimum(rows.num_tokens * rows.topk, rows.num_experts)
+            weights = (experts * 3 * rows.hidden_size * rows.inter_size / rows.moe_tp_size
+                       * rows.moe_dtype.map(MOE_BITS) / 8).to_numpy(float)
+            seconds = rows.latency.to_numpy(float) * 1e-3
+            (floor, per_byte), *_ = np.linalg.lstsq(
+                np.stack([1 / seconds, weights / seconds], 1), np.ones(len(seconds)), rcond=None)
+            error = np.abs((floor + per_byte * weights) / seconds - 1)
+            dtypes = "+".join(sorted(rows.moe_dtype.unique()))
+            memory = 1 / per_byte / peak if per_byte > 0 else math.inf
+            fit = {"floor_s": float(f"{floor:.3g}"), "memory": round(float(memory), 3),
+                   "rows": int(len(rows)), "median_error": round(float(np.median(error)), 3),
+                   "p90_error": round(float(np.quantile(error, 0.9)), 3),
+                   "table": f"systems/data/{system}/moe/{engine}/{version}/moe_perf.parquet "
+                            f"({dtypes})"}
+            if floor < 0 or not 0 < memory <= 1 or fit["median_error"] > MOE_MAX_MEDIAN_ERROR:
+                rejected[math_] = (f"floor {floor * 1e6:.1f} us, memory {memory:.2f} of the HBM "
+                                   f"peak, median error {fit['median_error']:.2f} over "
+                                   f"{fit['rows']} rows of {fit['table']}")
+            else:
+                maths[math_] = fit
+        if maths or rejected:
+            out[engine] = {"maths": maths, "rejected": rejected}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--system", action="append", choices=sorted(SYSTEMS))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     result = {SYSTEMS[s]: {"gemm": gemm_fractions(s), "curves": gemm_curves(s),
-                           "allreduce": allreduce(s)}
+                           "allreduce": allreduce(s), "moe": moe(s)}
               for s in (args.system or sorted(SYSTEMS))}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -207,6 +289,13 @@ def main(argv=None) -> int:
             for gpus, points in entry["gpus"].items():
                 print(f"{gpu} all-reduce {engine} over {gpus} GPUs, us at 2 KB .. 256 MB: "
                       + " ".join(f"{s * 1e6:.3g}" for _, s in points))
+        for engine, entry in figures["moe"].items():
+            for name, fit in entry["maths"].items():
+                print(f"{gpu} MoE {engine} {name}: floor {fit['floor_s'] * 1e6:.1f} us, memory "
+                      f"{fit['memory']} of the HBM peak; error median {fit['median_error']}, "
+                      f"p90 {fit['p90_error']} over {fit['rows']} rows of {fit['table']}")
+            for name, reason in entry["rejected"].items():
+                print(f"{gpu} MoE {engine} {name}: rejected ({reason})")
     return 0
 
 

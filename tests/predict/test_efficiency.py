@@ -181,7 +181,7 @@ def test_roofline_prices_an_engines_allreduce_as_measured_and_others_by_the_ring
     op = Op("communication", "all_reduce", 0.0, 0.0, 160,
             comm_bytes=160 * ring_bytes("all_reduce", hidden, 8), collectives=160, ranks=8)
     ring = RooflinePredictor("H100")
-    measured = RooflinePredictor("H100", allreduce="trtllm")
+    measured = RooflinePredictor("H100", kernels="trtllm")
     table = efficiency.allreduce_table(hardware.gpu("H100"), "trtllm")
     assert measured.op_seconds(op) == pytest.approx(160 * table.seconds(8, hidden))
     assert ring.op_seconds(op) == pytest.approx(
@@ -192,20 +192,20 @@ def test_roofline_prices_an_engines_allreduce_as_measured_and_others_by_the_ring
     gather = Op("communication", "all_gather", 0.0, 0.0, 1, comm_bytes=1e6, collectives=1,
                 ranks=8)
     assert measured.op_seconds(gather) == ring.op_seconds(gather)
-    assert resolve_engine("vllm-0.10").allreduce == "vllm"
-    assert resolve_engine("gnomon").allreduce is None
-    with pytest.raises(TypeError, match="allreduce: expected"):
-        RooflinePredictor("H100", allreduce=8)
+    assert resolve_engine("vllm-0.10").kernels == "vllm"
+    assert resolve_engine("gnomon").kernels is None
+    with pytest.raises(TypeError, match="kernels: expected"):
+        RooflinePredictor("H100", kernels=8)
 
 
-def test_an_engine_file_names_its_allreduce_kernel_or_is_refused(tmp_path):
+def test_an_engine_file_names_its_measured_kernels_or_is_refused(tmp_path):
     raw = json.loads(open(resolve_engine.__globals__["DATA_FILE"]).read())["engines"]["vllm"]
     path = tmp_path / "mine.json"
-    path.write_text(json.dumps({**raw, "name": "mine", "allreduce": 3}))
-    with pytest.raises(ValueError, match="allreduce: expected the name"):
+    path.write_text(json.dumps({**raw, "name": "mine", "kernels": 3}))
+    with pytest.raises(ValueError, match="kernels: expected the name"):
         resolve_engine(str(path))
-    path.write_text(json.dumps({**raw, "name": "mine", "allreduce": None}))
-    assert resolve_engine(str(path)).allreduce is None
+    path.write_text(json.dumps({**raw, "name": "mine", "kernels": None}))
+    assert resolve_engine(str(path)).kernels is None
 
 
 def test_giving_the_ring_models_figures_prices_the_allreduce_with_them():
@@ -213,7 +213,70 @@ def test_giving_the_ring_models_figures_prices_the_allreduce_with_them():
 
     op = Op("communication", "all_reduce", 0.0, 0.0, 1,
             comm_bytes=ring_bytes("all_reduce", 1e6, 8), collectives=1, ranks=8)
-    given = RooflinePredictor("H100", {"allreduce_latency_s": 0.0}, allreduce="vllm")
+    given = RooflinePredictor("H100", {"allreduce_latency_s": 0.0}, kernels="vllm")
     assert given.efficiencies.allreduce is None
     assert given.op_seconds(op) == pytest.approx(ring_bytes("all_reduce", 1e6, 8) / 450e9)
-    assert RooflinePredictor("H100", {"memory": 0.7}, allreduce="vllm").efficiencies.allreduce
+    assert RooflinePredictor("H100", {"memory": 0.7}, kernels="vllm").efficiencies.allreduce
+
+
+def test_every_measured_moe_kernel_names_its_fit_and_stays_within_the_peak():
+    tables = {k: v for k, v in efficiency._data()["moe"].items() if k != "about"}
+    assert {"H100 SXM", "H200", "B200"} <= set(tables)
+    for gpu, entry in tables.items():
+        hw = hardware.gpu(gpu)
+        if "as" in entry:
+            assert entry["source"] and entry["as"] in tables
+            continue
+        for engine, raw in entry.items():
+            kernel = efficiency.moe_kernel(hw, engine)
+            assert "aiconfigurator" in kernel.source, (gpu, engine)
+            for name, (floor, memory) in kernel.maths.items():
+                fit = raw["maths"][name]
+                assert name in ("bfloat16", "fp8", "fp4", "w4a16", "w4a8"), (gpu, engine, name)
+                assert 0 <= floor < 1e-4 and 0 < memory <= 1, (gpu, engine, name)
+                assert fit["rows"] > 0 and fit["median_error"] <= 0.25 and "moe_perf" in fit["table"]
+
+
+def test_a_moe_kernel_comes_through_the_gpus_alias_and_a_bad_entry_names_itself(monkeypatch):
+    h100, h200 = hardware.gpu("H100"), hardware.gpu("H200")
+    assert efficiency.moe_kernel(h100, None) is None
+    assert efficiency.moe_kernel(h100, "tgi") is None
+    assert efficiency.moe_kernel(h200, "vllm").maths == efficiency.moe_kernel(h100, "vllm").maths
+    assert "as H100 SXM" in efficiency.moe_kernel(h200, "vllm").source
+    data = json.loads(json.dumps(efficiency._data()))
+    data["moe"]["H100 SXM"]["vllm"]["maths"]["w4a16"]["memory"] = 1.5
+    monkeypatch.setattr(efficiency, "_data", lambda: data)
+    efficiency._moe_kernel.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"moe\.H100 SXM\.vllm: maths\.w4a16: expected"):
+            efficiency.moe_kernel(h100, "vllm")
+    finally:
+        efficiency._moe_kernel.cache_clear()
+
+
+def test_roofline_prices_the_engines_fused_moe_as_measured_in_the_math_the_experts_run_in():
+    """gpt-oss's MXFP4 experts run w4a16 on H100 (no FP4 math) and w4a8 on B200: each grouped
+    GEMM streams its weights at the fit's fraction of the HBM peak and adds half its floor per
+    layer; an engine without a fit for that math keeps the curve and the launch cost."""
+    spec = ModelSpec.from_model("gpt-oss-120b")
+    ops = {o.name: o for o in step_ops(StepShape.of(spec, [(1, 500)] * 4))}
+    w13, w2 = ops["fused_moe[w13]"], ops["fused_moe[w2]"]
+    layers = spec.config.num_layers
+    assert w13.launches == w2.launches == layers
+    for gpu, math_ in (("H100", "w4a16"), ("B200", "w4a8")):
+        hw = hardware.gpu(gpu)
+        floor, memory = efficiency.moe_kernel(hw, "vllm").maths[math_]
+        p = RooflinePredictor(gpu, kernels="vllm")
+        for op in (w13, w2):  # four tokens: memory bound
+            assert p.op_seconds(op) == pytest.approx(
+                op.bytes / (hw.hbm_tbps.value * 1e12 * memory) + layers * floor / 2, rel=1e-9)
+        plain = RooflinePredictor(gpu)  # no engine: the grouped-GEMM memory curve
+        fraction = plain.efficiencies.curves["grouped_gemm_memory"](w13.rows)
+        assert plain.op_seconds(w13) == pytest.approx(
+            w13.bytes / (hw.hbm_tbps.value * 1e12 * fraction) + layers * 4e-6, rel=1e-9)
+    h100 = efficiency.moe_kernel(hardware.gpu("H100"), "vllm")
+    assert "fp8" not in h100.maths  # rejected by bench/kernel_tables.py: its median error 34%
+    dense = next(o for o in step_ops(StepShape.of(ModelSpec.from_model("llama-3.1-8b"),
+                                                  [(1, 500)])) if o.family == "gemm")
+    assert RooflinePredictor("H100", kernels="vllm").op_seconds(dense) == \
+        RooflinePredictor("H100").op_seconds(dense)  # dense GEMMs are not the MoE's

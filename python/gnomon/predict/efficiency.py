@@ -27,6 +27,11 @@ factors apply to its own peaks), and `CurveSet.note` says so.
 all-reduce by its payload per GPU count (``allreduce`` in the data file, per GPU and engine; a
 GPU may take another's, ``{"as": name}``, with the reason). The roofline prices a
 tensor-parallel all-reduce with it where the engine and the GPU count have one.
+
+`MoeKernel`: an engine's fused MoE layer on one GPU as measured, per math, fitted as a fixed
+time plus its expert weights at a fraction of the HBM peak (``moe`` in the data file, per GPU
+and engine, ``as`` as for the all-reduce). The roofline prices the MoE's grouped GEMMs with it
+where the engine has one for the math they run in, and otherwise with the generation's curves.
 """
 
 from __future__ import annotations
@@ -129,6 +134,18 @@ class AllReduceTable:
         return 2.0 ** (y0 + (lx - x0) / (x1 - x0) * (y1 - y0))
 
 
+@dataclass(frozen=True)
+class MoeKernel:
+    """An engine's fused MoE layer on one GPU (`moe_kernel`): per math (``"bfloat16"``,
+    ``"fp8"``, ``"fp4"``, ``"w4a16"``, ``"w4a8"``), ``(floor_s, memory)``: where its tokens per
+    expert leave it memory bound, one layer takes ``floor_s`` (its routing, launches and
+    combine) plus its expert weights' bytes at ``memory`` x the HBM peak."""
+
+    engine: str
+    maths: Dict[str, Tuple[float, float]]
+    source: str
+
+
 @functools.lru_cache(maxsize=1)
 def _data() -> dict:
     with open(DATA_FILE, encoding="utf-8") as f:
@@ -147,17 +164,25 @@ def allreduce_table(hw: Hardware, engine: Optional[str]) -> Optional[AllReduceTa
     return _allreduce_table(hw.name, engine)
 
 
-@functools.lru_cache(maxsize=None)
-def _allreduce_table(gpu: str, engine: Optional[str]) -> Optional[AllReduceTable]:
-    tables = _data().get("allreduce", {})
+def _engine_entry(section: str, gpu: str, engine: Optional[str]):
+    """``(raw entry, alias note, where)`` of `engine` on `gpu` in the data file's `section`
+    (through the GPU's ``as``), or None where there is none."""
+    tables = _data().get(section, {})
     entry, alias = tables.get(gpu), ""
     if isinstance(entry, dict) and "as" in entry:
         alias = f"{entry.get('source', 'as ' + str(entry['as']))}: "
         entry = tables.get(entry["as"])
     if engine is None or not isinstance(entry, dict) or engine not in entry:
         return None
-    where = f"{DATA_FILE} allreduce.{gpu}.{engine}"
-    raw = entry[engine]
+    return entry[engine], alias, f"{DATA_FILE} {section}.{gpu}.{engine}"
+
+
+@functools.lru_cache(maxsize=None)
+def _allreduce_table(gpu: str, engine: Optional[str]) -> Optional[AllReduceTable]:
+    found = _engine_entry("allreduce", gpu, engine)
+    if found is None:
+        return None
+    raw, alias, where = found
     try:
         gpus = {}
         for ranks, points in raw["gpus"].items():
@@ -170,6 +195,32 @@ def _allreduce_table(gpu: str, engine: Optional[str]) -> Optional[AllReduceTable
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None
     return AllReduceTable(engine, gpus, alias + str(source))
+
+
+def moe_kernel(hw: Hardware, engine: Optional[str]) -> Optional[MoeKernel]:
+    """`engine`'s measured fused MoE on `hw` (through its ``as``), or None where there is none
+    (an engine or GPU without one, no engine)."""
+    return _moe_kernel(hw.name, engine)
+
+
+@functools.lru_cache(maxsize=None)
+def _moe_kernel(gpu: str, engine: Optional[str]) -> Optional[MoeKernel]:
+    found = _engine_entry("moe", gpu, engine)
+    if found is None:
+        return None
+    raw, alias, where = found
+    try:
+        maths = {}
+        for name, fit in raw["maths"].items():
+            floor, memory = float(fit["floor_s"]), float(fit["memory"])
+            if floor < 0 or not 0 < memory <= 1:
+                raise ValueError(f"maths.{name}: expected floor_s >= 0 and memory in (0, 1], "
+                                 f"got {floor} and {memory}")
+            maths[name] = (floor, memory)
+        source = raw["source"]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None
+    return MoeKernel(engine, maths, alias + str(source))
 
 
 def defaults() -> dict:

@@ -99,7 +99,7 @@ class EngineProfile:
     serving: ServingPath = ServingPath()
     kv_memory: str = "total"  # how the KV cache is sized: a key of KV_MEMORY
     capacity_policy: str = "max_utilization"  # the scheduler's (gnomon.engine.scheduler)
-    allreduce: Optional[str] = None  # its all-reduce kernel's name in efficiency.json
+    kernels: Optional[str] = None  # its measured kernels' name in efficiency.json (all-reduce, MoE)
 
     def is_large(self, hw: Hardware) -> bool:
         if any(word.lower() in hw.name.lower() for word in self.large_gpu_excludes):
@@ -130,7 +130,7 @@ def _profile(name: str, raw: dict, where: str) -> EngineProfile:
             gpu_memory_utilization=float(raw["gpu_memory_utilization"]),
             sources={str(k): str(v) for k, v in raw["sources"].items()},
             serving=_serving(raw.get("serving", {})), kv_memory=_kv_memory(raw),
-            capacity_policy=_capacity_policy(raw), allreduce=_allreduce(raw))
+            capacity_policy=_capacity_policy(raw), kernels=_kernels(raw))
     except KeyError as error:
         raise ValueError(f"{where}: engine {name!r} lacks the field {error.args[0]!r}") from None
     except (TypeError, ValueError) as error:
@@ -164,11 +164,11 @@ def _capacity_policy(raw: dict) -> str:
     return value
 
 
-def _allreduce(raw: dict) -> Optional[str]:
-    value = raw.get("allreduce")
+def _kernels(raw: dict) -> Optional[str]:
+    value = raw.get("kernels")
     if value is not None and not (isinstance(value, str) and value):
-        raise ValueError(f"allreduce: expected the name of the engine's measured all-reduce "
-                         f"kernel (a key of efficiency.json's allreduce tables) or null, got "
+        raise ValueError(f"kernels: expected the name of the engine's measured kernels (a key "
+                         f"of efficiency.json's allreduce and moe tables) or null, got "
                          f"{value!r}")
     return value
 

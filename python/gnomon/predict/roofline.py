@@ -12,14 +12,18 @@ the weight-only factor where the chip lacks the weights' math (MXFP4 on Hopper o
 w4a16, FP8 on Ampere or CDNA2 w8a16, both at bf16 peak) and for a weight-only scheme on every
 chip (INT4 experts with bf16 activations: w4a16 at bf16 peak). MXFP4 experts of their own
 (gpt-oss's) run "w4a8": MXFP8 activations at the FP8 peak on a chip with FP4 math, else w4a16.
-Attention takes its compute and KV read efficiencies from its own curves. Hardware of no
-generation (``host``, made-up units) has no curves: its factors are 1.
+The MoE's two grouped GEMMs take the engine's measured fused MoE instead of the grouped-GEMM
+memory curve and the launch cost where it was measured on this GPU for the math they run in
+(`gnomon.predict.efficiency.MoeKernel`): their weights stream at its fraction of the HBM peak,
+and each adds half its floor per layer. Attention takes its compute and KV read efficiencies
+from its own curves. Hardware of no generation (``host``, made-up units) has no curves: its
+factors are 1.
 
 Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`) at the
 per-direction interconnect bandwidth plus ``allreduce_latency_s`` per collective; a
 tensor-parallel all-reduce takes the engine's measured time instead where its all-reduce kernel
 was measured on this GPU at this GPU count (`gnomon.predict.efficiency.AllReduceTable`; the
-predictor's ``allreduce``, an engine profile's name for its kernel). A collective over more GPUs
+predictor's ``kernels``, an engine profile's name for its measured kernels). A collective over more GPUs
 than the hardware's scale-up domain (``scale_up_gpus``) runs at its scale-out bandwidth per GPU
 (``scale_out_gbps``; refused where none is given): a ring at that rate, an all-to-all with its
 share to GPUs beyond the domain at that rate and the rest over the scale-up links at once.
@@ -41,7 +45,8 @@ from gnomon.engine.cost import ring_bytes
 from gnomon.hardware import Hardware
 
 from .cost import FAMILIES, PredictionRefused, StepCost
-from .efficiency import AllReduceTable, CurveSet, allreduce_table, best_gemm, curves_for, defaults
+from .efficiency import (AllReduceTable, CurveSet, MoeKernel, allreduce_table, best_gemm,
+                         curves_for, defaults, moe_kernel)
 from .engines import EngineOverhead
 from .hardware import resolve_hardware
 from .opcount import attention_ops, dense_ops
@@ -68,11 +73,12 @@ class Efficiencies:
     interconnect_gbps: Optional[float] = None  # overrides the hardware's figure
     curves: Optional[CurveSet] = None
     allreduce: Optional[AllReduceTable] = None  # an engine's measured all-reduce on this GPU
+    moe: Optional[MoeKernel] = None  # an engine's measured fused MoE on this GPU
 
     @classmethod
-    def default_for(cls, hw: Hardware, allreduce: Optional[str] = None) -> "Efficiencies":
-        """The GPU's figures, with the all-reduce the engine named `allreduce` was measured
-        to take on it (none: the ring model)."""
+    def default_for(cls, hw: Hardware, kernels: Optional[str] = None) -> "Efficiencies":
+        """The GPU's figures, with the all-reduce and the fused MoE of the engine whose
+        measured kernels are named `kernels` on it (none: the ring model and the curves)."""
         if hw.vendor == "host":
             return cls({"bfloat16": 1.0, "float32": 1.0}, memory=1.0, launch_s=5e-6)
         stated = defaults()
@@ -81,15 +87,16 @@ class Efficiencies:
         return cls({"bfloat16": bf16, "fp8": best.get("fp8", bf16), "fp4": best.get("fp4", bf16)},
                    memory=stated["memory"]["value"], launch_s=stated["launch_s"]["value"],
                    allreduce_latency_s=stated["allreduce_latency_s"]["value"],
-                   curves=curves_for(hw), allreduce=allreduce_table(hw, allreduce))
+                   curves=curves_for(hw), allreduce=allreduce_table(hw, kernels),
+                   moe=moe_kernel(hw, kernels))
 
     @classmethod
-    def coerce(cls, value, hw: Hardware, allreduce: Optional[str] = None) -> "Efficiencies":
+    def coerce(cls, value, hw: Hardware, kernels: Optional[str] = None) -> "Efficiencies":
         """None (the defaults), an `Efficiencies`, or a mapping of fields overriding the
         defaults (``{"memory": 0.7, "compute": {"bfloat16": 0.6}}``). A mapping that gives the
         ring model's ``interconnect_gbps`` or ``allreduce_latency_s`` prices the all-reduces
         with them, not with the engine's measured times."""
-        base = cls.default_for(hw, allreduce)
+        base = cls.default_for(hw, kernels)
         if value is None:
             return base
         if isinstance(value, Efficiencies):
@@ -121,17 +128,17 @@ class Efficiencies:
 
 
 class RooflinePredictor:
-    """``RooflinePredictor(hardware, efficiencies=None, overhead=None, allreduce=None)``; see
+    """``RooflinePredictor(hardware, efficiencies=None, overhead=None, kernels=None)``; see
     the module docstring."""
 
     def __init__(self, hardware: Union[str, Hardware], efficiencies=None,
                  overhead: Optional[EngineOverhead] = None,
-                 allreduce: Optional[str] = None) -> None:
+                 kernels: Optional[str] = None) -> None:
         self.hardware = resolve_hardware(hardware)
-        if allreduce is not None and not isinstance(allreduce, str):
-            raise TypeError(f"allreduce: expected an engine's all-reduce name or None, got "
-                            f"{type(allreduce).__name__}")
-        self.efficiencies = Efficiencies.coerce(efficiencies, self.hardware, allreduce)
+        if kernels is not None and not isinstance(kernels, str):
+            raise TypeError(f"kernels: expected the name of an engine's measured kernels or "
+                            f"None, got {type(kernels).__name__}")
+        self.efficiencies = Efficiencies.coerce(efficiencies, self.hardware, kernels)
         if overhead is not None and not isinstance(overhead, EngineOverhead):
             raise TypeError(f"overhead: expected an EngineOverhead or None, got "
                             f"{type(overhead).__name__}")
@@ -173,7 +180,12 @@ class RooflinePredictor:
         curves = self.efficiencies.curves
         attention = op.family == "attention" and op.flops
         grouped = op.name.startswith("fused_moe")
-        if curves is None or not op.depth:
+        measured = self._moe_kernel(op.compute) if grouped else None
+        launch = self.efficiencies.launch_s
+        if measured is not None:  # the engine's fused MoE: half its floor per grouped GEMM
+            memory = op.bytes / (self._hbm_bytes_per_s * measured[1])
+            launch = measured[0] / 2
+        elif curves is None or not op.depth:
             memory = op.bytes / self._bytes_per_s
         else:
             if attention:
@@ -201,7 +213,18 @@ class RooflinePredictor:
                     if weight_only is not None:
                         rate *= curves[weight_only](op.rows)
             compute = op.flops / rate
-        return max(compute, memory) + op.launches * self.efficiencies.launch_s
+        return max(compute, memory) + op.launches * launch
+
+    def _moe_kernel(self, compute: str):
+        """``(floor_s, memory)`` of the engine's measured fused MoE for experts in `compute`, in
+        the math they run in on this chip (weight-only where it lacks theirs), or None."""
+        moe = self.efficiencies.moe
+        if moe is None:
+            return None
+        cached = self._flops_per_s.get(compute)
+        if cached is None:
+            cached = self._flops_per_s[compute] = self._best_flops(compute)
+        return moe.maths.get(cached[1] or compute)
 
     def _collective_seconds(self, op) -> float:
         table = self.efficiencies.allreduce

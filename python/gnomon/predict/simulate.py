@@ -29,15 +29,15 @@ from .workloads import resolve
 
 
 def make_predictor(spec: str, hardware: Union[str, Hardware],
-                   overhead: Optional[EngineOverhead] = None, allreduce: Optional[str] = None):
-    """``"roofline"`` (on `hardware`, with the engine's `overhead` and its `allreduce`
-    kernel), ``"calibrated:FILE"`` or ``"table:FILE"`` (which carry the host cost of the
+                   overhead: Optional[EngineOverhead] = None, kernels: Optional[str] = None):
+    """``"roofline"`` (on `hardware`, with the engine's `overhead` and its measured
+    `kernels`), ``"calibrated:FILE"`` or ``"table:FILE"`` (which carry the host cost of the
     engine they measured)."""
     if not isinstance(spec, str):
         raise TypeError(f"predictor: expected {PREDICTOR_FORMS}, got {type(spec).__name__}")
     kind, _, path = spec.partition(":")
     if kind == "roofline" and not path:
-        return RooflinePredictor(hardware, overhead=overhead, allreduce=allreduce)
+        return RooflinePredictor(hardware, overhead=overhead, kernels=kernels)
     if kind == "calibrated" and path:
         return CalibratedPredictor.load(path)
     if kind == "table" and path:
@@ -112,6 +112,10 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
             collectives = (f"all-reduces over {gpus} GPUs at {eff.allreduce.engine}'s measured "
                            f"times ({eff.allreduce.source}); the others {collectives}")
         out.append(f"roofline: collectives: {collectives}")
+        if eff.moe is not None:
+            out.append(f"roofline: MoE experts in {', '.join(sorted(eff.moe.maths))} at "
+                       f"{eff.moe.engine}'s measured fused MoE ({eff.moe.source}); others at "
+                       f"the grouped-GEMM curves")
         if predictor.overhead is None:
             out.append("roofline: no engine overhead")
     elif engine is not None:
@@ -171,7 +175,7 @@ def simulate(spec: SimulationSpec = SimulationSpec(), *,
                                  kv_dtype=spec.kv_dtype)
     hw = resolve_hardware(spec.hardware)
     profile = resolve_engine(spec.engine)
-    pred = make_predictor(spec.predictor, hw, profile.overhead, profile.allreduce)
+    pred = make_predictor(spec.predictor, hw, profile.overhead, profile.kernels)
     # the activations' dtype is the model's (ModelSpec); a simulated engine reads no device or seed
     config = engine_config(profile, hw, pred, spec.engine_settings).replace(dtype=model.dtype)
     tp, ep, dp = (config.tensor_parallel_size, config.expert_parallel_size,
