@@ -450,3 +450,26 @@ def test_a_serving_path_out_of_range_is_refused():
         ServingPath(request_s=-1)
     with pytest.raises(ValueError, match="schedule_ahead_steps"):
         ServingPath(schedule_ahead_steps=2)
+
+
+def test_a_profile_stated_to_take_another_serving_path_follows_its_fit(tmp_path):
+    """SGLang's and vLLM 0.10's profiles take the vllm profile's fitted API-server path
+    (``serving.as``): the same seconds, with their own scheduling-ahead step, so a refit of
+    vllm's moves them too; a name without figures of its own is refused."""
+    from gnomon.predict.engines import resolve_engine
+
+    vllm = resolve_engine("vllm").serving
+    for name, ahead in (("sglang", 1), ("vllm-0.10", 0)):
+        path = resolve_engine(name).serving
+        assert (path.request_s, path.per_prompt_token_s, path.response_s) == \
+            (vllm.request_s, vllm.per_prompt_token_s, vllm.response_s)
+        assert path.schedule_ahead_steps == ahead
+    raw = json.loads(open(resolve_engine.__globals__["DATA_FILE"]).read())["engines"]["vllm"]
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({**raw, "name": "mine",
+                                "serving": {"as": "trtllm", "schedule_ahead_steps": 0}}))
+    assert resolve_engine(str(mine)).serving.request_s == resolve_engine("trtllm").serving.request_s
+    for bad in ("sglang", "gnomon", "tgi", 3):
+        mine.write_text(json.dumps({**raw, "name": "mine", "serving": {"as": bad}}))
+        with pytest.raises(ValueError, match="serving.as: expected a shipped profile"):
+            resolve_engine(str(mine))

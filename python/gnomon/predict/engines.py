@@ -174,19 +174,36 @@ def _kernels(raw: dict) -> Optional[str]:
 
 
 def _serving(raw) -> ServingPath:
+    """An engine entry's ``serving``: its fields, or ``{"as": NAME, ...}``, the shipped profile
+    NAME's API-server path (its request, prompt-token and response seconds) with the fields
+    given beside it, so that a profile stated to take another's fitted path follows its refits."""
     known = set(ServingPath.__dataclass_fields__)
+    if isinstance(raw, dict) and "as" in raw:
+        own = {name: entry["serving"] for name, entry in _shipped().items()
+               if isinstance(entry.get("serving"), dict) and "as" not in entry["serving"]}
+        if raw["as"] not in own:
+            raise ValueError(f"serving.as: expected a shipped profile with serving figures of "
+                             f"its own ({', '.join(own)}), got {raw['as']!r}")
+        base = own[raw["as"]]
+        raw = {**{k: base[k] for k in ("request_s", "per_prompt_token_s", "response_s")},
+               **{k: v for k, v in raw.items() if k != "as"}}
     if not isinstance(raw, dict) or set(raw) - known:
-        raise ValueError(f"serving: expected an object of {', '.join(sorted(known))}, got "
-                         f"{raw!r}")
+        raise ValueError(f"serving: expected an object of {', '.join(sorted(known))} (or "
+                         f"'as', a shipped profile's name), got {raw!r}")
     return ServingPath(**raw)
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped() -> dict:
+    """The shipped engine entries as data/engines.json holds them."""
+    with open(DATA_FILE, encoding="utf-8") as f:
+        return json.load(f)["engines"]
 
 
 @functools.lru_cache(maxsize=1)
 def profiles() -> Dict[str, EngineProfile]:
     """The shipped profiles by name."""
-    with open(DATA_FILE, encoding="utf-8") as f:
-        raw = json.load(f)
-    return {name: _profile(name, entry, DATA_FILE) for name, entry in raw["engines"].items()}
+    return {name: _profile(name, entry, DATA_FILE) for name, entry in _shipped().items()}
 
 
 def resolve_engine(spec) -> EngineProfile:
