@@ -280,3 +280,23 @@ def test_roofline_prices_the_engines_fused_moe_as_measured_in_the_math_the_exper
                                                   [(1, 500)])) if o.family == "gemm")
     assert RooflinePredictor("H100", kernels="vllm").op_seconds(dense) == \
         RooflinePredictor("H100").op_seconds(dense)  # dense GEMMs are not the MoE's
+
+
+def test_the_moe_fits_are_what_bench_kernel_tables_computes_from_the_tables():
+    """efficiency.json's ``moe`` section is bench/kernel_tables.py's output on the installed
+    aiconfigurator-core tables, entry for entry (where that package and pandas are here)."""
+    pytest.importorskip("aiconfigurator_core")
+    pytest.importorskip("pandas")
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "kernel_tables.py")
+    spec = importlib.util.spec_from_file_location("kernel_tables", path)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    data = efficiency._data()["moe"]
+    for system, gpu in tables.SYSTEMS.items():
+        fitted = {engine: entry["maths"] for engine, entry in tables.moe(system).items()
+                  if entry["maths"]}
+        held = {engine: entry["maths"] for engine, entry in data.get(gpu, {}).items()}
+        assert fitted == held, gpu
