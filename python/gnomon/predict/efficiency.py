@@ -138,8 +138,9 @@ class AllReduceTable:
 class MoeKernel:
     """An engine's fused MoE layer on one GPU (`moe_kernel`): per math (``"bfloat16"``,
     ``"fp8"``, ``"fp4"``, ``"w4a16"``, ``"w4a8"``), ``(floor_s, memory)``: where its tokens per
-    expert leave it memory bound, one layer takes ``floor_s`` (its routing, launches and
-    combine) plus its expert weights' bytes at ``memory`` x the HBM peak."""
+    expert leave it memory bound, one layer takes ``floor_s`` (its kernels' fixed time: the
+    token permutation, the two grouped GEMMs and the combine; the top-k routing is not in it)
+    plus its expert weights' bytes at ``memory`` x the HBM peak."""
 
     engine: str
     maths: Dict[str, Tuple[float, float]]

@@ -23,10 +23,11 @@ Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`
 per-direction interconnect bandwidth plus ``allreduce_latency_s`` per collective; a
 tensor-parallel all-reduce takes the engine's measured time instead where its all-reduce kernel
 was measured on this GPU at this GPU count (`gnomon.predict.efficiency.AllReduceTable`; the
-predictor's ``kernels``, an engine profile's name for its measured kernels). A collective over more GPUs
-than the hardware's scale-up domain (``scale_up_gpus``) runs at its scale-out bandwidth per GPU
-(``scale_out_gbps``; refused where none is given): a ring at that rate, an all-to-all with its
-share to GPUs beyond the domain at that rate and the rest over the scale-up links at once.
+predictor's ``kernels``, an engine profile's name for its measured kernels). A collective over
+more GPUs than the hardware's scale-up domain (``scale_up_gpus``) runs at its scale-out
+bandwidth per GPU (``scale_out_gbps``; refused where none is given): a ring at that rate, an
+all-to-all with its share to GPUs beyond the domain at that rate and the rest over the scale-up
+links at once.
 The engine's host work is the ``overhead`` family, from an `EngineOverhead`
 (`gnomon.predict.engines`; none by default).
 
