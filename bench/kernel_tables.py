@@ -40,9 +40,17 @@ topk, num_experts, moe_tp_size, moe_ep_size, moe_dtype, distribution, latency in
   `MOE_TOKENS_PER_EXPERT` tokens per expert), fitted as ``seconds = floor_s + weight bytes /
   (memory x HBM peak)``, least squares on the relative error. Balanced routing touches
   ``min(num_tokens x topk, num_experts)`` experts of ``3 x hidden x inter / moe_tp`` weights
-  each (gate, up and down), at the dtype's bits per weight (`MOE_BITS`). A fit is kept where its
-  floor is >= 0, its memory fraction in (0, 1] and its median error within
-  `MOE_MAX_MEDIAN_ERROR`; the others are listed as rejected, with the reason.
+  each (gate, up and down), at the dtype's bits per weight (`MOE_BITS`).
+
+Decode attention (``attention/<engine>/<version>/generation_attention_perf.parquet``:
+batch_size, step (the tokens cached before), num_heads and num_key_value_heads per GPU,
+head_dim, kv_cache_dtype, window_size, latency in ms)
+  ``decode_attention``: per engine and KV cache dtype, its newest table: the rows of full
+  attention with head dims 64 and 128, fitted in the same form with the KV bytes read,
+  ``batch x (step + 1) x 2 x kv_heads x head_dim x bytes``.
+
+A fit is kept where its floor is >= 0, its memory fraction in (0, 1] and its median error
+within `MAX_MEDIAN_ERROR`; the others are listed as rejected, with the reason.
 
 Needs pandas, pyarrow and numpy (a bench script, not a runtime dependency).
 
@@ -79,7 +87,8 @@ MOE_BITS = {"bfloat16": 16.0, "fp8": 8.0, "fp8_block": 8.0, "nvfp4": 4.5, "w4a16
             "int4_wo": 4.125, "w4a8_mxfp4_mxfp8": 4.25}
 MOE_TOKENS_PER_EXPERT = 8
 MOE_MAX_TP = 8
-MOE_MAX_MEDIAN_ERROR = 0.25
+ATTENTION_BYTES = {"bfloat16": 2, "fp8": 1}  # a KV cache dtype's bytes per element
+MAX_MEDIAN_ERROR = 0.25
 PAYLOADS = tuple(1 << e for e in range(10, 28))  # bf16 elements
 
 
@@ -215,49 +224,73 @@ def _versions(folder: str, filename: str) -> list:
 
 
 def _moe_rows(df):
-    """The rows of a MoE table where the layer streams its expert weights (module docstring)."""
+    """A MoE table's rows where the layer streams its expert weights (module docstring), each
+    with the math gnomon prices it in and the bytes of the weights it reads."""
+    df = df.astype({c: float for c in ("num_tokens", "hidden_size", "inter_size", "topk",
+                                        "num_experts", "moe_tp_size", "moe_ep_size")})
     df = df[(df.distribution == "balanced") & (df.moe_ep_size == 1)
             & (df.moe_tp_size <= MOE_MAX_TP) & df.moe_dtype.isin(list(MOE_MATH))]
-    return df[df.num_tokens * df.topk <= MOE_TOKENS_PER_EXPERT * df.num_experts]
+    df = df[df.num_tokens * df.topk <= MOE_TOKENS_PER_EXPERT * df.num_experts]
+    experts = (df.num_tokens * df.topk).clip(upper=df.num_experts)
+    return df.assign(math=df.moe_dtype.map(MOE_MATH), dtype=df.moe_dtype,
+                     bytes=experts * 3 * df.hidden_size * df.inter_size / df.moe_tp_size
+                     * df.moe_dtype.map(MOE_BITS).astype(float) / 8)
 
 
-def moe(system: str) -> dict:
+def _attention_rows(df):
+    """A decode-attention table's rows of full attention with head dims 64 and 128 (MLA's
+    latent heads are another kernel), each with its KV cache dtype and the KV bytes it reads:
+    ``batch x (step + 1)`` tokens of K and V."""
+    if "window_size" not in df:  # older tables: full attention only
+        df = df.assign(window_size=0)
+    df = df.astype({c: float for c in ("batch_size", "step", "num_key_value_heads", "head_dim",
+                                        "window_size")})
+    df = df[(df.window_size == 0) & df.head_dim.isin([64, 128])
+            & df.kv_cache_dtype.isin(list(ATTENTION_BYTES))]
+    return df.assign(math=df.kv_cache_dtype, dtype=df.kv_cache_dtype,
+                     bytes=df.batch_size * (df.step + 1) * 2 * df.num_key_value_heads
+                     * df.head_dim * df.kv_cache_dtype.map(ATTENTION_BYTES).astype(float))
+
+
+FITTED = {  # kind: (the op's folder, its table, the rows a fit takes)
+    "moe": ("moe", "moe_perf.parquet", _moe_rows),
+    "decode_attention": ("attention", "generation_attention_perf.parquet", _attention_rows),
+}
+
+
+def fitted(system: str, kind: str) -> dict:
     """``{engine: {"maths": {math: {"floor_s", "memory", "rows", "median_error", "p90_error",
-    "table"}}, "rejected": {math: reason}}}`` for every engine with a MoE table for `system`."""
+    "table"}}, "rejected": {math: reason}}}``: each engine's `kind` kernel on `system` fitted
+    as ``seconds = floor_s + bytes / (memory x HBM peak)`` per math (module docstring)."""
     import numpy as np
     import pandas as pd
 
+    folder_name, filename, select = FITTED[kind]
     peak = resolve_hardware(SYSTEMS[system]).hbm_tbps.value * 1e12
     out = {}
     for engine in ENGINES:
-        folder = os.path.join(_root(), system, "moe", engine)
-        tables = [(v, _moe_rows(pd.read_parquet(os.path.join(folder, v, "moe_perf.parquet"))))
-                  for v in _versions(folder, "moe_perf.parquet")]
+        folder = os.path.join(_root(), system, folder_name, engine)
+        tables = [(v, select(pd.read_parquet(os.path.join(folder, v, filename))))
+                  for v in _versions(folder, filename)]
         maths, rejected = {}, {}
-        for math_ in sorted(set(MOE_MATH.values())):
-            found = [(v, rows[rows.moe_dtype.map(MOE_MATH) == math_]) for v, rows in tables]
-            found = [(v, rows) for v, rows in found if len(rows)]
-            if not found:
-                continue
-            version, rows = found[-1]
-            experts = np.minimum(rows.num_tokens * rows.topk, rows.num_experts)
-            weights = (experts * 3 * rows.hidden_size * rows.inter_size / rows.moe_tp_size
-                       * rows.moe_dtype.map(MOE_BITS) / 8).to_numpy(float)
+        for math_ in sorted({m for _, rows in tables for m in rows.math.unique()}):
+            version, rows = [(v, r[r.math == math_]) for v, r in tables
+                             if (r.math == math_).any()][-1]
+            moved = rows.bytes.to_numpy(float)
             seconds = rows.latency.to_numpy(float) * 1e-3
             (floor, per_byte), *_ = np.linalg.lstsq(
-                np.stack([1 / seconds, weights / seconds], 1), np.ones(len(seconds)), rcond=None)
-            error = np.abs((floor + per_byte * weights) / seconds - 1)
-            dtypes = "+".join(sorted(rows.moe_dtype.unique()))
+                np.stack([1 / seconds, moved / seconds], 1), np.ones(len(seconds)), rcond=None)
+            error = np.abs((floor + per_byte * moved) / seconds - 1)
             memory = 1 / per_byte / peak if per_byte > 0 else math.inf
+            table = (f"systems/data/{system}/{folder_name}/{engine}/{version}/{filename} "
+                     f"({'+'.join(sorted(rows.dtype.unique()))})")
             fit = {"floor_s": float(f"{floor:.3g}"), "memory": round(float(memory), 3),
                    "rows": int(len(rows)), "median_error": round(float(np.median(error)), 3),
-                   "p90_error": round(float(np.quantile(error, 0.9)), 3),
-                   "table": f"systems/data/{system}/moe/{engine}/{version}/moe_perf.parquet "
-                            f"({dtypes})"}
-            if floor < 0 or not 0 < memory <= 1 or fit["median_error"] > MOE_MAX_MEDIAN_ERROR:
+                   "p90_error": round(float(np.quantile(error, 0.9)), 3), "table": table}
+            if floor < 0 or not 0 < memory <= 1 or fit["median_error"] > MAX_MEDIAN_ERROR:
                 rejected[math_] = (f"floor {floor * 1e6:.1f} us, memory {memory:.2f} of the HBM "
                                    f"peak, median error {fit['median_error']:.2f} over "
-                                   f"{fit['rows']} rows of {fit['table']}")
+                                   f"{fit['rows']} rows of {table}")
             else:
                 maths[math_] = fit
         if maths or rejected:
@@ -271,7 +304,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     result = {SYSTEMS[s]: {"gemm": gemm_fractions(s), "curves": gemm_curves(s),
-                           "allreduce": allreduce(s), "moe": moe(s)}
+                           "allreduce": allreduce(s),
+                           **{kind: fitted(s, kind) for kind in FITTED}}
               for s in (args.system or sorted(SYSTEMS))}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -289,13 +323,15 @@ def main(argv=None) -> int:
             for gpus, points in entry["gpus"].items():
                 print(f"{gpu} all-reduce {engine} over {gpus} GPUs, us at 2 KB .. 256 MB: "
                       + " ".join(f"{s * 1e6:.3g}" for _, s in points))
-        for engine, entry in figures["moe"].items():
-            for name, fit in entry["maths"].items():
-                print(f"{gpu} MoE {engine} {name}: floor {fit['floor_s'] * 1e6:.1f} us, memory "
-                      f"{fit['memory']} of the HBM peak; error median {fit['median_error']}, "
-                      f"p90 {fit['p90_error']} over {fit['rows']} rows of {fit['table']}")
-            for name, reason in entry["rejected"].items():
-                print(f"{gpu} MoE {engine} {name}: rejected ({reason})")
+        for kind in FITTED:
+            for engine, entry in figures[kind].items():
+                for name, fit in entry["maths"].items():
+                    print(f"{gpu} {kind} {engine} {name}: floor {fit['floor_s'] * 1e6:.1f} us, "
+                          f"memory {fit['memory']} of the HBM peak; error median "
+                          f"{fit['median_error']}, p90 {fit['p90_error']} over {fit['rows']} "
+                          f"rows of {fit['table']}")
+                for name, reason in entry["rejected"].items():
+                    print(f"{gpu} {kind} {engine} {name}: rejected ({reason})")
     return 0
 
 

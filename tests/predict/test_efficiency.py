@@ -219,46 +219,52 @@ def test_giving_the_ring_models_figures_prices_the_allreduce_with_them():
     assert RooflinePredictor("H100", {"memory": 0.7}, kernels="vllm").efficiencies.allreduce
 
 
-def test_every_measured_moe_kernel_names_its_fit_and_stays_within_the_peak():
-    tables = {k: v for k, v in efficiency._data()["moe"].items() if k != "about"}
+@pytest.mark.parametrize("kind", efficiency.FITTED_KINDS)
+def test_every_fitted_kernel_names_its_fit_and_stays_within_the_peak(kind):
+    tables = {k: v for k, v in efficiency._data()[kind].items() if k != "about"}
     assert {"H100 SXM", "H200", "B200"} <= set(tables)
+    maths = {"moe": ("bfloat16", "fp8", "fp4", "w4a16", "w4a8"),
+             "decode_attention": ("bfloat16", "fp8")}[kind]
     for gpu, entry in tables.items():
         hw = hardware.gpu(gpu)
         if "as" in entry:
             assert entry["source"] and entry["as"] in tables
             continue
         for engine, raw in entry.items():
-            kernel = efficiency.moe_kernel(hw, engine)
-            assert "aiconfigurator" in kernel.source, (gpu, engine)
+            kernel = efficiency.fitted_kernel(kind, hw, engine)
+            assert "aiconfigurator" in kernel.source and kernel.kind == kind, (gpu, engine)
             for name, (floor, memory) in kernel.maths.items():
                 fit = raw["maths"][name]
-                assert name in ("bfloat16", "fp8", "fp4", "w4a16", "w4a8"), (gpu, engine, name)
+                assert name in maths, (gpu, engine, name)
                 assert 0 <= floor < 1e-4 and 0 < memory <= 1, (gpu, engine, name)
                 assert fit["rows"] > 0 and fit["median_error"] <= 0.25
-                assert "moe_perf" in fit["table"]
+                assert "perf" in fit["table"]
 
 
-def test_a_moe_kernel_comes_through_the_gpus_alias_and_a_bad_entry_names_itself(monkeypatch):
+def test_a_fitted_kernel_comes_through_the_gpus_alias_and_a_bad_entry_names_itself(monkeypatch):
     h100, h200 = hardware.gpu("H100"), hardware.gpu("H200")
-    assert efficiency.moe_kernel(h100, None) is None
-    assert efficiency.moe_kernel(h100, "tgi") is None
-    assert efficiency.moe_kernel(h200, "vllm").maths == efficiency.moe_kernel(h100, "vllm").maths
-    assert "as H100 SXM" in efficiency.moe_kernel(h200, "vllm").source
+    assert efficiency.fitted_kernel("moe", h100, None) is None
+    assert efficiency.fitted_kernel("moe", h100, "tgi") is None
+    assert efficiency.fitted_kernel("moe", h200, "vllm").maths == \
+        efficiency.fitted_kernel("moe", h100, "vllm").maths
+    assert "as H100 SXM" in efficiency.fitted_kernel("decode_attention", h200, "vllm").source
+    with pytest.raises(ValueError, match="kind: expected one of moe, decode_attention"):
+        efficiency.fitted_kernel("gemm", h100, "vllm")
     data = json.loads(json.dumps(efficiency._data()))
     data["moe"]["H100 SXM"]["vllm"]["maths"]["w4a16"]["memory"] = 1.5
     monkeypatch.setattr(efficiency, "_data", lambda: data)
-    efficiency._moe_kernel.cache_clear()
+    efficiency._fitted_kernel.cache_clear()
     try:
         with pytest.raises(ValueError, match=r"moe\.H100 SXM\.vllm: maths\.w4a16: expected"):
-            efficiency.moe_kernel(h100, "vllm")
+            efficiency.fitted_kernel("moe", h100, "vllm")
     finally:
-        efficiency._moe_kernel.cache_clear()
+        efficiency._fitted_kernel.cache_clear()
 
 
 def test_roofline_prices_the_engines_fused_moe_as_measured_in_the_math_the_experts_run_in():
     """gpt-oss's MXFP4 experts run w4a16 on H100 (no FP4 math) and w4a8 on B200: each grouped
     GEMM streams its weights at the fit's fraction of the HBM peak and adds half its floor per
-    layer; an engine without a fit for that math keeps the curve and the launch cost."""
+    layer; without the engine, the curve and the launch cost."""
     spec = ModelSpec.from_model("gpt-oss-120b")
     ops = {o.name: o for o in step_ops(StepShape.of(spec, [(1, 500)] * 4))}
     w13, w2 = ops["fused_moe[w13]"], ops["fused_moe[w2]"]
@@ -266,7 +272,7 @@ def test_roofline_prices_the_engines_fused_moe_as_measured_in_the_math_the_exper
     assert w13.launches == w2.launches == layers
     for gpu, math_ in (("H100", "w4a16"), ("B200", "w4a8")):
         hw = hardware.gpu(gpu)
-        floor, memory = efficiency.moe_kernel(hw, "vllm").maths[math_]
+        floor, memory = efficiency.fitted_kernel("moe", hw, "vllm").maths[math_]
         p = RooflinePredictor(gpu, kernels="vllm")
         for op in (w13, w2):  # four tokens: memory bound
             assert p.op_seconds(op) == pytest.approx(
@@ -275,7 +281,7 @@ def test_roofline_prices_the_engines_fused_moe_as_measured_in_the_math_the_exper
         fraction = plain.efficiencies.curves["grouped_gemm_memory"](w13.rows)
         assert plain.op_seconds(w13) == pytest.approx(
             w13.bytes / (hw.hbm_tbps.value * 1e12 * fraction) + layers * 4e-6, rel=1e-9)
-    h100 = efficiency.moe_kernel(hardware.gpu("H100"), "vllm")
+    h100 = efficiency.fitted_kernel("moe", hardware.gpu("H100"), "vllm")
     assert "fp8" not in h100.maths  # rejected by bench/kernel_tables.py: its median error 34%
     dense = next(o for o in step_ops(StepShape.of(ModelSpec.from_model("llama-3.1-8b"),
                                                   [(1, 500)])) if o.family == "gemm")
@@ -283,9 +289,34 @@ def test_roofline_prices_the_engines_fused_moe_as_measured_in_the_math_the_exper
         RooflinePredictor("H100").op_seconds(dense)  # dense GEMMs are not the MoE's
 
 
-def test_the_moe_fits_are_what_bench_kernel_tables_computes_from_the_tables():
-    """efficiency.json's ``moe`` section is bench/kernel_tables.py's output on the installed
-    aiconfigurator-core tables, entry for entry (where that package and pandas are here)."""
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "fp8"])
+def test_roofline_prices_paged_attention_with_the_engines_decode_kernel_for_its_kv_dtype(kv_dtype):
+    spec = ModelSpec.from_model("llama-3.1-70b", kv_dtype=kv_dtype)
+    op = next(o for o in step_ops(StepShape.of(spec, [(1, 4000)] * 32, tp=4))
+              if o.name == "paged_attention")
+    assert op.kv_dtype == kv_dtype
+    hw = hardware.gpu("H100")
+    floor, memory = efficiency.fitted_kernel("decode_attention", hw, "vllm").maths[kv_dtype]
+    layers = spec.config.num_layers
+    measured = RooflinePredictor("H100", kernels="vllm").op_seconds(op)
+    assert measured == pytest.approx(
+        op.bytes / (hw.hbm_tbps.value * 1e12 * memory) + layers * floor, rel=1e-9)
+    plain = RooflinePredictor("H100")  # no engine: the stated-default decode curve
+    fraction = plain.efficiencies.curves["attention_decode"](op.rows)
+    assert plain.op_seconds(op) == pytest.approx(
+        op.bytes / (hw.hbm_tbps.value * 1e12 * fraction) + layers * 4e-6, rel=1e-9)
+    # a KV dtype the engine's table lacks keeps the curve
+    f16 = next(o for o in step_ops(StepShape.of(ModelSpec.from_model(
+        "llama-3.1-70b", kv_dtype="float16"), [(1, 4000)] * 32, tp=4))
+        if o.name == "paged_attention")
+    assert RooflinePredictor("H100", kernels="vllm").op_seconds(f16) == \
+        pytest.approx(plain.op_seconds(f16), rel=1e-9)
+
+
+def test_the_fits_are_what_bench_kernel_tables_computes_from_the_tables():
+    """efficiency.json's ``moe`` and ``decode_attention`` sections are bench/kernel_tables.py's
+    output on the installed aiconfigurator-core tables, entry for entry (where that package and
+    pandas are here)."""
     pytest.importorskip("aiconfigurator_core")
     pytest.importorskip("pandas")
     import importlib.util
@@ -295,9 +326,10 @@ def test_the_moe_fits_are_what_bench_kernel_tables_computes_from_the_tables():
     spec = importlib.util.spec_from_file_location("kernel_tables", path)
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
-    data = efficiency._data()["moe"]
-    for system, gpu in tables.SYSTEMS.items():
-        fitted = {engine: entry["maths"] for engine, entry in tables.moe(system).items()
-                  if entry["maths"]}
-        held = {engine: entry["maths"] for engine, entry in data.get(gpu, {}).items()}
-        assert fitted == held, gpu
+    for kind in efficiency.FITTED_KINDS:
+        data = efficiency._data()[kind]
+        for system, gpu in tables.SYSTEMS.items():
+            fitted = {engine: entry["maths"] for engine, entry
+                      in tables.fitted(system, kind).items() if entry["maths"]}
+            held = {engine: entry["maths"] for engine, entry in data.get(gpu, {}).items()}
+            assert fitted == held, (kind, gpu)

@@ -63,6 +63,7 @@ class Op(NamedTuple):  # a tuple: attention builds a few per step, 6x faster tha
     # of a grouped MoE GEMM, the keys per query of attention; 0 where nothing does
     depth: int = 0  # a GEMM's K (attention: the head dim)
     ranks: int = 0  # the GPUs a communication op spans
+    kv_dtype: str = ""  # attention: the dtype its KV cache is read in
 
 
 def ring_bytes(collective: str, payload: float, ranks: int) -> float:

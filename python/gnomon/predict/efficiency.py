@@ -28,10 +28,12 @@ all-reduce by its payload per GPU count (``allreduce`` in the data file, per GPU
 GPU may take another's, ``{"as": name}``, with the reason). The roofline prices a
 tensor-parallel all-reduce with it where the engine and the GPU count have one.
 
-`MoeKernel`: an engine's fused MoE layer on one GPU as measured, per math, fitted as a fixed
-time plus its expert weights at a fraction of the HBM peak (``moe`` in the data file, per GPU
-and engine, ``as`` as for the all-reduce). The roofline prices the MoE's grouped GEMMs with it
-where the engine has one for the math they run in, and otherwise with the generation's curves.
+`FittedKernel`: an engine's kernel on one GPU as measured, fitted as a fixed time plus the
+bytes it streams at a fraction of the HBM peak, per math: the fused MoE layer by the math its
+experts run in (``moe`` in the data file) and decode attention by the KV cache's dtype
+(``decode_attention``), per GPU and engine, ``as`` as for the all-reduce. The roofline prices
+the MoE's grouped GEMMs and paged attention with them where the engine has one for that math,
+and otherwise with the generation's curves.
 """
 
 from __future__ import annotations
@@ -134,14 +136,19 @@ class AllReduceTable:
         return 2.0 ** (y0 + (lx - x0) / (x1 - x0) * (y1 - y0))
 
 
-@dataclass(frozen=True)
-class MoeKernel:
-    """An engine's fused MoE layer on one GPU (`moe_kernel`): per math (``"bfloat16"``,
-    ``"fp8"``, ``"fp4"``, ``"w4a16"``, ``"w4a8"``), ``(floor_s, memory)``: where its tokens per
-    expert leave it memory bound, one layer takes ``floor_s`` (its kernels' fixed time: the
-    token permutation, the two grouped GEMMs and the combine; the top-k routing is not in it)
-    plus its expert weights' bytes at ``memory`` x the HBM peak."""
+FITTED_KINDS = ("moe", "decode_attention")
 
+
+@dataclass(frozen=True)
+class FittedKernel:
+    """An engine's kernel of one kind on one GPU (`fitted_kernel`): per math, ``(floor_s,
+    memory)``: one layer's call takes ``floor_s`` plus the bytes it streams at ``memory`` x the
+    HBM peak. ``moe``: the fused MoE layer by its experts' math (``"bfloat16"``, ``"fp8"``,
+    ``"fp4"``, ``"w4a16"``, ``"w4a8"``), where its tokens per expert leave it memory bound, the
+    floor its kernels' fixed time (the top-k routing is not in it); ``decode_attention``: paged
+    attention by the KV cache's dtype, the bytes its KV reads."""
+
+    kind: str
     engine: str
     maths: Dict[str, Tuple[float, float]]
     source: str
@@ -198,15 +205,17 @@ def _allreduce_table(gpu: str, engine: Optional[str]) -> Optional[AllReduceTable
     return AllReduceTable(engine, gpus, alias + str(source))
 
 
-def moe_kernel(hw: Hardware, engine: Optional[str]) -> Optional[MoeKernel]:
-    """`engine`'s measured fused MoE on `hw` (through its ``as``), or None where there is none
-    (an engine or GPU without one, no engine)."""
-    return _moe_kernel(hw.name, engine)
+def fitted_kernel(kind: str, hw: Hardware, engine: Optional[str]) -> Optional[FittedKernel]:
+    """`engine`'s measured `kind` kernel (one of `FITTED_KINDS`) on `hw` (through its ``as``),
+    or None where there is none (an engine or GPU without one, no engine)."""
+    if kind not in FITTED_KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(FITTED_KINDS)}, got {kind!r}")
+    return _fitted_kernel(kind, hw.name, engine)
 
 
 @functools.lru_cache(maxsize=None)
-def _moe_kernel(gpu: str, engine: Optional[str]) -> Optional[MoeKernel]:
-    found = _engine_entry("moe", gpu, engine)
+def _fitted_kernel(kind: str, gpu: str, engine: Optional[str]) -> Optional[FittedKernel]:
+    found = _engine_entry(kind, gpu, engine)
     if found is None:
         return None
     raw, alias, where = found
@@ -221,7 +230,7 @@ def _moe_kernel(gpu: str, engine: Optional[str]) -> Optional[MoeKernel]:
         source = raw["source"]
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None
-    return MoeKernel(engine, maths, alias + str(source))
+    return FittedKernel(kind, engine, maths, alias + str(source))
 
 
 def defaults() -> dict:

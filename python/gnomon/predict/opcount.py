@@ -62,6 +62,7 @@ def attention_ops(shape: StepShape) -> List[Op]:
                                  (sum(n for n, _ in prefill),
                                   *attention_sums(prefill, NO_WINDOW)))
     a, T, ckv = spec.dtype_bytes, shape.num_tokens, spec.kv_bytes
+    kv_dtype = spec.kv_dtype or spec.dtype
     q = c.q_size // tp
     kv = kv_heads_per_gpu(c, tp) * c.head_dim
     hq, d = c.num_heads // tp, c.head_dim
@@ -75,7 +76,7 @@ def attention_ops(shape: StepShape) -> List[Op]:
         ops.append(Op("attention", "paged_attention" + (f"[window {window}]" if window else ""),
                       layers * 4.0 * hq * d * k,
                       layers * (2 * kv_read * kv * ckv + 2 * T * q * a), layers,
-                      rows=k // T if T else 0, depth=d))
+                      rows=k // T if T else 0, depth=d, kv_dtype=kv_dtype))
     return ops
 
 

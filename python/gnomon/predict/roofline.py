@@ -12,11 +12,12 @@ the weight-only factor where the chip lacks the weights' math (MXFP4 on Hopper o
 w4a16, FP8 on Ampere or CDNA2 w8a16, both at bf16 peak) and for a weight-only scheme on every
 chip (INT4 experts with bf16 activations: w4a16 at bf16 peak). MXFP4 experts of their own
 (gpt-oss's) run "w4a8": MXFP8 activations at the FP8 peak on a chip with FP4 math, else w4a16.
-The MoE's two grouped GEMMs take the engine's measured fused MoE instead of the grouped-GEMM
-memory curve and the launch cost where it was measured on this GPU for the math they run in
-(`gnomon.predict.efficiency.MoeKernel`): their weights stream at its fraction of the HBM peak,
-and each adds half its floor per layer. Attention takes its compute and KV read efficiencies
-from its own curves. Hardware of no generation (``host``, made-up units) has no curves: its
+The MoE's two grouped GEMMs and paged attention take the engine's measured kernel instead of
+the memory curve and the launch cost where it was measured on this GPU for the math they run
+in (`gnomon.predict.efficiency.FittedKernel`: the fused MoE by its experts' math, decode
+attention by the KV cache's dtype): their bytes stream at its fraction of the HBM peak, and
+each layer adds its floor (half each to the MoE's two GEMMs). Attention takes its compute
+efficiency, and its KV read efficiency where no kernel was measured, from its own curves. Hardware of no generation (``host``, made-up units) has no curves: its
 factors are 1.
 
 Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`) at the
@@ -46,8 +47,8 @@ from gnomon.engine.cost import ring_bytes
 from gnomon.hardware import Hardware
 
 from .cost import FAMILIES, PredictionRefused, StepCost
-from .efficiency import (AllReduceTable, CurveSet, MoeKernel, allreduce_table, best_gemm,
-                         curves_for, defaults, moe_kernel)
+from .efficiency import (AllReduceTable, CurveSet, FittedKernel, allreduce_table, best_gemm,
+                         curves_for, defaults, fitted_kernel)
 from .engines import EngineOverhead
 from .hardware import resolve_hardware
 from .opcount import attention_ops, dense_ops
@@ -74,12 +75,14 @@ class Efficiencies:
     interconnect_gbps: Optional[float] = None  # overrides the hardware's figure
     curves: Optional[CurveSet] = None
     allreduce: Optional[AllReduceTable] = None  # an engine's measured all-reduce on this GPU
-    moe: Optional[MoeKernel] = None  # an engine's measured fused MoE on this GPU
+    moe: Optional[FittedKernel] = None  # an engine's measured fused MoE on this GPU
+    attention: Optional[FittedKernel] = None  # and its decode attention
 
     @classmethod
     def default_for(cls, hw: Hardware, kernels: Optional[str] = None) -> "Efficiencies":
-        """The GPU's figures, with the all-reduce and the fused MoE of the engine whose
-        measured kernels are named `kernels` on it (none: the ring model and the curves)."""
+        """The GPU's figures, with the all-reduce, the fused MoE and the decode attention of
+        the engine whose measured kernels are named `kernels` on it (none: the ring model and
+        the curves)."""
         if hw.vendor == "host":
             return cls({"bfloat16": 1.0, "float32": 1.0}, memory=1.0, launch_s=5e-6)
         stated = defaults()
@@ -89,7 +92,8 @@ class Efficiencies:
                    memory=stated["memory"]["value"], launch_s=stated["launch_s"]["value"],
                    allreduce_latency_s=stated["allreduce_latency_s"]["value"],
                    curves=curves_for(hw), allreduce=allreduce_table(hw, kernels),
-                   moe=moe_kernel(hw, kernels))
+                   moe=fitted_kernel("moe", hw, kernels),
+                   attention=fitted_kernel("decode_attention", hw, kernels))
 
     @classmethod
     def coerce(cls, value, hw: Hardware, kernels: Optional[str] = None) -> "Efficiencies":
@@ -181,11 +185,12 @@ class RooflinePredictor:
         curves = self.efficiencies.curves
         attention = op.family == "attention" and op.flops
         grouped = op.name.startswith("fused_moe")
-        measured = self._moe_kernel(op.compute) if grouped else None
+        measured = self._measured(op, attention, grouped)
         launch = self.efficiencies.launch_s
-        if measured is not None:  # the engine's fused MoE: half its floor per grouped GEMM
-            memory = op.bytes / (self._hbm_bytes_per_s * measured[1])
-            launch = measured[0] / 2
+        if measured is not None:  # the engine's kernel: its floor per call, its memory rate
+            floor, fraction = measured
+            memory = op.bytes / (self._hbm_bytes_per_s * fraction)
+            launch = floor / 2 if grouped else floor  # the MoE layer runs two grouped GEMMs
         elif curves is None or not op.depth:
             memory = op.bytes / self._bytes_per_s
         else:
@@ -216,16 +221,19 @@ class RooflinePredictor:
             compute = op.flops / rate
         return max(compute, memory) + op.launches * launch
 
-    def _moe_kernel(self, compute: str):
-        """``(floor_s, memory)`` of the engine's measured fused MoE for experts in `compute`, in
-        the math they run in on this chip (weight-only where it lacks theirs), or None."""
-        moe = self.efficiencies.moe
-        if moe is None:
+    def _measured(self, op, attention, grouped):
+        """``(floor_s, memory)`` of the engine's measured kernel for `op`, or None: the fused
+        MoE's for experts in the math they run in on this chip (weight-only where it lacks
+        theirs), decode attention's for the KV cache's dtype."""
+        eff = self.efficiencies
+        if attention and eff.attention is not None and op.kv_dtype:
+            return eff.attention.maths.get(op.kv_dtype)
+        if not grouped or eff.moe is None:
             return None
-        cached = self._flops_per_s.get(compute)
+        cached = self._flops_per_s.get(op.compute)
         if cached is None:
-            cached = self._flops_per_s[compute] = self._best_flops(compute)
-        return moe.maths.get(cached[1] or compute)
+            cached = self._flops_per_s[op.compute] = self._best_flops(op.compute)
+        return eff.moe.maths.get(cached[1] or op.compute)
 
     def _collective_seconds(self, op) -> float:
         table = self.efficiencies.allreduce
