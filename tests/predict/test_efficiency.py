@@ -333,3 +333,29 @@ def test_the_fits_are_what_bench_kernel_tables_computes_from_the_tables():
                       in tables.fitted(system, kind).items() if entry["maths"]}
             held = {engine: entry["maths"] for engine, entry in data.get(gpu, {}).items()}
             assert fitted == held, (kind, gpu)
+
+
+def test_ops_the_measured_attention_call_performs_are_priced_with_it_not_again():
+    """aiconfigurator times vLLM's attention backend forward (which writes the KV cache) and
+    TensorRT-LLM's attention op (which also applies RoPE): where that kernel prices the step's
+    attention, gnomon's reshape_and_cache (and for TensorRT-LLM rotary_embedding) add nothing;
+    without an engine, or for a KV dtype it was not measured in, they are priced as before."""
+    shape = StepShape.of(ModelSpec.from_model("llama-3.1-70b", weight_dtype="fp8",
+                                              kv_dtype="fp8"), [(1, 3000)] * 16, tp=4)
+    ops = step_ops(shape)
+    for engine, free in (("vllm", {"reshape_and_cache"}),
+                         ("trtllm", {"reshape_and_cache", "rotary_embedding"})):
+        p = RooflinePredictor("H100", kernels=engine)
+        assert set(p.efficiencies.attention.includes) == free
+        expected = sum(p.op_seconds(op) for op in ops if op.name not in free)
+        cost = p.predict(shape)
+        assert cost.seconds - cost.breakdown.get("overhead", 0.0) == pytest.approx(expected,
+                                                                                    rel=1e-9)
+    plain = RooflinePredictor("H100")
+    assert plain.predict(shape).seconds == pytest.approx(
+        sum(plain.op_seconds(op) for op in ops), rel=1e-9)
+    f16 = StepShape.of(ModelSpec.from_model("llama-3.1-70b", kv_dtype="float16"),
+                       [(1, 3000)] * 16, tp=4)
+    p = RooflinePredictor("H100", kernels="trtllm")
+    assert p.predict(f16).seconds == pytest.approx(
+        sum(p.op_seconds(op) for op in step_ops(f16)), rel=1e-9)

@@ -146,12 +146,14 @@ class FittedKernel:
     HBM peak. ``moe``: the fused MoE layer by its experts' math (``"bfloat16"``, ``"fp8"``,
     ``"fp4"``, ``"w4a16"``, ``"w4a8"``), where its tokens per expert leave it memory bound, the
     floor its kernels' fixed time (the top-k routing is not in it); ``decode_attention``: paged
-    attention by the KV cache's dtype, the bytes its KV reads."""
+    attention by the KV cache's dtype, the bytes its KV reads. `includes`: the ops of gnomon's
+    count that the measured call performs too (the KV cache write, RoPE), so priced with it."""
 
     kind: str
     engine: str
     maths: Dict[str, Tuple[float, float]]
     source: str
+    includes: Tuple[str, ...] = ()
 
 
 @functools.lru_cache(maxsize=1)
@@ -228,9 +230,10 @@ def _fitted_kernel(kind: str, gpu: str, engine: Optional[str]) -> Optional[Fitte
                                  f"got {floor} and {memory}")
             maths[name] = (floor, memory)
         source = raw["source"]
+        includes = tuple(str(name) for name in raw.get("includes", ()))
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None
-    return FittedKernel(kind, engine, maths, alias + str(source))
+    return FittedKernel(kind, engine, maths, alias + str(source), includes)
 
 
 def defaults() -> dict:

@@ -16,7 +16,8 @@ The MoE's two grouped GEMMs and paged attention take the engine's measured kerne
 the memory curve and the launch cost where it was measured on this GPU for the math they run
 in (`gnomon.predict.efficiency.FittedKernel`: the fused MoE by its experts' math, decode
 attention by the KV cache's dtype): their bytes stream at its fraction of the HBM peak, and
-each layer adds its floor (half each to the MoE's two GEMMs). Attention takes its compute
+each layer adds its floor (half each to the MoE's two GEMMs); the ops the measured attention
+call performs itself (its KV cache write, TensorRT-LLM's RoPE) add nothing more. Attention takes its compute
 efficiency, and its KV read efficiency where no kernel was measured, from its own curves. Hardware of no generation (``host``, made-up units) has no curves: its
 factors are 1.
 
@@ -221,6 +222,16 @@ class RooflinePredictor:
             compute = op.flops / rate
         return max(compute, memory) + op.launches * launch
 
+    def _included(self, spec) -> tuple:
+        """The ops the engine's measured decode attention performs itself (its KV cache write,
+        RoPE) where it prices this model's attention: full or windowed attention with a KV
+        dtype it was measured in; else none."""
+        kernel = self.efficiencies.attention
+        if kernel is None or spec.config.mla is not None \
+                or (spec.kv_dtype or spec.dtype) not in kernel.maths:
+            return ()
+        return kernel.includes
+
     def _measured(self, op, attention, grouped):
         """``(floor_s, memory)`` of the engine's measured kernel for `op`, or None: the fused
         MoE's for experts in the math they run in on this chip (weight-only where it lacks
@@ -270,17 +281,21 @@ class RooflinePredictor:
             raise TypeError(f"shape: expected a StepShape, got {type(shape).__name__}")
         key = (shape.model, shape.num_tokens, shape.num_sampled, shape.tp, shape.ep, shape.dp,
                shape.dp_tokens)
+        included = self._included(shape.model)
         dense = self._dense_seconds.get(key)
         if dense is None:  # decode steps repeat the same few token counts
             dense = dict.fromkeys(FAMILIES, 0.0)
             for op in dense_ops(*key):
-                dense[op.family] += self.op_seconds(op)
+                if op.name not in included:
+                    dense[op.family] += self.op_seconds(op)
             if len(self._dense_seconds) > 65536:
                 self._dense_seconds.clear()
             self._dense_seconds[key] = dense
         parts = dict(dense)
         repeated = self._repeated_seconds
         for op in attention_ops(shape):
+            if op.name in included:
+                continue
             if op.family == "attention":  # depends on the contexts, new every step
                 parts["attention"] += self.op_seconds(op)
                 continue
