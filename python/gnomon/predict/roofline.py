@@ -17,9 +17,10 @@ the memory curve and the launch cost where it was measured on this GPU for the m
 in (`gnomon.predict.efficiency.FittedKernel`: the fused MoE by its experts' math, decode
 attention by the KV cache's dtype): their bytes stream at its fraction of the HBM peak, and
 each layer adds its floor (half each to the MoE's two GEMMs); the ops the measured attention
-call performs itself (its KV cache write, TensorRT-LLM's RoPE) add nothing more. Attention takes its compute
-efficiency, and its KV read efficiency where no kernel was measured, from its own curves. Hardware of no generation (``host``, made-up units) has no curves: its
-factors are 1.
+call performs itself (its KV cache write, TensorRT-LLM's RoPE) add nothing more. Attention
+takes its compute efficiency, and its KV read efficiency where no kernel was measured, from its
+own curves. Hardware of no generation (``host``, made-up units) has no curves: its factors are
+1.
 
 Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`) at the
 per-direction interconnect bandwidth plus ``allreduce_latency_s`` per collective; a
