@@ -51,6 +51,9 @@ head_dim, kv_cache_dtype, window_size, latency in ms)
 
 A fit is kept where its floor is >= 0, its memory fraction in (0, 1] and its median error
 within `MAX_MEDIAN_ERROR`; the others are listed as rejected, with the reason.
+``includes`` in efficiency.json's ``decode_attention`` entries does not come from the tables:
+it names the ops the collectors' timed call performs (read from aiconfigurator's
+``collector/<engine>/collect_attn.py``) and is kept there by hand beside the fits.
 
 Needs pandas, pyarrow and numpy (a bench script, not a runtime dependency).
 
