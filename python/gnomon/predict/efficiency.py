@@ -174,9 +174,10 @@ def allreduce_table(hw: Hardware, engine: Optional[str]) -> Optional[AllReduceTa
     return _allreduce_table(hw.name, engine)
 
 
-def _engine_entry(section: str, gpu: str, engine: Optional[str]):
-    """``(raw entry, alias note, where)`` of `engine` on `gpu` in the data file's `section`
-    (through the GPU's ``as``), or None where there is none."""
+def _engine_entry(section: str, gpu: str, engine: Optional[str], parse):
+    """``parse(raw entry, alias note)`` of `engine` on `gpu` in the data file's `section`
+    (through the GPU's ``as``), or None where there is none; a malformed entry's error names
+    where it is."""
     tables = _data().get(section, {})
     entry, alias = tables.get(gpu), ""
     if isinstance(entry, dict) and "as" in entry:
@@ -184,16 +185,15 @@ def _engine_entry(section: str, gpu: str, engine: Optional[str]):
         entry = tables.get(entry["as"])
     if engine is None or not isinstance(entry, dict) or engine not in entry:
         return None
-    return entry[engine], alias, f"{DATA_FILE} {section}.{gpu}.{engine}"
+    try:
+        return parse(entry[engine], alias)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{DATA_FILE} {section}.{gpu}.{engine}: {error}") from None
 
 
 @functools.lru_cache(maxsize=None)
 def _allreduce_table(gpu: str, engine: Optional[str]) -> Optional[AllReduceTable]:
-    found = _engine_entry("allreduce", gpu, engine)
-    if found is None:
-        return None
-    raw, alias, where = found
-    try:
+    def parse(raw, alias):
         gpus = {}
         for ranks, points in raw["gpus"].items():
             pairs = sorted((float(b), float(s)) for b, s in points)
@@ -201,10 +201,8 @@ def _allreduce_table(gpu: str, engine: Optional[str]) -> Optional[AllReduceTable
                 raise ValueError(f"gpus.{ranks}: expected a count >= 2 and [bytes > 0, "
                                  f"seconds > 0] pairs")
             gpus[int(ranks)] = tuple((math.log2(b), math.log2(s)) for b, s in pairs)
-        source = raw["source"]
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{where}: {error}") from None
-    return AllReduceTable(engine, gpus, alias + str(source))
+        return AllReduceTable(engine, gpus, alias + str(raw["source"]))
+    return _engine_entry("allreduce", gpu, engine, parse)
 
 
 def fitted_kernel(kind: str, hw: Hardware, engine: Optional[str]) -> Optional[FittedKernel]:
@@ -217,11 +215,7 @@ def fitted_kernel(kind: str, hw: Hardware, engine: Optional[str]) -> Optional[Fi
 
 @functools.lru_cache(maxsize=None)
 def _fitted_kernel(kind: str, gpu: str, engine: Optional[str]) -> Optional[FittedKernel]:
-    found = _engine_entry(kind, gpu, engine)
-    if found is None:
-        return None
-    raw, alias, where = found
-    try:
+    def parse(raw, alias):
         maths = {}
         for name, fit in raw["maths"].items():
             floor, memory = float(fit["floor_s"]), float(fit["memory"])
@@ -229,11 +223,9 @@ def _fitted_kernel(kind: str, gpu: str, engine: Optional[str]) -> Optional[Fitte
                 raise ValueError(f"maths.{name}: expected floor_s >= 0 and memory in (0, 1], "
                                  f"got {floor} and {memory}")
             maths[name] = (floor, memory)
-        source = raw["source"]
-        includes = tuple(str(name) for name in raw.get("includes", ()))
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{where}: {error}") from None
-    return FittedKernel(kind, engine, maths, alias + str(source), includes)
+        return FittedKernel(kind, engine, maths, alias + str(raw["source"]),
+                            tuple(str(name) for name in raw.get("includes", ())))
+    return _engine_entry(kind, gpu, engine, parse)
 
 
 def defaults() -> dict:
