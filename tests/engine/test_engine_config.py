@@ -14,7 +14,7 @@ from gnomon.predict.shapes import ModelSpec
 
 BAD = {"block_size": 0, "max_num_seqs": -1, "max_num_batched_tokens": 2.5, "max_model_len": 0,
        "enable_prefix_caching": 1, "capacity_policy": "fifo", "batch_wait_timeout_iters": -1,
-       "batch_wait_max_tokens_ratio": 1.5, "enable_hybrid_kv": "yes", "num_kv_blocks": 0,
+       "batch_wait_max_tokens_ratio": 1.5, "batching": "decode_first", "enable_hybrid_kv": "yes", "num_kv_blocks": 0,
        "kv_cache_bytes": True, "gpu_memory_utilization": 0.0, "tensor_parallel_size": 0,
        "expert_parallel_size": "2", "data_parallel_size": None, "attention_dp_balance": 0,
        "attention_dp_timeout_iters": -5, "attention_dp_batching_wait_iters": 1.0,

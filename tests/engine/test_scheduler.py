@@ -724,6 +724,58 @@ def test_batch_waiting_runs_a_prompt_at_once_when_the_step_has_enough_tokens_or_
     assert sched.schedule(0.0).num_prefill_tokens == 3
 
 
+# --------------------------------------------------------------------------- prefill first
+
+def _prefill_first_scheduler(max_num_seqs=8, batching="prefill_first"):
+    kv = KVCacheManager(64, 4, True)
+    return Scheduler(kv, EngineConfig(max_model_len=1024, max_num_seqs=max_num_seqs,
+                                      max_num_batched_tokens=32, batching=batching))
+
+
+def _ids(batch):
+    return sorted(s.request_id for s in batch.sequences)
+
+
+def test_prefill_first_runs_prompt_work_alone_and_the_decodes_after_it():
+    late, batches = _first_step_of(_prefill_first_scheduler(), [4, 5, 6, 7, 8])
+    assert late == 3  # admitted at once ...
+    assert _ids(batches[3]) == ["late"] and batches[3].num_decode_tokens == 0  # ... alone
+    assert _ids(batches[4]) == ["early", "late"] and batches[4].num_prefill_tokens == 0
+    mixed_late, mixed = _first_step_of(_prefill_first_scheduler(batching="mixed"),
+                                       [4, 5, 6, 7, 8])
+    assert mixed_late == 3 and _ids(mixed[3]) == ["early", "late"]  # the default mixes
+    # prefill first: "early" sits out one step, so it ends one step later than mixed
+    last = [max(i for i, b in enumerate(bs) if any(s.request_id == "early" for s in b.sequences))
+            for bs in (batches, mixed)]
+    assert last[0] == last[1] + 1
+
+
+def test_prefill_first_chunks_take_the_whole_budget_and_every_step_until_done():
+    late, batches = _first_step_of(_prefill_first_scheduler(), list(range(1, 71)))  # 70 tokens
+    chunks = batches[late:late + 3]
+    assert [b.num_prefill_tokens for b in chunks] == [32, 32, 6]  # the whole budget, no decode
+    assert all(_ids(b) == ["late"] for b in chunks)
+    assert _ids(batches[late + 3]) == ["early", "late"]
+
+
+def test_prefill_first_decodes_run_while_the_queue_head_cannot_be_admitted():
+    sched = _prefill_first_scheduler(max_num_seqs=1)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    sched.add("a", [1, 2, 3], params)
+    sched.add("b", [4, 5, 6], params)  # waits for a's slot
+    model = FakeModel(sched)
+    batches = []
+    for _ in range(12):  # bounded: a step that schedules nothing would repeat forever
+        if not sched.has_unfinished():
+            break
+        batch = sched.schedule()
+        batches.append(batch)
+        if batch.sequences:
+            sched.update(batch, model.execute(batch))
+    assert [_ids(b) for b in batches] == [["a"]] * 4 + [["b"]] * 4
+    assert [b.num_prefill_tokens for b in batches] == [3, 0, 0, 0] * 2
+
+
 def test_batch_waiting_settings_are_checked():
     kv = KVCacheManager(64, 4, True)
     for kw, match in (({"batch_wait_timeout_iters": -1}, "batch_wait_timeout_iters"),

@@ -473,3 +473,39 @@ def test_a_profile_stated_to_take_another_serving_path_follows_its_fit(tmp_path)
         mine.write_text(json.dumps({**raw, "name": "mine", "serving": {"as": bad}}))
         with pytest.raises(ValueError, match="serving.as: expected a shipped profile"):
             resolve_engine(str(mine))
+
+
+def test_the_sglang_profile_runs_prompt_work_alone_and_a_bad_batching_is_refused(tmp_path):
+    """SGLang's scheduler runs a new prefill batch on its own (decodes join it only under
+    --enable-mixed-chunk); vLLM's and TensorRT-LLM's mix it into the decode steps. A request that
+    arrives while another decodes stalls that decode for its prefill step under SGLang only."""
+    from gnomon.engine.engine_config import EngineConfig
+    from gnomon.predict.engines import resolve_engine
+    from gnomon.predict.metrics import compute_metrics
+    from gnomon.predict.roofline import RooflinePredictor
+    from gnomon.predict.serve import run_workload, simulated_engine
+    from gnomon.predict.shapes import ModelSpec
+    from gnomon.predict.workloads import LengthDist, SyntheticSpec, synthetic
+
+    assert resolve_engine("sglang").batching == "prefill_first"
+    assert {resolve_engine(e).batching for e in ("vllm", "trtllm", "gnomon")} == {"mixed"}
+    spec = ModelSpec.from_model("llama-3.1-8b")
+    work = synthetic(SyntheticSpec(num_requests=2, rate=20.0, prompt_len=LengthDist.fixed(4000),
+                                   output_len=LengthDist.fixed(200), arrival="fixed",
+                                   vocab_size=1000))
+
+    def tpots(batching):
+        engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
+                                  EngineConfig(max_num_seqs=8, max_num_batched_tokens=8192,
+                                               batching=batching))
+        return compute_metrics(run_workload(engine, work))["per_request"]["tpot_s"]
+
+    mixed, alone = tpots("mixed"), tpots("prefill_first")
+    # the first request decodes while the second's 4,000-token prompt runs: alone, that step
+    # carries no decode, so the first request's tokens come later
+    assert alone[0] > mixed[0]
+    raw = json.loads(open(resolve_engine.__globals__["DATA_FILE"]).read())["engines"]["vllm"]
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({**raw, "name": "mine", "batching": "decode_first"}))
+    with pytest.raises(ValueError, match="batching: expected one of mixed, prefill_first"):
+        resolve_engine(str(mine))

@@ -5,8 +5,10 @@ read their settings from one frozen `EngineConfig`; a new setting is a field, it
 `__post_init__`, and its use. An engine profile of the simulator (`gnomon.predict.engines`) is
 a partial one. The fields: the scheduler's (a step's sequences and tokens, at least one token
 per sequence; ``max_model_len``, None: the model's maximum position; prefix caching; the
-capacity policy, vLLM's ``max_utilization`` or TensorRT-LLM's ``guaranteed_no_evict``, and
-TensorRT-LLM's batch waiting); the KV cache's (hybrid KV, and its size: ``num_kv_blocks``,
+capacity policy, vLLM's ``max_utilization`` or TensorRT-LLM's ``guaranteed_no_evict``,
+TensorRT-LLM's batch waiting, and the batching, ``mixed`` (prompt work shares a step with the
+running decodes: vLLM, TensorRT-LLM) or ``prefill_first`` (a step with prompt work to do runs it
+alone: SGLang)); the KV cache's (hybrid KV, and its size: ``num_kv_blocks``,
 ``kv_cache_bytes`` per rank, or ``gpu_memory_utilization`` of a simulated GPU, at most one);
 the parallel layout (tensor; expert and attention data parallelism and TensorRT-LLM's
 attention-DP balance, which only a simulation prices); and ``dtype`` ("auto": the
@@ -22,6 +24,9 @@ from typing import Any, Mapping, Optional
 MAX_UTILIZATION = "max_utilization"
 GUARANTEED_NO_EVICT = "guaranteed_no_evict"
 CAPACITY_POLICIES = (MAX_UTILIZATION, GUARANTEED_NO_EVICT)
+MIXED = "mixed"
+PREFILL_FIRST = "prefill_first"
+BATCHINGS = (MIXED, PREFILL_FIRST)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -36,6 +41,13 @@ def _int(name: str, value, minimum: int, optional: bool = False) -> None:
 def _bool(name: str, value) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name}: expected true or false, got {value!r}")
+
+
+def choice(name: str, value, choices) -> str:
+    """`value` if it is one of `choices`, else a ValueError naming `name` and them."""
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def _fraction(name: str, value, low_open: bool, optional: bool = False) -> None:
@@ -62,6 +74,7 @@ class EngineConfig:
     capacity_policy: str = MAX_UTILIZATION
     batch_wait_timeout_iters: int = 0
     batch_wait_max_tokens_ratio: float = 0.0
+    batching: str = MIXED
     enable_hybrid_kv: bool = True
     num_kv_blocks: Optional[int] = None
     kv_cache_bytes: Optional[int] = None
@@ -92,9 +105,8 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens: expected >= max_num_seqs "
                              f"({self.max_num_seqs}) so every running decode fits a step, "
                              f"got {self.max_num_batched_tokens}")
-        if self.capacity_policy not in CAPACITY_POLICIES:
-            raise ValueError(f"capacity_policy: expected one of {', '.join(CAPACITY_POLICIES)}, "
-                             f"got {self.capacity_policy!r}")
+        for name, choices in (("capacity_policy", CAPACITY_POLICIES), ("batching", BATCHINGS)):
+            choice(name, getattr(self, name), choices)
         _fraction("batch_wait_max_tokens_ratio", self.batch_wait_max_tokens_ratio, False)
         _fraction("gpu_memory_utilization", self.gpu_memory_utilization, True, optional=True)
         sized = [n for n in ("num_kv_blocks", "kv_cache_bytes", "gpu_memory_utilization")

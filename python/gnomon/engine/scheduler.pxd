@@ -28,16 +28,22 @@ cdef class Scheduler:
     cdef public double batch_wait_max_tokens_ratio
     cdef public long long _batch_wait_iters
     cdef public bint hold_prompts
+    cdef public bint prefill_first
 
     @cython.locals(seq=Sequence, req=Request, k=cython.longlong, c=cython.longlong,
                    budget=cython.longlong, start=cython.longlong, ok=cython.longlong,
                    slots=cython.longlong, num_prefill=cython.longlong,
                    num_decode=cython.longlong, cached=cython.longlong, i=cython.longlong,
-                   need=cython.longlong, reserve=cython.bint, waits=cython.bint)
+                   need=cython.longlong, reserve=cython.bint, waits=cython.bint,
+                   alone=cython.bint)
     cpdef schedule(self, double now=*)
 
     @cython.locals(seq=Sequence, req=Request, i=cython.longlong, context_len=cython.longlong)
     cpdef update(self, batch, output, now=*)
+
+    @cython.locals(start=cython.longlong, freed=cython.longlong, i=cython.longlong,
+                   k=cython.longlong)
+    cpdef long long _allocate_plan(self, list plan, dict reports)
 
     @cython.locals(seq=Sequence, budget=cython.longlong, tokens=cython.longlong,
                    slots=cython.longlong)

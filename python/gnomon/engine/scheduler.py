@@ -13,6 +13,12 @@ Policy
   does not fit (no skipping ahead of the head of the queue).
 - **Chunked prefill, mixed with decode.** A prompt larger than the remaining budget is computed
   in chunks over several steps, in the same batches as the decodes.
+- **Prefill first** (``batching="prefill_first"``, SGLang's default: its scheduler's
+  ``get_next_batch_to_run`` runs a new prefill batch whenever one forms, and mixes the running
+  decodes into it only under ``--enable-mixed-chunk``). A step with prompt work to do
+  (continuing chunks, or the head of the queue admitted) runs it alone, on the whole token
+  budget, and the decodes wait for the next step without prompt work. The default,
+  ``"mixed"``, is the policy above (vLLM's, TensorRT-LLM's in-flight batching).
 - **Prefix caching** through the allocator: ``lookup`` at admission sizes the first chunk (cached
   tokens are skipped), ``allocate`` claims the cached blocks and the slots before the forward, and
   ``update`` commits after it (full blocks then enter the cache).
@@ -101,7 +107,7 @@ from typing import Deque, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 from .batch import RequestId, ScheduledBatch, ScheduledSequence, StepOutput
-from .engine_config import GUARANTEED_NO_EVICT, EngineConfig
+from .engine_config import GUARANTEED_NO_EVICT, PREFILL_FIRST, EngineConfig
 from .kv_cache import KVCacheManager
 from .sampling_params import SamplingParams
 from .sequence import (FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, SampleDelta,
@@ -141,6 +147,7 @@ class Scheduler:
             raise ValueError(f"eos_token_ids: expected non-negative integers, got {eos!r}")
         self.eos_token_ids = frozenset(eos)
         self.capacity_policy = config.capacity_policy
+        self.prefill_first = config.batching == PREFILL_FIRST
         self.vocab_size = None if vocab_size is None else _check_int("vocab_size", vocab_size, 1)
         self.batch_wait_timeout_iters = config.batch_wait_timeout_iters
         self.batch_wait_max_tokens_ratio = float(config.batch_wait_max_tokens_ratio)
@@ -278,44 +285,33 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         preemptions_before = self.num_preemptions
         # (1) decodes, (2) continuing prefill chunks: one allocate_batch for all of them
-        plan: List[List] = []  # [seq, num_tokens, is_decode]
+        decodes: List[List] = []  # [seq, num_tokens, is_decode]
         prefilling = []
         for seq in self._running:
             if seq.is_decoding:
-                plan.append([seq, 1, True])
+                decodes.append([seq, 1, True])
             else:
                 prefilling.append(seq)
-        budget -= len(plan)
         waits = self.hold_prompts  # a data-parallel engine's balance holds them this step
         if waits:
             prefilling = []
         # a timeout of 0 never waits, whatever the ratio (TensorRT-LLM's rule)
-        elif plan and self.batch_wait_timeout_iters and (prefilling or self._waiting):
-            waits = self._prompts_wait(len(plan), prefilling)
+        elif decodes and self.batch_wait_timeout_iters and (prefilling or self._waiting):
+            waits = self._prompts_wait(len(decodes), prefilling)
             if waits:
                 prefilling = []
+        # prefill first: prompt work to do runs alone; the decodes run if none gets in
+        alone = self.prefill_first and not waits and bool(prefilling or self._waiting)
+        plan: List[List] = [] if alone else decodes
+        budget -= len(plan)
         for seq in prefilling:
             if budget == 0:
                 break
             k = min(seq.prefill_target - seq.num_computed_tokens, budget)
             plan.append([seq, k, False])
             budget -= k
-        start = 0
         reports: Dict[int, tuple] = {}  # seq_id -> its block-table report, as allocated
-        while start < len(plan):
-            start += self._allocate(plan[start:], reports)
-            if start == len(plan):
-                break
-            victim = self._running[-1]
-            for i, (seq, k, _) in enumerate(plan):
-                if seq is victim:
-                    del plan[i]
-                    budget += k
-                    if i < start:
-                        start -= 1
-                    break
-            reports.pop(victim.seq_id, None)
-            self._preempt(victim)
+        budget += self._allocate_plan(plan, reports)
 
         # (3) admissions, FCFS
         admitted: List[List] = []
@@ -360,6 +356,9 @@ class Scheduler:
                     admitted.append([s, 1, False])
                 budget -= ok
 
+        if alone and not plan and not admitted:  # no prompt work got in: the decodes run
+            plan = [d for d in decodes if d[0].status is SequenceStatus.RUNNING]
+            self._allocate_plan(plan, reports)
         scheduled = plan + admitted
         if admitted:
             late = [seq.seq_id for seq, _, _ in admitted]
@@ -388,6 +387,28 @@ class Scheduler:
             self._outstanding = batch
             self._outstanding_now = now
         return batch
+
+    def _allocate_plan(self, plan: List[List], reports: dict) -> int:
+        """Slots for every ``[seq, num_tokens, is_decode]`` entry of `plan`, preempting the
+        newest running sequence while the allocator cannot give them (a victim in `plan` leaves
+        it); the tokens the victims took from the budget."""
+        start = 0
+        freed = 0
+        while start < len(plan):
+            start += self._allocate(plan[start:], reports)
+            if start == len(plan):
+                break
+            victim = self._running[-1]
+            for i, (seq, k, _) in enumerate(plan):
+                if seq is victim:
+                    del plan[i]
+                    freed += k
+                    if i < start:
+                        start -= 1
+                    break
+            reports.pop(victim.seq_id, None)
+            self._preempt(victim)
+        return freed
 
     def _prompts_wait(self, decodes: int, prefilling: list) -> bool:
         """Batch waiting's decision for a step of `decodes` decodes with prompt work pending

@@ -1,8 +1,8 @@
 """Engine profiles: the serving engine a simulation stands for (vLLM, SGLang, gnomon's own).
 
 A profile is a partial `EngineConfig` (`EngineProfile.settings`: the engine's defaults on a
-GPU: ``max_num_seqs``, ``max_num_batched_tokens``, the capacity policy, the share of HBM it
-takes) plus its host overhead per step, its serving path and the name of its all-reduce kernel
+GPU: ``max_num_seqs``, ``max_num_batched_tokens``, the capacity policy, the batching, the share
+of HBM it takes) plus its host overhead per step, its serving path and the name of its all-reduce kernel
 (whose measured times `gnomon.predict.efficiency` holds per GPU), each with its source, from
 ``data/engines.json`` or a user's JSON file of the same shape.
 
@@ -30,7 +30,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from gnomon.engine.engine_config import CAPACITY_POLICIES, MAX_UTILIZATION
+from gnomon.engine.engine_config import (BATCHINGS, CAPACITY_POLICIES, MAX_UTILIZATION, MIXED,
+                                         choice)
 from gnomon.hardware import Hardware
 
 DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "engines.json")
@@ -98,7 +99,8 @@ class EngineProfile:
     sources: Dict[str, str]
     serving: ServingPath = ServingPath()
     kv_memory: str = "total"  # how the KV cache is sized: a key of KV_MEMORY
-    capacity_policy: str = "max_utilization"  # the scheduler's (gnomon.engine.scheduler)
+    capacity_policy: str = MAX_UTILIZATION  # the scheduler's (gnomon.engine.scheduler)
+    batching: str = MIXED  # whether prompt work shares a step with decodes (the scheduler's)
     kernels: Optional[str] = None  # its measured kernels' name in efficiency.json (all-reduce, MoE)
 
     def is_large(self, hw: Hardware) -> bool:
@@ -108,11 +110,12 @@ class EngineProfile:
 
     def settings(self, hw: Hardware) -> Dict[str, object]:
         """The partial `EngineConfig` this engine picks on `hw`: ``max_num_seqs``,
-        ``max_num_batched_tokens``, the capacity policy and ``gpu_memory_utilization``."""
+        ``max_num_batched_tokens``, the capacity policy, the batching and
+        ``gpu_memory_utilization``."""
         i = 0 if self.is_large(hw) else 1
         return {"max_num_seqs": self.max_num_seqs[i],
                 "max_num_batched_tokens": self.max_num_batched_tokens[i],
-                "capacity_policy": self.capacity_policy,
+                "capacity_policy": self.capacity_policy, "batching": self.batching,
                 "gpu_memory_utilization": self.gpu_memory_utilization}
 
 
@@ -130,7 +133,10 @@ def _profile(name: str, raw: dict, where: str) -> EngineProfile:
             gpu_memory_utilization=float(raw["gpu_memory_utilization"]),
             sources={str(k): str(v) for k, v in raw["sources"].items()},
             serving=_serving(raw.get("serving", {})), kv_memory=_kv_memory(raw),
-            capacity_policy=_capacity_policy(raw), kernels=_kernels(raw))
+            capacity_policy=choice("capacity_policy", raw.get("capacity_policy", MAX_UTILIZATION),
+                                   CAPACITY_POLICIES),
+            batching=choice("batching", raw.get("batching", MIXED), BATCHINGS),
+            kernels=_kernels(raw))
     except KeyError as error:
         raise ValueError(f"{where}: engine {name!r} lacks the field {error.args[0]!r}") from None
     except (TypeError, ValueError) as error:
@@ -153,14 +159,6 @@ def _kv_memory(raw: dict) -> str:
     if value not in KV_MEMORY:
         raise ValueError("kv_memory: expected " + "; ".join(
             f"{k!r} ({v})" for k, v in KV_MEMORY.items()) + f", got {value!r}")
-    return value
-
-
-def _capacity_policy(raw: dict) -> str:
-    value = raw.get("capacity_policy", MAX_UTILIZATION)
-    if value not in CAPACITY_POLICIES:
-        raise ValueError(f"capacity_policy: expected one of {', '.join(CAPACITY_POLICIES)}, "
-                         f"got {value!r}")
     return value
 
 
