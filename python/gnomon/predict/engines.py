@@ -2,9 +2,9 @@
 
 A profile is a partial `EngineConfig` (`EngineProfile.settings`: the engine's defaults on a
 GPU: ``max_num_seqs``, ``max_num_batched_tokens``, the capacity policy, the batching, the share
-of HBM it takes) plus its host overhead per step, its serving path and the name of its all-reduce kernel
-(whose measured times `gnomon.predict.efficiency` holds per GPU), each with its source, from
-``data/engines.json`` or a user's JSON file of the same shape.
+of HBM it takes) plus its host overhead per step, its serving path and the name of its
+all-reduce kernel (whose measured times `gnomon.predict.efficiency` holds per GPU), each with
+its source, from ``data/engines.json`` or a user's JSON file of the same shape.
 
 `EngineOverhead`: ``per_step_s + per_seq_s * sequences in the step`` of host work (scheduling,
 input preparation, output processing). An engine that overlaps it with the GPU (``overlapped``:
