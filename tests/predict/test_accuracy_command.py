@@ -375,25 +375,29 @@ def test_the_filters_keep_the_refusals_of_the_rows_they_choose(tmp_path):
         "refused", "fit", "llama-3.1-70b")
 
 
-def test_the_serving_path_adds_exactly_its_parts_to_a_lone_requests_ttft():
-    from gnomon.predict.roofline import RooflinePredictor
+def _simulated_llama(num_requests, rate, prompt, output, config=None, **run):
+    """Llama-3.1-8B on a simulated H100 (roofline) running `num_requests` fixed-length requests
+    sent at `rate`: its metrics and trace (`run`: `run_workload`'s concurrency, serving)."""
     from gnomon.engine.engine_config import EngineConfig
+    from gnomon.predict.metrics import compute_metrics
+    from gnomon.predict.roofline import RooflinePredictor
     from gnomon.predict.serve import run_workload, simulated_engine
     from gnomon.predict.shapes import ModelSpec
-    from gnomon.predict.metrics import compute_metrics
     from gnomon.predict.workloads import LengthDist, SyntheticSpec, synthetic
 
-    spec = ModelSpec.from_model("llama-3.1-8b")
-    work = synthetic(SyntheticSpec(num_requests=3, rate=math.inf,
-                                   prompt_len=LengthDist.fixed(500),
-                                   output_len=LengthDist.fixed(20), arrival="fixed",
+    work = synthetic(SyntheticSpec(num_requests=num_requests, rate=rate,
+                                   prompt_len=LengthDist.fixed(prompt),
+                                   output_len=LengthDist.fixed(output), arrival="fixed",
                                    vocab_size=1000))
+    engine = simulated_engine(ModelSpec.from_model("llama-3.1-8b"), "H100",
+                              RooflinePredictor("H100"), config or EngineConfig(max_num_seqs=8))
+    trace = run_workload(engine, work, **run)
+    return compute_metrics(trace), trace
 
+
+def test_the_serving_path_adds_exactly_its_parts_to_a_lone_requests_ttft():
     def run(path):
-        engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
-                                  EngineConfig(max_num_seqs=8))
-        trace = run_workload(engine, work, concurrency=1, serving=path)
-        return compute_metrics(trace), trace
+        return _simulated_llama(3, math.inf, 500, 20, concurrency=1, serving=path)
 
     plain, _ = run(ServingPath())
     path = ServingPath(request_s=0.01, per_prompt_token_s=2e-6, response_s=0.003)
@@ -413,26 +417,12 @@ def test_the_serving_path_adds_exactly_its_parts_to_a_lone_requests_ttft():
 
 
 def test_scheduling_ahead_makes_a_request_that_comes_mid_step_wait_for_the_step_chosen_ahead():
-    from gnomon.predict.roofline import RooflinePredictor
-    from gnomon.engine.engine_config import EngineConfig
-    from gnomon.predict.serve import run_workload, simulated_engine
-    from gnomon.predict.shapes import ModelSpec
-    from gnomon.predict.metrics import compute_metrics
-    from gnomon.predict.workloads import LengthDist, SyntheticSpec, synthetic
-
-    spec = ModelSpec.from_model("llama-3.1-8b")
     # a second request comes 50 ms in, while the first decodes: scheduling ahead, the engine
     # had chosen the step after the running one without it, so it waits for that one too, in
     # the scheduler's queue
-    later = synthetic(SyntheticSpec(num_requests=2, rate=20.0, prompt_len=LengthDist.fixed(500),
-                                    output_len=LengthDist.fixed(20), arrival="fixed",
-                                    vocab_size=1000))
-
     def open_loop(path):
-        engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
-                                  EngineConfig(max_num_seqs=8))
-        trace = run_workload(engine, later, serving=path)
-        return compute_metrics(trace)["per_request"], trace
+        metrics, trace = _simulated_llama(2, 20.0, 500, 20, serving=path)
+        return metrics["per_request"], trace
 
     (now, _), (ahead, trace) = open_loop(ServingPath()), open_loop(
         ServingPath(schedule_ahead_steps=1))
@@ -481,24 +471,13 @@ def test_the_sglang_profile_runs_prompt_work_alone_and_a_bad_batching_is_refused
     arrives while another decodes stalls that decode for its prefill step under SGLang only."""
     from gnomon.engine.engine_config import EngineConfig
     from gnomon.predict.engines import resolve_engine
-    from gnomon.predict.metrics import compute_metrics
-    from gnomon.predict.roofline import RooflinePredictor
-    from gnomon.predict.serve import run_workload, simulated_engine
-    from gnomon.predict.shapes import ModelSpec
-    from gnomon.predict.workloads import LengthDist, SyntheticSpec, synthetic
 
     assert resolve_engine("sglang").batching == "prefill_first"
     assert {resolve_engine(e).batching for e in ("vllm", "trtllm", "gnomon")} == {"mixed"}
-    spec = ModelSpec.from_model("llama-3.1-8b")
-    work = synthetic(SyntheticSpec(num_requests=2, rate=20.0, prompt_len=LengthDist.fixed(4000),
-                                   output_len=LengthDist.fixed(200), arrival="fixed",
-                                   vocab_size=1000))
 
     def tpots(batching):
-        engine = simulated_engine(spec, "H100", RooflinePredictor("H100"),
-                                  EngineConfig(max_num_seqs=8, max_num_batched_tokens=8192,
-                                               batching=batching))
-        return compute_metrics(run_workload(engine, work))["per_request"]["tpot_s"]
+        config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=8192, batching=batching)
+        return _simulated_llama(2, 20.0, 4000, 200, config)[0]["per_request"]["tpot_s"]
 
     mixed, alone = tpots("mixed"), tpots("prefill_first")
     # the first request decodes while the second's 4,000-token prompt runs: alone, that step
