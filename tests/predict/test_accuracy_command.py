@@ -266,6 +266,19 @@ def test_closed_loop_means_weigh_the_steady_waves_as_the_benchmark_ran_them():
     assert scorecard.closed_loop_waves(_point(1, 16, 5.0, rate=2.0, num_requests=160), 3) == 160
 
 
+def test_a_closed_loops_throughput_follows_from_its_means_by_littles_law():
+    # 8 users, 100 output tokens each: a request takes 200 ms + 99 x 10 ms = 1.19 s
+    assert scorecard.loop_throughput(200.0, 10.0, 8, 100) == pytest.approx(8 * 100 / 1.19)
+    # twice the users at the same latencies: twice the tokens
+    assert scorecard.loop_throughput(200.0, 10.0, 16, 100) == pytest.approx(
+        2 * scorecard.loop_throughput(200.0, 10.0, 8, 100))
+    # latency moved from the first token into the others, same request time: same throughput
+    assert scorecard.loop_throughput(200.0 + 99 * 2.0, 8.0, 8, 100) == pytest.approx(
+        scorecard.loop_throughput(200.0, 10.0, 8, 100))
+    assert scorecard.loop_throughput(None, 10.0, 8, 100) is None
+    assert scorecard.loop_throughput(200.0, None, 8, 100) is None
+
+
 def test_the_ci_sample_against_its_measurements(tmp_path):
     points, refused = measured.load_silicon(DATA)
     assert len(points) == 34 and not refused
@@ -287,9 +300,19 @@ def test_the_ci_sample_against_its_measurements(tmp_path):
             assert r["ratio"][k[:-3]] == pytest.approx(r["predicted"][k] / r["measured"][k])
         assert r["kv_capacity_tokens"] > 0 and r["preemptions"] >= 0
         assert r["split"] == "fit" and r["requests_simulated"] <= r["point"]["num_requests"]
+        # every row is a closed loop: its throughput from each side's means, by Little's law
+        low, high = (int(x) for x in r["point"]["output_len"].split(":"))
+        users, tokens = r["point"]["concurrency"], (low + high) / 2
+        loop = r["loop_throughput"]
+        for side in ("measured", "predicted"):
+            seconds = (r[side]["ttft_ms"] + (tokens - 1) * r[side]["tpot_ms"]) / 1e3
+            assert loop[side] == pytest.approx(users * tokens / seconds)
+        assert r["ratio"]["loop_throughput"] == pytest.approx(loop["predicted"] / loop["measured"])
     # the figures are what the rows say
     ttft = [abs(r["ratio"]["ttft"] - 1) for r in answered]
     assert doc["overall"]["ttft"]["mape"] == pytest.approx(sum(ttft) / len(ttft))
+    loop = [abs(r["ratio"]["loop_throughput"] - 1) for r in answered]
+    assert doc["overall"]["loop_throughput"]["mape"] == pytest.approx(sum(loop) / len(loop))
     assert doc["coverage"]["answered"] == 34 and doc["coverage"]["rows"] == 34
     assert sum(g["rows"] for g in doc["groups"]) == 34
     print(f"CI sample: TTFT MAPE {doc['overall']['ttft']['mape']:.3f}, TPOT MAPE "
@@ -341,6 +364,7 @@ def test_the_command_prints_the_table_and_writes_the_document_and_plot(tmp_path,
     text = capsys.readouterr().out
     assert code == 0
     assert "answered 1 of 2 rows" in text and "refused 1: pp_size #: pipeline parallelism is not priced" in text
+    assert "closed-loop throughput from the means (Little's law): MAPE" in text
     assert scorecard.load(out)["coverage"]["answered"] == 1 and png.stat().st_size > 10_000
     assert main(["accuracy", "--points", str(small), "--split", "held-out"]) == 2
     assert "no row is left after the filters" in capsys.readouterr().err

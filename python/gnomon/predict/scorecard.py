@@ -21,6 +21,12 @@ The document (kind `KIND`, `gnomon.documents`) holds:
 - ``coverage``: the rows answered and the refusals counted by reason;
 - ``overall``: the same figures over every answered row, and the share within 2x on both metrics.
 
+A closed loop's throughput follows from its means (`loop_throughput`, Little's law), so each closed
+loop row that states its output lengths also holds that throughput of its measured and of its predicted means and their ratio
+(``loop_throughput``), with its figures beside TTFT's and TPOT's. It tells a prediction whose
+capacity is right but whose latency is split wrongly between the first token and the rest (the
+ratio near 1, TTFT's and TPOT's apart) from one whose capacity is wrong.
+
 Rows whose measurement the source under-specifies are excluded from every figure, with the rule
 that excluded them (`under_specified`).
 """
@@ -36,11 +42,13 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 from gnomon import documents
 
 from .measured import MEASURES, SPLITS, MeasuredPoint
+from .workloads import parse_length
 
 KIND = "gnomon.predict.accuracy"
 SCHEMA_VERSION = 1
 ACCEPTED_VERSIONS = (1,)
 METRICS = ("ttft", "tpot")
+LOOP_THROUGHPUT = "loop_throughput"  # a figure derived from TTFT and TPOT, not in METRICS
 MAX_WAVES = 3
 ANSWERED, REFUSED, EXCLUDED = "answered", "refused", "excluded"
 # under_specified: a row at this concurrency or more whose TPOT is this far below the same
@@ -101,6 +109,19 @@ def closed_loop_means(values: Sequence[Optional[float]], concurrency: int,
     return sum(v * w for v, w in pairs) / total if total else None
 
 
+def loop_throughput(ttft_ms: Optional[float], tpot_ms: Optional[float], concurrency: int,
+                    mean_output: float) -> Optional[float]:
+    """Output tokens per second of a closed loop of `concurrency` users, from its mean TTFT and
+    TPOT (Little's law): a request of n output tokens takes ``TTFT + (n - 1) x TPOT``, and the
+    loop completes `concurrency` of them per such time, `mean_output` tokens each. It takes the
+    mean TPOT (a mean over requests of their ``(latency - TTFT) / (n - 1)``) as the mean
+    request's, and leaves out the client's time between a response and its next request. None
+    when a mean is missing."""
+    if ttft_ms is None or tpot_ms is None:
+        return None
+    return concurrency * mean_output / ((ttft_ms + (mean_output - 1) * tpot_ms) / 1e3)
+
+
 def closed_loop_waves(point: MeasuredPoint, max_waves: int) -> int:
     """Requests to simulate for `point`: all of them, or for a closed loop at most
     `max_waves` (>= 3: a ramp-up, a steady wave, a ramp-down) waves of its concurrency."""
@@ -151,6 +172,16 @@ def run_row(base: Mapping, point_json: Mapping) -> dict:
         ratio = {k.replace("_ms", ""): (predicted[k] / measured[k]
                                         if measured[k] and predicted[k] else None)
                  for k in MEASURES}
+        if point.concurrency is not None and math.isinf(point.rate) and point.output_len:
+            length = parse_length(point.output_len, "output_len")
+            mean_output = length.value if length.kind == "fixed" else (length.low
+                                                                       + length.high) / 2
+            loop = {side: loop_throughput(m["ttft_ms"], m["tpot_ms"], point.concurrency,
+                                          mean_output)
+                    for side, m in (("measured", measured), ("predicted", predicted))}
+            record[LOOP_THROUGHPUT] = loop
+            ratio[LOOP_THROUGHPUT] = (loop["predicted"] / loop["measured"]
+                                      if loop["measured"] and loop["predicted"] else None)
         engine = report["setup"]["engine"]
         record.update(status=ANSWERED, predicted=predicted, measured=measured, ratio=ratio,
                       requests_simulated=spec.workload.num_requests,
@@ -181,11 +212,11 @@ def _stats(ratios: List[float]) -> dict:
 
 
 def figures(records: Iterable[dict]) -> dict:
-    """TTFT and TPOT figures (`_stats`) of the answered records, and the share of rows with
-    both metrics within 2x."""
+    """TTFT, TPOT and closed-loop throughput figures (`_stats`) of the answered records, and the
+    share of rows with both TTFT and TPOT within 2x."""
     answered = [r for r in records if r["status"] == ANSWERED]
-    out = {m: _stats([r["ratio"][m] for r in answered if r["ratio"][m] is not None])
-           for m in METRICS}
+    out = {m: _stats([r["ratio"][m] for r in answered if r["ratio"].get(m) is not None])
+           for m in METRICS + (LOOP_THROUGHPUT,)}
     both = [r for r in answered if all(r["ratio"][m] is not None for m in METRICS)]
     within = sum(all(0.5 <= r["ratio"][m] <= 2 for m in METRICS) for r in both)
     out["within_2x"] = {"rows": len(both), "share": within / len(both) if both else None}
@@ -380,6 +411,11 @@ def render(doc: dict, console=None) -> None:
                           f"{figs['ttft']['rows']} rows, TPOT MAPE {_pct(figs['tpot']['mape'])} "
                           f"over {figs['tpot']['rows']}; both within 2x: "
                           f"{_pct(figs['within_2x']['share'])}")
+        loop = figs.get(LOOP_THROUGHPUT)
+        if loop and loop["rows"]:
+            console.print(f"  closed-loop throughput from the means (Little's law): MAPE "
+                          f"{_pct(loop['mape'])}, median ratio {_ratio(loop['median_ratio'])}, "
+                          f"over {loop['rows']} rows")
     cov = doc["coverage"]
     console.print(f"answered {cov['answered']} of {cov['rows']} rows ({_pct(cov['share'])}); "
                   f"excluded {cov['excluded']} under-specified")
