@@ -5,9 +5,10 @@ the peer's answers on the same rows (``bench/peer_aiconfigurator.py``, run in it
 environment; its output on aiconfigurator 0.12.0 is
 ``bench/data/aiconfigurator_0.12.0_rows.jsonl``).
 Rows join by the CSV's ``id``. Per group (gnomon's: model x hardware x engine x dtype x source)
-it prints the rows each answers and, on the rows both answer, each one's TTFT and TPOT MAPE;
-then the same over the fit split, the held-out split and all rows, and the goal check: in every
-group where the peer answers at least 5 rows, gnomon's TTFT and TPOT MAPE below the peer's.
+it prints the rows each answers and, on the rows both answer, each one's TTFT and TPOT MAPE and
+that of the closed-loop throughput each one's means give (`scorecard.loop_throughput`, Little's
+law); then the same over the fit split, the held-out split and all rows, and the goal check: in
+every group where the peer answers at least 5 rows, gnomon's TTFT and TPOT MAPE below the peer's.
 
     python bench/accuracy_vs_aiconfigurator.py ACCURACY.json [--peer FILE] [--markdown]
 """
@@ -28,6 +29,13 @@ MIN_PEER_ROWS = 5
 
 def _mape(pairs):
     return sum(abs(p / m - 1) for p, m in pairs) / len(pairs) if pairs else None
+
+
+def _loop(row, means):
+    """The closed-loop throughput of `means` (a side's TTFT and TPOT) for `row`'s point."""
+    point = row["point"]
+    return scorecard.loop_throughput(means["ttft_ms"], means["tpot_ms"], point["concurrency"],
+                                     scorecard.mean_length(point["output_len"]))
 
 
 def _load_peer(path):
@@ -65,6 +73,11 @@ def compare(doc, peer):
                                             r["measured"][f"{metric}_ms"]) for r in both])
             line[f"gnomon_{metric}_all"] = _mape([(r["predicted"][f"{metric}_ms"],
                                                   r["measured"][f"{metric}_ms"]) for r in ours])
+        loops = [r for r in both if r["point"]["concurrency"] and r["point"]["output_len"]]
+        line["gnomon_loop"] = _mape([(_loop(r, r["predicted"]), _loop(r, r["measured"]))
+                                     for r in loops])
+        line["peer_loop"] = _mape([(_loop(r, peer[r["id"]]), _loop(r, r["measured"]))
+                                   for r in loops])
         table.append(line)
     order = {"all rows": 2, "split fit": 0, "split held-out": 1}
     table.sort(key=lambda line: (line["group"] in order, order.get(line["group"], 0),
@@ -78,14 +91,16 @@ def _pct(x):
 
 def render(table, markdown: bool) -> None:
     head = ["group", "rows", "gnomon answers", "peer answers", "both",
-            "TTFT gnomon", "TTFT peer", "TPOT gnomon", "TPOT peer"]
+            "TTFT gnomon", "TTFT peer", "TPOT gnomon", "TPOT peer", "throughput gnomon",
+            "throughput peer"]
     if markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
     for line in table:
         cells = [line["group"], str(line["rows"]), str(line["gnomon_answers"]),
                  str(line["peer_answers"]), str(line["both"]), _pct(line["gnomon_ttft"]),
-                 _pct(line["peer_ttft"]), _pct(line["gnomon_tpot"]), _pct(line["peer_tpot"])]
+                 _pct(line["peer_ttft"]), _pct(line["gnomon_tpot"]), _pct(line["peer_tpot"]),
+                 _pct(line["gnomon_loop"]), _pct(line["peer_loop"])]
         print(("| " + " | ".join(cells) + " |") if markdown else "  ".join(cells))
     groups = [t for t in table if " | " in t["group"] and t["both"] >= MIN_PEER_ROWS]
     behind = [t for t in groups if t["gnomon_ttft"] >= t["peer_ttft"]

@@ -109,6 +109,12 @@ def closed_loop_means(values: Sequence[Optional[float]], concurrency: int,
     return sum(v * w for v, w in pairs) / total if total else None
 
 
+def mean_length(text: str) -> float:
+    """The mean token count of a point's length text (``N`` or ``LOW:HIGH``, uniform)."""
+    length = parse_length(text, "length")
+    return length.value if length.kind == "fixed" else (length.low + length.high) / 2
+
+
 def loop_throughput(ttft_ms: Optional[float], tpot_ms: Optional[float], concurrency: int,
                     mean_output: float) -> Optional[float]:
     """Output tokens per second of a closed loop of `concurrency` users, from its mean TTFT and
@@ -173,9 +179,7 @@ def run_row(base: Mapping, point_json: Mapping) -> dict:
                                         if measured[k] and predicted[k] else None)
                  for k in MEASURES}
         if point.concurrency is not None and math.isinf(point.rate) and point.output_len:
-            length = parse_length(point.output_len, "output_len")
-            mean_output = length.value if length.kind == "fixed" else (length.low
-                                                                       + length.high) / 2
+            mean_output = mean_length(point.output_len)
             loop = {side: loop_throughput(m["ttft_ms"], m["tpot_ms"], point.concurrency,
                                           mean_output)
                     for side, m in (("measured", measured), ("predicted", predicted))}
