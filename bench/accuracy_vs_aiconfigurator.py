@@ -73,11 +73,11 @@ def compare(doc, peer):
                                             r["measured"][f"{metric}_ms"]) for r in both])
             line[f"gnomon_{metric}_all"] = _mape([(r["predicted"][f"{metric}_ms"],
                                                   r["measured"][f"{metric}_ms"]) for r in ours])
-        loops = [r for r in both if r["point"]["concurrency"] and r["point"]["output_len"]]
-        line["gnomon_loop"] = _mape([(_loop(r, r["predicted"]), _loop(r, r["measured"]))
-                                     for r in loops])
-        line["peer_loop"] = _mape([(_loop(r, peer[r["id"]]), _loop(r, r["measured"]))
-                                   for r in loops])
+        loops = [(_loop(r, r["predicted"]), _loop(r, peer[r["id"]]), _loop(r, r["measured"]))
+                 for r in both if r["point"]["concurrency"] and r["point"]["output_len"]]
+        loops = [x for x in loops if None not in x]
+        line["gnomon_loop"] = _mape([(ours, measured) for ours, _, measured in loops])
+        line["peer_loop"] = _mape([(theirs, measured) for _, theirs, measured in loops])
         table.append(line)
     order = {"all rows": 2, "split fit": 0, "split held-out": 1}
     table.sort(key=lambda line: (line["group"] in order, order.get(line["group"], 0),

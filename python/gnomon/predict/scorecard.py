@@ -21,11 +21,12 @@ The document (kind `KIND`, `gnomon.documents`) holds:
 - ``coverage``: the rows answered and the refusals counted by reason;
 - ``overall``: the same figures over every answered row, and the share within 2x on both metrics.
 
-A closed loop's throughput follows from its means (`loop_throughput`, Little's law), so each closed
-loop row that states its output lengths also holds that throughput of its measured and of its predicted means and their ratio
-(``loop_throughput``), with its figures beside TTFT's and TPOT's. It tells a prediction whose
-capacity is right but whose latency is split wrongly between the first token and the rest (the
-ratio near 1, TTFT's and TPOT's apart) from one whose capacity is wrong.
+A closed loop's throughput follows from its means (`loop_throughput`, Little's law), so each
+closed-loop row that states its output lengths also holds that throughput of its measured and of
+its predicted means and their ratio (``loop_throughput``), with its figures beside TTFT's and
+TPOT's. It tells a prediction whose capacity is right but whose latency is split wrongly between
+the first token and the rest (the ratio near 1, TTFT's and TPOT's apart) from one whose capacity
+is wrong.
 
 Rows whose measurement the source under-specifies are excluded from every figure, with the rule
 that excluded them (`under_specified`).
