@@ -26,11 +26,12 @@ PACKAGE = "gnomon"
 # docs/design.md: "Each layer imports only the layers before it: hardware -> ops -> engine ->
 # bench -> predict -> dash", with cli.py on top. Below hardware sit the modules that import no
 # layer: the package itself (its eager imports are _compiled and _C), the import router, the
-# optional-dependency check, the C++ extension, the document reader/writer and the format
-# constants. A module not named here is refused by test_every_module_has_a_layer.
+# optional-dependency check, the C++ extension, the document reader/writer, the format
+# constants and the cost vocabulary. A module not named here is refused by
+# test_every_module_has_a_layer.
 LAYERS = (
     ("base", ("gnomon", "gnomon._compiled", "gnomon._extras", "gnomon._C", "gnomon.documents",
-              "gnomon.formats")),
+              "gnomon.formats", "gnomon.costing")),
     ("hardware", ("gnomon.hardware",)),
     ("ops", ("gnomon.ops",)),
     ("engine", ("gnomon.engine",)),

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from gnomon.bench import report, results, runner, suites, timing
 from gnomon.bench.comm import CommGroup
-from gnomon.engine.cost import ring_bytes
+from gnomon.costing import ring_bytes
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 FAST = timing.Sampling(min_samples=3, max_samples=30, time_limit_s=0.05, warmup_calls=1,

@@ -175,7 +175,7 @@ def test_allreduce_table_is_log_log_between_points_and_holds_its_floor():
 
 
 def test_roofline_prices_an_engines_allreduce_as_measured_and_others_by_the_ring():
-    from gnomon.engine.cost import Op, ring_bytes
+    from gnomon.costing import Op, ring_bytes
 
     hidden = 64 * 8192 * 2  # 64 tokens' bf16 hidden states
     op = Op("communication", "all_reduce", 0.0, 0.0, 160,
@@ -209,7 +209,7 @@ def test_an_engine_file_names_its_measured_kernels_or_is_refused(tmp_path):
 
 
 def test_giving_the_ring_models_figures_prices_the_allreduce_with_them():
-    from gnomon.engine.cost import Op, ring_bytes
+    from gnomon.costing import Op, ring_bytes
 
     op = Op("communication", "all_reduce", 0.0, 0.0, 1,
             comm_bytes=ring_bytes("all_reduce", 1e6, 8), collectives=1, ranks=8)

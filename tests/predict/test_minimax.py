@@ -8,7 +8,7 @@ import re
 import pytest
 
 from gnomon.engine.config import ModelConfig
-from gnomon.engine.cost import ring_bytes
+from gnomon.costing import ring_bytes
 from gnomon.engine.models import minimax_m2, weight_shapes
 from gnomon.predict.opcount import step_ops
 from gnomon.predict.shapes import ModelSpec, StepShape

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gnomon import hardware
-from gnomon.engine.cost import Op
+from gnomon.costing import Op
 from gnomon.predict.cost import PredictionRefused
 from gnomon.predict.measured import PointRefused, from_silicon
 from gnomon.predict.roofline import RooflinePredictor

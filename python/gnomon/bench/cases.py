@@ -433,13 +433,13 @@ def _no_flops(p, d) -> int:
 
 
 # --- communication ----------------------------------------------------------------------------
-# A collective's bytes are what one rank sends in a ring (`gnomon.engine.cost.ring_bytes`), so its gbps is
+# A collective's bytes are what one rank sends in a ring (`gnomon.costing.ring_bytes`), so its gbps is
 # the link's bus bandwidth; it counts no FLOPs (a link bounds it, not the adds). The case runs
 # the engine's own `Collectives` over the process group `gnomon.bench.comm` starts.
 
 def _ring(collective: str, payload_elements) -> Callable:
     def count(p, d) -> int:
-        from gnomon.engine.cost import ring_bytes
+        from gnomon.costing import ring_bytes
 
         dtype = d["act"] if collective == "all_reduce" else d["logits"]
         return int(ring_bytes(collective, payload_elements(p) * _ITEMSIZE[dtype], p["world"]))

@@ -12,11 +12,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
+from gnomon.costing import kv_heads_per_gpu
+
 from . import models
 from .config_json import RopeScaling, check_dtype, read_config
 from .kv_cache import KVCacheGroups
 from .models.mla import MLA
-from .parallel import kv_heads_per_gpu
 
 SUPPORTED_ARCHITECTURES = models.architectures()  # the built-in ones (`models` registers more)
 

@@ -38,13 +38,15 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from gnomon.costing import kv_heads_per_gpu
+
 from . import models
 from .config import PRESETS, ModelConfig, torch_dtype
 from .config_json import DTYPE_BYTES
 from .distributed import launched_by_torchrun
 from .engine_config import EngineConfig
 from .kv_cache import KVCacheManager, max_blocks_held
-from .parallel import check_tp, kv_heads_per_gpu
+from .parallel import check_tp
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Request, SampleDelta

@@ -80,11 +80,6 @@ def check_dp(config, dp, arg: str = "dp") -> int:
     return dp
 
 
-def kv_heads_per_gpu(config, tp: int) -> int:
-    """KV heads one of `tp` ranks holds: split when tp divides them, replicated beyond."""
-    return max(config.num_kv_heads // tp, 1)
-
-
 @dataclass(frozen=True)
 class Shard:
     """Rank `rank` of `size` tensor-parallel ranks, and what of a model it holds."""

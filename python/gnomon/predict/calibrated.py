@@ -37,7 +37,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from gnomon import documents
-from gnomon.engine.cost import COLLECTIVES
+from gnomon.costing import COLLECTIVES
 
 from .cost import FAMILIES, PredictionRefused, StepCost
 from .opcount import step_ops

@@ -2,7 +2,7 @@
 
 `step_ops(shape)` lists the ops the engine's runner runs for a `StepShape` (per GPU of ``tp``),
 each layer's ops already multiplied by the number of layers that share their cost: the
-architecture's own ops (`dense_ops`: its module's ``step_ops`` over `gnomon.engine.cost`'s
+architecture's own ops (`dense_ops`: its module's ``step_ops`` over `gnomon.costing`'s
 vocabulary, which states how each is counted) and the attention, which depends on each
 sequence's context: query ``j`` of ``n`` new tokens after ``c`` cached ones attends
 ``min(c + j + 1, window)`` keys (2 FLOPs per key element for QK and 2 for PV) and reads the KV
@@ -16,9 +16,8 @@ import functools
 from typing import List, Tuple
 
 from gnomon.engine import models
-from gnomon.engine.cost import Op, StepOps
 from gnomon.engine.models import mla
-from gnomon.engine.parallel import kv_heads_per_gpu
+from gnomon.costing import Op, StepOps, kv_heads_per_gpu
 
 from .shapes import ModelSpec, StepShape
 

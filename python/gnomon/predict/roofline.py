@@ -22,7 +22,7 @@ takes its compute efficiency, and its KV read efficiency where no kernel was mea
 own curves. Hardware of no generation (``host``, made-up units) has no curves: its factors are
 1.
 
-Communication is each collective's ring traffic (`gnomon.engine.cost.ring_bytes`) at the
+Communication is each collective's ring traffic (`gnomon.costing.ring_bytes`) at the
 per-direction interconnect bandwidth plus ``allreduce_latency_s`` per collective; a
 tensor-parallel all-reduce takes the engine's measured time instead where its all-reduce kernel
 was measured on this GPU at this GPU count (`gnomon.predict.efficiency.AllReduceTable`; the
@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, Mapping, Optional, Union
 
-from gnomon.engine.cost import ring_bytes
+from gnomon.costing import ring_bytes
 from gnomon.hardware import Hardware
 
 from .cost import FAMILIES, PredictionRefused, StepCost

@@ -16,7 +16,7 @@ from typing import Optional, Tuple, Union
 from gnomon.engine.batch import ScheduledBatch
 from gnomon.engine.config import ModelConfig
 from gnomon.engine.config_json import INT4_GROUP
-from gnomon.engine.cost import Pricing
+from gnomon.costing import Pricing
 from gnomon.engine.models import weight_shapes
 from gnomon.engine.parallel import Shard
 from gnomon.formats import MXFP4_BITS, NVFP4_BITS
@@ -197,7 +197,7 @@ class ModelSpec:
 
     @functools.cached_property
     def pricing(self) -> Pricing:
-        """What the architecture's ops are counted in (`gnomon.engine.cost`)."""
+        """What the architecture's ops are counted in (`gnomon.costing`)."""
         return Pricing(self.dtype_bytes, self.linear_bytes, self.linear_compute,
                        self.expert_bytes_per_param, self.expert_compute)
 

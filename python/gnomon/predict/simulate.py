@@ -62,7 +62,7 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
                    f"pools in lockstep, a request to the group with the fewest unfinished "
                    f"ones; a step lasts as long as the slowest group's, its routed experts "
                    f"seeing every group's tokens, dispatched and combined by two all-to-alls "
-                   f"per MoE layer (gnomon.predict.data_parallel, gnomon.engine.cost)")
+                   f"per MoE layer (gnomon.predict.data_parallel, gnomon.costing)")
     if "sliding" in c.layer_types and not hybrid_kv:
         out.append(f"{model.name}'s sliding-window layers keep full KV (hybrid KV cache off): "
                    f"the KV capacity is smaller than an engine that keeps only "

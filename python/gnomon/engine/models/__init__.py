@@ -27,7 +27,7 @@ that a simulation (which parses configs and counts weights) runs without torch:
    The pieces several architectures share (a pre-norm layer's norms and attention, stacked
    experts, the tiny test config) are `gnomon.engine.models.common`'s.
 3. **Its cost.** ``step_ops(ops)``: the ops of one step per GPU, as its forward runs them,
-   from the blocks of `gnomon.engine.cost.StepOps` (the predictors price them; the attention
+   from the blocks of `gnomon.costing.StepOps` (the predictors price them; the attention
    over the KV cache is counted per step by `gnomon.predict.opcount`).
 4. **Its per-layer forward.** ``forward_layer(model, i, h, residual, step, kv, tick)`` returns
    ``(h, residual)`` after layer ``i``, built only from `gnomon.ops` and torch matmuls, given

@@ -10,7 +10,7 @@ Simulation only: gnomon's engine has no MLA kernel. The checkpoints' multi-token
 not counted.
 
 Cost assumptions: routing is balanced, so a step of T tokens reads ``E (1 - (1 - k/E)^T)``
-distinct experts (`gnomon.engine.cost.StepOps.moe`): group-limited routing leaves each expert's
+distinct experts (`gnomon.costing.StepOps.moe`): group-limited routing leaves each expert's
 chance ``k / E`` per token when the groups are balanced, and no public figure of DeepSeek-V3's
 routing skew under serving loads was found to do better."""
 
@@ -125,7 +125,7 @@ def load_layer(read, config, i: int, mxfp4: bool) -> dict:
 # ---- cost ----------------------------------------------------------------------------------
 
 def step_ops(ops) -> None:
-    """The step's ops (`gnomon.engine.cost.StepOps`): MLA's projections on every layer, the
+    """The step's ops (`gnomon.costing.StepOps`): MLA's projections on every layer, the
     dense MLP on the first ``first_k_dense_replace``, the routed and shared experts on the
     rest."""
     c = ops.config

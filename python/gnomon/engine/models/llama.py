@@ -93,7 +93,7 @@ def load_mlp(read, config, i: int, mxfp4: bool) -> dict:
 # ---- cost ----------------------------------------------------------------------------------
 
 def step_ops(ops) -> None:
-    """The step's ops as the forward runs them (`gnomon.engine.cost.StepOps`)."""
+    """The step's ops as the forward runs them (`gnomon.costing.StepOps`)."""
     ops.decoder(ops.gated_mlp)
 
 

@@ -20,18 +20,18 @@ Cost assumptions:
   each rank holds only its heads' part of the normalised width, so the sum of squares is
   all-reduced, one all-reduce per layer of the T tokens' two float32 sums (Q's and K's together,
   as vLLM's and SGLang's MiniMax-M2 do);
-- the rotary embedding is priced over the whole head (`gnomon.engine.cost.StepOps`' rotary op):
+- the rotary embedding is priced over the whole head (`gnomon.costing.StepOps`' rotary op):
   it touches only ``rotary_dim`` of the ``head_dim`` values (half, on MiniMax-M2.5), a known
   over-count of an elementwise op of a few kilobytes per decode token and layer;
-- the router is priced in the model's dtype (`gnomon.engine.cost.StepOps.moe`); vLLM runs it in
+- the router is priced in the model's dtype (`gnomon.costing.StepOps.moe`); vLLM runs it in
   float32, a known under-count of ``H x E`` x 2 bytes per layer (1.5 MiB on MiniMax-M2.5,
   about 0.1 GB per step);
 - routing is balanced, so a step of T tokens reads ``E (1 - (1 - k/E)^T)`` distinct experts
-  (`gnomon.engine.cost.StepOps.moe`), as for DeepSeek-V3."""
+  (`gnomon.costing.StepOps.moe`), as for DeepSeek-V3."""
 
 from __future__ import annotations
 
-from gnomon.engine.cost import Op, ring_bytes
+from gnomon.costing import Op, ring_bytes
 
 from . import common
 
@@ -154,7 +154,7 @@ def qk_norm_ops(ops) -> None:
 
 
 def step_ops(ops) -> None:
-    """The step's ops (`gnomon.engine.cost.StepOps`): the embedding, every layer's attention
+    """The step's ops (`gnomon.costing.StepOps`): the embedding, every layer's attention
     block with the Q/K norms after its QKV projection and its routed experts, then the tail."""
     ops.decoder(ops.moe, after_qkv=qk_norm_ops)
 

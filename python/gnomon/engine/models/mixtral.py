@@ -62,7 +62,7 @@ def load_layer(read, config, i: int, mxfp4: bool) -> dict:
 # ---- cost ----------------------------------------------------------------------------------
 
 def step_ops(ops) -> None:
-    """The step's ops as the forward runs them (`gnomon.engine.cost.StepOps`)."""
+    """The step's ops as the forward runs them (`gnomon.costing.StepOps`)."""
     ops.decoder(ops.moe)
 
 

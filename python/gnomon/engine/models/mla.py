@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Tuple
 
-from gnomon.engine.cost import Op
+from gnomon.costing import Op
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def shapes(config) -> dict:
 # ---- cost ----------------------------------------------------------------------------------
 
 def projection_ops(ops) -> None:
-    """Every layer's norms and MLA projections around its attention (`gnomon.engine.cost.StepOps`
+    """Every layer's norms and MLA projections around its attention (`gnomon.costing.StepOps`
     ``ops``; module docstring)."""
     c, m, T, a = ops.config, ops.config.mla, ops.T, ops.pricing.activation_bytes
     H, hq = c.hidden_size, c.num_heads // ops.tp
@@ -123,7 +123,7 @@ def projection_ops(ops) -> None:
 def attention_ops(config, tp: int, pricing, kv_bytes: float, decode: Tuple[int, int, int],
                   prefill: Tuple[int, int, int]) -> List[Op]:
     """The step's KV write and attention (module docstring), in `pricing`'s dtypes
-    (`gnomon.engine.cost.Pricing`; the prefill's ``kv_b`` in the linear dtype). `decode` and
+    (`gnomon.costing.Pricing`; the prefill's ``kv_b`` in the linear dtype). `decode` and
     `prefill` are ``(tokens, keys attended, distinct keys read)`` of the step's decode and
     prefill sequences (`gnomon.predict.opcount.attention_sums`)."""
     m, L, a = config.mla, config.num_layers, pricing.activation_bytes

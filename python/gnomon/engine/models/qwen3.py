@@ -87,7 +87,7 @@ def head_norm_ops(ops) -> None:
 
 
 def step_ops(ops) -> None:
-    """The step's ops as the forward runs them (`gnomon.engine.cost.StepOps`)."""
+    """The step's ops as the forward runs them (`gnomon.costing.StepOps`)."""
     ops.decoder(ops.gated_mlp, after_qkv=head_norm_ops)
 
 

@@ -73,7 +73,7 @@ def load_layer(read, config, i: int, mxfp4: bool) -> dict:
 # ---- cost ----------------------------------------------------------------------------------
 
 def step_ops(ops) -> None:
-    """The step's ops as the forward runs them (`gnomon.engine.cost.StepOps`)."""
+    """The step's ops as the forward runs them (`gnomon.costing.StepOps`)."""
     ops.decoder(ops.moe, after_qkv=qwen3.head_norm_ops)
 
 

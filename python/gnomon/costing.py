@@ -1,7 +1,7 @@
 """The cost vocabulary: the ops of one step as the predictors price them, and the blocks an
-architecture module (`gnomon.engine.models`) composes its step from. Torch-free, so that the
-engine's model modules own their cost without importing `gnomon.predict`, which only prices
-the ops.
+architecture module (`gnomon.engine.models`) composes its step from. Torch-free and below the
+layers (it imports none of them), so that the engine's model modules own their cost without
+importing `gnomon.predict`, which only prices the ops.
 
 An architecture's ``step_ops(ops)`` calls the blocks of `StepOps` in the order its runner
 runs them, for T tokens of which R sample; the blocks count per GPU of ``tp`` and multiply
@@ -44,8 +44,6 @@ from __future__ import annotations
 
 from typing import List, NamedTuple
 
-from .parallel import kv_heads_per_gpu
-
 LOGITS_BYTES = 4  # lm_head's output is float32
 COLLECTIVES = ("all_reduce", "all_gather")
 
@@ -64,6 +62,12 @@ class Op(NamedTuple):  # a tuple: attention builds a few per step, 6x faster tha
     depth: int = 0  # a GEMM's K (attention: the head dim)
     ranks: int = 0  # the GPUs a communication op spans
     kv_dtype: str = ""  # attention: the dtype its KV cache is read in
+
+
+def kv_heads_per_gpu(config, tp: int) -> int:
+    """KV heads one of `tp` ranks holds: split when tp divides them, replicated beyond
+    (`gnomon.engine.parallel.Shard.kv_heads` says which)."""
+    return max(config.num_kv_heads // tp, 1)
 
 
 def ring_bytes(collective: str, payload: float, ranks: int) -> float:
