@@ -63,13 +63,12 @@ def test_gpu_engine_under_torchrun_world_of_one(tmp_path):
     import subprocess
     import sys
 
-    from gnomon.engine.distributed import free_port
     from gnomon.engine.llm import LLM
 
     script = tmp_path / "run.py"
     script.write_text(TORCHRUN_CUDA.format(prompts=json.dumps(PROMPTS)))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-                          "--master-port", str(free_port()), str(script)],
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "1", str(script)],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     line = next(l for l in run.stdout.splitlines() if l.startswith("TOKENS "))

@@ -62,7 +62,7 @@ def _concurrent_sequences(groups, *, kv_cache_bytes, context, config):
     held = 0
     while True:
         seq_id, tokens = held, [held % 1000 + 1] * context
-        if not kv.allocate_new(seq_id, tokens, 0):
+        if not kv.allocator.allocate(seq_id, tokens, 0):
             return held
         computed = 0
         while computed < context:

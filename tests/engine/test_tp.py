@@ -23,7 +23,6 @@ import torch
 
 from gnomon.engine import models
 from gnomon.engine.config import ModelConfig, preset_json
-from gnomon.engine.distributed import free_port
 from gnomon.engine.kv_cache import max_blocks_held
 from gnomon.engine.llm import LLM
 from gnomon.engine.models import llama
@@ -439,8 +438,8 @@ def test_torchrun_two_ranks_join_the_group(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(TORCHRUN_SCRIPT)
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", str(free_port()), str(script), json.dumps(PROMPTS)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(script), json.dumps(PROMPTS)],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-3000:]

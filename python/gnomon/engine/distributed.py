@@ -26,7 +26,6 @@ of a second, with its error, instead of holding rank 0 in the rendezvous for the
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 import traceback
@@ -67,12 +66,6 @@ def launched_by_torchrun() -> bool:
 def threads_per_rank(size: int) -> int:
     """The CPU threads each of `size` ranks on this machine takes: its share of the cores."""
     return max(1, (os.cpu_count() or 1) // size)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Collectives:
@@ -324,8 +317,6 @@ class DistributedRunner:
         self.send_seconds = []  # each step's broadcast, for the benchmark
 
     def _send(self, batch) -> float:
-        import time
-
         start = time.perf_counter()
         self.group.broadcast(batch)
         seconds = time.perf_counter() - start

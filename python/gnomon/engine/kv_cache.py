@@ -182,12 +182,8 @@ class KVCacheManager:
                                max_step_tokens=max_step_tokens)
 
     # admission
-    def allocate_new(self, seq_id: int, token_ids: Seq[int], num_new_tokens: int) -> bool:
-        """Admit a sequence: claim its cached prefix, then slots for ``num_new_tokens`` more."""
-        return self.allocator.allocate(seq_id, token_ids, num_new_tokens)
-
     def admit(self, seq_id: int, token_ids: Seq[int], target: int, max_new_tokens: int) -> int:
-        """`lookup` and `allocate_new` in one call: claim the cached prefix, then slots for
+        """Lookup and allocation in one call: claim the cached prefix, then slots for
         ``min(target - cached, max_new_tokens)`` more; the cached tokens, or -1 where they do
         not fit (nothing changes). A waiting sequence's tokens do not change while it waits, so
         the admission that last did not fit is retried without them (the allocator keeps

@@ -269,10 +269,6 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self._running)
 
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting) + len(self._arrivals)
-
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float = math.inf) -> ScheduledBatch:
         """Build the next step's batch (see the module docstring for the policy)."""
