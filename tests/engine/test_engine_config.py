@@ -14,7 +14,8 @@ from gnomon.predict.shapes import ModelSpec
 
 BAD = {"block_size": 0, "max_num_seqs": -1, "max_num_batched_tokens": 2.5, "max_model_len": 0,
        "enable_prefix_caching": 1, "capacity_policy": "fifo", "batch_wait_timeout_iters": -1,
-       "batch_wait_max_tokens_ratio": 1.5, "batching": "decode_first", "enable_hybrid_kv": "yes", "num_kv_blocks": 0,
+       "batch_wait_max_tokens_ratio": 1.5, "batching": "decode_first",
+       "scheduler_recv_interval": 0, "enable_hybrid_kv": "yes", "num_kv_blocks": 0,
        "kv_cache_bytes": True, "gpu_memory_utilization": 0.0, "tensor_parallel_size": 0,
        "expert_parallel_size": "2", "data_parallel_size": None, "attention_dp_balance": 0,
        "attention_dp_timeout_iters": -5, "attention_dp_batching_wait_iters": 1.0,
@@ -86,6 +87,7 @@ def test_the_engine_takes_a_config_or_its_fields_and_resolves_its_defaults():
     ({"expert_parallel_size": 2}, "the real engine runs tensor parallelism only"),
     ({"data_parallel_size": 2}, "the real engine runs tensor parallelism only"),
     ({"gpu_memory_utilization": 0.5}, "gpu_memory_utilization: sizes a simulated engine's"),
+    ({"scheduler_recv_interval": 30}, "scheduler_recv_interval: 30, but the real engine"),
 ])
 def test_the_real_engine_refuses_what_only_a_simulation_prices(setting, match):
     with pytest.raises(ValueError, match=match):

@@ -108,6 +108,17 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
         "attention_dp_batching_wait_iters": 0}
     p = measured.from_silicon(_row(**{**deepseek, "tp_size": "8"}))
     assert p.engine_settings == ""
+    # DeepSeek-R1's SGLang B200 launches: a receive interval of 10 below concurrency 16 and 30
+    # from 16 on, and 10 at any concurrency for the FP8 launch at tp 4; none on H200
+    sglang = {**deepseek, "backend": "sglang", "moe_ep_size": "1", "attention_dp_size": "1"}
+    for tp, quant, conc, interval in (("8", "fp8", "8", 10), ("8", "fp8", "16", 30),
+                                      ("8", "nvfp4", "64", 30), ("4", "fp8", "64", 10),
+                                      ("4", "nvfp4", "64", 30)):
+        q = measured.from_silicon(_row(**{**sglang, "tp_size": tp, "gemm_quant_mode": quant,
+                                          "moe_quant_mode": quant, "batch_size": conc}))
+        assert _launched(q) == {"scheduler_recv_interval": interval}, (tp, quant, conc)
+    assert _launched(measured.from_silicon(_row(**{**sglang, "tp_size": "8"},
+                                                system="h200_sxm"))) == {}
 
 
 @pytest.mark.parametrize("text", ["max_num_seqs", "=3", "a=1;a=2", "max num=2", "k="])
@@ -457,6 +468,32 @@ def test_scheduling_ahead_makes_a_request_that_comes_mid_step_wait_for_the_step_
     assert ahead["ttft_s"][1] == pytest.approx(now["ttft_s"][1] + chosen.seconds, rel=1e-3)
     assert ahead["queueing_s"][1] == pytest.approx(now["queueing_s"][1] + chosen.seconds,
                                                    rel=1e-3)
+
+
+def test_a_receive_interval_takes_a_request_in_once_that_many_decode_steps_have_run():
+    # SGLang's --scheduler-recv-interval N: a request that reaches the scheduler during the
+    # first request's j-th decode step is taken in by the first pass whose count has reached N,
+    # counted from the pass after the first request's prefill (which took the count to N): the
+    # pass after decode step N ceil(j / N); its prompt then runs in the step after that one
+    from gnomon.engine.engine_config import EngineConfig
+
+    def second_prompt_step(interval):
+        config = EngineConfig(max_num_seqs=8, scheduler_recv_interval=interval)
+        _, trace = _simulated_llama(2, 20.0, 500, 20, config=config)
+        steps = trace.steps
+        assert steps[0].num_prefill_tokens == 500  # then the first request's decodes, alone
+        j = next(k for k, s in enumerate(steps) if s.start < 0.05 < s.start + s.seconds)
+        assert j > 0 and all(s.num_prefill_tokens == 0 for s in steps[1:j + 1])
+        return j, next(i for i, s in enumerate(steps) if i and s.num_prefill_tokens)
+
+    j, step = second_prompt_step(1)
+    assert step == j + 1  # at once, in the step after the one it came in
+    for interval in (2, 5, 8):
+        j, step = second_prompt_step(interval)
+        assert step == interval * math.ceil(j / interval) + 1, interval
+    assert second_prompt_step(8)[1] > second_prompt_step(1)[1]
+    with pytest.raises(ValueError, match="scheduler_recv_interval"):
+        EngineConfig(scheduler_recv_interval=0)
 
 
 def test_a_serving_path_out_of_range_is_refused():

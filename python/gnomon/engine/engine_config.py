@@ -8,7 +8,8 @@ per sequence; ``max_model_len``, None: the model's maximum position; prefix cach
 capacity policy, vLLM's ``max_utilization`` or TensorRT-LLM's ``guaranteed_no_evict``,
 TensorRT-LLM's batch waiting, and the batching, ``mixed`` (prompt work shares a step with the
 running decodes: vLLM, TensorRT-LLM) or ``prefill_first`` (a step with prompt work to do runs it
-alone: SGLang)); the KV cache's (hybrid KV, and its size: ``num_kv_blocks``,
+alone: SGLang); SGLang's ``scheduler_recv_interval``, which only a simulation runs
+(`gnomon.predict.serve.run_workload`)); the KV cache's (hybrid KV, and its size: ``num_kv_blocks``,
 ``kv_cache_bytes`` per rank, or ``gpu_memory_utilization`` of a simulated GPU, at most one);
 the parallel layout (tensor; expert and attention data parallelism and TensorRT-LLM's
 attention-DP balance, which only a simulation prices); and ``dtype`` ("auto": the
@@ -75,6 +76,7 @@ class EngineConfig:
     batch_wait_timeout_iters: int = 0
     batch_wait_max_tokens_ratio: float = 0.0
     batching: str = MIXED
+    scheduler_recv_interval: int = 1
     enable_hybrid_kv: bool = True
     num_kv_blocks: Optional[int] = None
     kv_cache_bytes: Optional[int] = None
@@ -91,7 +93,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens",
-                     "tensor_parallel_size", "expert_parallel_size", "data_parallel_size"):
+                     "scheduler_recv_interval", "tensor_parallel_size", "expert_parallel_size",
+                     "data_parallel_size"):
             _int(name, getattr(self, name), 1)
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_bytes"):
             _int(name, getattr(self, name), 1, optional=True)

@@ -93,6 +93,10 @@ def _check_real(config: EngineConfig) -> None:
     if config.gpu_memory_utilization is not None:
         raise ValueError("gpu_memory_utilization: sizes a simulated engine's KV cache from its "
                          "GPU's memory; the real engine takes num_kv_blocks or kv_cache_bytes")
+    if config.scheduler_recv_interval != 1:
+        raise ValueError(f"scheduler_recv_interval: {config.scheduler_recv_interval}, but the "
+                         f"real engine takes in new requests every step (1); gnomon simulate "
+                         f"prices SGLang's interval")
 
 
 class LLMEngine:

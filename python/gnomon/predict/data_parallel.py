@@ -168,6 +168,11 @@ class DataParallelEngine:
         self.balance = balance
         self._held = self._gathered = 0  # steps prompts were held waiting, and gathering
 
+    @property
+    def engine_config(self):
+        """The groups' `EngineConfig` (each group's engine runs with the same one)."""
+        return self.groups[0].engine_config
+
     def group(self, request_id) -> LLMEngine:
         try:
             return self.groups[self._group_of[request_id]]

@@ -391,7 +391,11 @@ def from_silicon(row: dict) -> MeasuredPoint:
                 and row.get("model_path") in rule["models"]
                 and row.get("system") in rule.get("systems", (row.get("system"),))
                 and all(_int(row, k) == rule[k] for k in ("isl", "osl") if k in rule)
-                and tp < rule.get("tp_below", math.inf) and dp > rule.get("dp_above", 0)):
+                and tp < rule.get("tp_below", math.inf) and dp > rule.get("dp_above", 0)
+                and rule.get("concurrency_above", 0) < conc < rule.get("concurrency_below",
+                                                                       math.inf)
+                and row.get("gemm_quant_mode") in rule.get("quant_modes",
+                                                           (row.get("gemm_quant_mode"),))):
             settings.update(rule.get("settings", {}))
             kv_dtype = rule.get("kv_dtype", kv_dtype)
     point = MeasuredPoint(

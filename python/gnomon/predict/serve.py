@@ -125,8 +125,13 @@ def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workloa
     ``response_s`` after the step ends. An engine that schedules a step ahead
     (``schedule_ahead_steps`` 1: async scheduling, an overlap scheduler) chose the step that
     follows the running one when that one began, so a request that reached it since waits for
-    both; one that finds the engine idle, or nothing else to run, goes in at once. The metrics
-    read it back from the trace."""
+    both; one that finds the engine idle, or nothing else to run, goes in at once. With the
+    engine's ``scheduler_recv_interval`` N above 1 (SGLang's ``--scheduler-recv-interval``:
+    python/sglang/srt/managers/scheduler_recv_skipper.py, ``SchedulerRecvSkipper``), the
+    scheduler takes in the requests that reached it only on a pass whose count has reached N,
+    then counts from 0 again: each step adds 1 if it only decoded and N if it did prompt work
+    (SGLang's weight 1,000), and an idle engine takes them in at once (its idle passes add 1
+    each, microseconds apart). The metrics read it back from the trace."""
     clock, runner = engine.clock, engine.runner
     if not isinstance(clock, VirtualClock) or not isinstance(
             runner, (SimulatedRunner, TimedRunner, DataParallelRunner)):
@@ -154,7 +159,7 @@ def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workloa
                           entered)
             on_way.append((entered, r))
             sent += 1
-        if not ahead:  # the engine admits each at its arrival time itself
+        if not ahead and interval == 1:  # the engine admits each at its arrival time itself
             hand_on(math.inf)
 
     def hand_on(until: float) -> None:  # the requests that reached the scheduler by `until`
@@ -177,6 +182,8 @@ def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workloa
     total = workload.num_requests
     in_flight = total if concurrency is None else concurrency
     ahead = serving.schedule_ahead_steps
+    interval = engine.engine_config.scheduler_recv_interval
+    count = interval  # the scheduler's receive count (docstring); the first pass takes them in
     send(min(in_flight, total), start)
     kv_usage: List[Tuple[float, float]] = []
     kv_group_blocks: List[Tuple[int, ...]] = []
@@ -191,31 +198,43 @@ def run_workload(engine: Union[LLMEngine, DataParallelEngine], workload: Workloa
         kv_usage.append((clock(), engine.kv.usage))
         kv_group_blocks.append(engine.kv.blocks_in_use)
 
+    def receive(until: float) -> None:
+        nonlocal count
+        if count >= interval:
+            count = 0
+            hand_on(until)
+
     # The requests just added live for the whole run: frozen, the collector's passes do not
     # walk their prompts again and again (a tenth of a simulation's time otherwise).
     gc.freeze()
     try:
         while engine.has_unfinished_requests() or on_way:
-            hand_on(chosen_at())
+            receive(chosen_at())
             for _ in range(scheduler.plain_decode_steps(runner.token) if plain else 0):
-                if on_way and on_way[0][0] <= chosen_at():
-                    break
+                if count >= interval:  # a receive pass: `receive` below takes in what is due
+                    if on_way and on_way[0][0] <= chosen_at():
+                        break
+                    count = 0
                 pairs = scheduler.begin_decode(clock())
                 if pairs is None:
                     break
                 runner.execute_decode(pairs)
                 scheduler.end_decode(runner.token, clock())
+                count += 1
                 stepped()
                 if progress is not None:
                     progress(done, total)
-            hand_on(chosen_at())
+            receive(chosen_at())
             executed = len(runner.steps)
             for delta in engine.step():
                 done += delta.finished
             ran = len(runner.steps) != executed
+            if ran:
+                count += interval if runner.steps[-1].num_prefill_tokens else 1
             if sent < total and sent - done < in_flight:
                 send(min(done + in_flight, total), clock() + serving.response_s)
             if not ran:
+                count = interval  # an idle engine takes in what reached it at once
                 if on_way and on_way[0][0] <= clock():
                     hand_on(clock())  # the step chosen ahead had nothing in it: in at once
                     continue
