@@ -433,9 +433,9 @@ def _no_flops(p, d) -> int:
 
 
 # --- communication ----------------------------------------------------------------------------
-# A collective's bytes are what one rank sends in a ring (`gnomon.costing.ring_bytes`), so its gbps is
-# the link's bus bandwidth; it counts no FLOPs (a link bounds it, not the adds). The case runs
-# the engine's own `Collectives` over the process group `gnomon.bench.comm` starts.
+# A collective's bytes are what one rank sends in a ring (`gnomon.costing.ring_bytes`), so its
+# gbps is the link's bus bandwidth; it counts no FLOPs (a link bounds it, not the adds). The
+# case runs the engine's own `Collectives` over the process group `gnomon.bench.comm` starts.
 
 def _ring(collective: str, payload_elements) -> Callable:
     def count(p, d) -> int:
