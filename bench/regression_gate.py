@@ -1,18 +1,20 @@
 """Power and false alarms of `gnomon dash compare` on real `gnomon bench --quick` runs.
 
-One build is benched once with ``--runs N`` (every run a full pass over the quick cases, on this
-machine). Its runs are dealt out to made-up commits, so every comparison below is between runs
+One build is benched once with ``--runs N``: every run is a process of its own (a full pass
+over the quick cases, on this machine), so its runs are what N separate benches of the build
+would give. They are dealt out to made-up commits, so every comparison below is between runs
 of the same code; a slowdown is planted by multiplying every sample and stat of one case of the
 head's runs by a factor. Each scenario is repeated ``--repeats`` times over fresh random deals,
 each into a fresh SQLite store, through the same `compare` the CLI runs:
 
 - A/A, 3 runs a side: the keys flagged REGRESSION or IMPROVEMENT (false alarms), and the
   keys left AMBIGUOUS;
-- A/A, 1 run a side with 8 earlier commits of 1 run as history: the same;
+- A/A, 1 run a side with `stats.HISTORY_COMMITS` (16) earlier commits of 1 run as history: the
+  same;
 - 1.5x planted, 3 runs a side, and 1 run a side with history: is the key a REGRESSION;
 - 1.10x planted, 7 runs a side, and 1 run a side with history: likewise.
 
-    python bench/regression_gate.py [--runs 16] [--repeats 10] [--results FILE] [--out FILE]
+    python bench/regression_gate.py [--runs 48] [--repeats 40] [--results FILE] [--out FILE]
 
 ``--results`` reuses a results file of ``gnomon bench --quick --runs N`` instead of benching.
 Nothing else may run on the machine meanwhile: the runs are the noise under test.
@@ -32,7 +34,7 @@ from collections import Counter
 
 from gnomon.dash import comparison, stats, store
 
-HISTORY = 8
+HISTORY = stats.HISTORY_COMMITS
 
 
 def bench(runs: int, out: str) -> dict:
@@ -90,8 +92,8 @@ def scenario(doc: dict, rng: random.Random, folder: str, *, side: int, history: 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--results", help="a results file of gnomon bench --quick --runs N")
     parser.add_argument("--out", help="write the figures here (JSON)")
     parser.add_argument("--seed", type=int, default=0)

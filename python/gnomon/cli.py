@@ -63,7 +63,9 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--suite", default=None,
                        help="comma-separated suites (attention, moe, mxfp4, norm; default all)")
     bench.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    bench.add_argument("--runs", default="1", help="repeat the sweep N times, interleaved")
+    bench.add_argument("--runs", default="1", help="repeat the sweep N times, each run in a fresh process (a "
+                       "process's state holds for all its runs, so runs sharing one are not "
+                       "independent)")
     bench.add_argument("--quick", action="store_true", help="small shapes, short sampling")
     bench.add_argument("--mode", default="hot", help="hot (reuse inputs) or cold (default hot)")
     bench.add_argument("--out", default=None, help="results file (default bench-<commit12>.json)")
@@ -81,11 +83,12 @@ def _run_bench(args) -> int:
                                                runs=args.runs, quick=args.quick,
                                                mode=args.mode, out=args.out, commit=args.commit)
         with report.progress_bar(Console(stderr=True)) as progress:
-            doc = runner.run_bench(options.suites, device=options.device, runs=options.runs,
-                                   quick=options.quick, mode=options.mode,
-                                   commit=options.commit, progress=progress)
+            bench = runner.run_isolated if options.runs > 1 else runner.run_bench
+            doc = bench(options.suites, device=options.device, runs=options.runs,
+                        quick=options.quick, mode=options.mode, commit=options.commit,
+                        progress=progress)
         runner.write_results(doc, options.out)
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, RuntimeError) as error:
         print(f"gnomon: error: {error}", file=sys.stderr)
         return 2
     report.print_table(doc)

@@ -109,6 +109,33 @@ def test_each_run_samples_every_case_in_rounds_over_all_the_cases(monkeypatch):
             assert case["sampling"]["warmup_calls"] >= 3 * FAST.warmup_calls
 
 
+def test_each_of_several_runs_is_timed_in_a_process_of_its_own(monkeypatch):
+    # a process's state holds for all its runs, so `gnomon bench --runs N` starts N
+    launched = []
+    real_run = runner.subprocess.run
+
+    def spy(command, *args, **kwargs):
+        launched.append(command)
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(runner.subprocess, "run", spy)
+    monkeypatch.setattr(runner, "measure_cpu_peaks", lambda llc, quick: {
+        "memory_gbps": 10.0, "tflops": {"bfloat16": 1.0}, "source": "test"})
+    doc = runner.run_isolated(["norm"], runs=2, quick=True, commit=SHA)
+    assert [command[:2] for command in launched] == [[sys.executable, "-c"]] * 2
+    assert launched[0][2] == runner.CHILD and launched[0][-1] != launched[1][-1]
+    keys = [c.key for c in suites.cases(["norm"], "cpu", quick=True)]
+    assert [run["index"] for run in doc["runs"]] == [0, 1] and doc["commit"] == SHA
+    for run in doc["runs"]:
+        assert [case["key"] for case in run["cases"]] == keys
+        for case in run["cases"]:  # against the peaks the parent measured
+            assert case["fraction_of_peak"]["memory"] == pytest.approx(case["gbps"] / 10.0)
+    # a run whose process fails fails the bench, with that process's own error
+    monkeypatch.setattr(runner, "CHILD", "import sys; sys.exit('no such kernel')")
+    with pytest.raises(RuntimeError, match=r"(?s)run 1 of 2 failed .*no such kernel"):
+        runner.run_isolated(["norm"], runs=2, quick=True, commit=SHA)
+
+
 def test_cold_mode_rotates_inputs_past_the_last_level_cache(monkeypatch):
     monkeypatch.setattr(runner, "measure_cpu_peaks", lambda llc, quick: {
         "memory_gbps": 10.0, "tflops": {}, "source": "test"})

@@ -3,6 +3,7 @@
 import math
 import random
 
+import numpy as np
 import pytest
 
 from gnomon.dash import stats
@@ -46,6 +47,36 @@ def test_three_runs_judge_a_change_many_times_the_noise():
     assert out[0].ratio == pytest.approx(1.4951, rel=1e-3)  # the geometric-mean ratio
     out = stats.judge({"k": ([100, 101, 102], [101, 102, 100.5])})
     assert out[0].verdict == stats.SAME
+
+
+def test_noise_prior_recovers_the_distribution_of_the_keys_noise():
+    # 400 keys whose true variances are drawn from a scaled inverse chi-square on 8 degrees
+    # of freedom about 0.01^2, each observed on 4 degrees of freedom (3 runs a side)
+    rng = np.random.default_rng(0)
+    true = 8 * 0.01 ** 2 / rng.chisquare(8, 400)
+    observed = true * rng.chisquare(4, 400) / 4
+    d0, s02 = stats.noise_prior(observed, [4] * 400)
+    assert 6 < d0 < 10 and math.sqrt(s02) == pytest.approx(0.01, rel=0.1)
+    # one true variance for every key: the observed scatter is all chance, d0 is large
+    d0, s02 = stats.noise_prior(0.01 ** 2 * rng.chisquare(4, 400) / 4, [4] * 400)
+    assert d0 > 20 and math.sqrt(s02) == pytest.approx(0.01, rel=0.05)
+    # fewer than three keys with a variance: no prior
+    assert stats.noise_prior([1e-4, 0.0, 2e-4], [4, 4, 0]) == (0.0, 0.0)
+
+
+def test_the_other_keys_lend_a_key_the_degrees_of_freedom_three_runs_lack():
+    # 22 keys of 7% run noise, 3 runs a side, one slowed 1.5x: on its own 4 degrees of freedom
+    # the key cannot pass Benjamini-Hochberg over 22 keys; moderated across them it does
+    for seed in (0, 1, 2, 3, 5):
+        rng = random.Random(seed)
+        evidence = {f"k{i:02d}": ([100 * math.exp(rng.gauss(0, 0.07)) for _ in range(3)],
+                                  [100 * math.exp(rng.gauss(0, 0.07)) * (1.5 if i == 0 else 1)
+                                   for _ in range(3)]) for i in range(22)}
+        alone = stats.t_test(*evidence["k00"], margin=math.log1p(stats.DEFAULT_THRESHOLD))
+        assert alone[1] * 22 > stats.ALPHA
+        verdicts = {v.key: v.verdict for v in stats.judge(evidence)}
+        assert verdicts.pop("k00") == stats.REGRESSION
+        assert set(verdicts.values()) <= {stats.SAME, stats.AMBIGUOUS}
 
 
 def test_history_is_the_noise_model_of_a_single_run():
@@ -109,8 +140,12 @@ def test_regression_improvement_and_same():
     assert verdicts["slower"].q < 0.01
     assert verdicts["faster"].verdict == stats.IMPROVEMENT
     assert verdicts["same"].verdict == stats.SAME
-    # significant, but under the 5% threshold
-    assert verdicts["small"].verdict == stats.SAME and verdicts["small"].q < 0.01
+    # a 2% change the runs confirm is not a change beyond the 5% threshold: q tests that
+    assert verdicts["small"].verdict == stats.SAME and verdicts["small"].q > 0.5
+    assert stats.t_test(*evidence["small"])[1] < 1e-6  # against no change at all
+    # a 6% change barely past the threshold, in runs of 3% noise: beyond it, not confirmed
+    near = stats.judge({"near": (_runs(100, 3, rng, 0.03), _runs(106, 3, rng, 0.03))})[0]
+    assert near.ratio > 1.05 and near.verdict == stats.AMBIGUOUS
     # a per-key threshold of 15% turns the 10% regression into SAME
     out = stats.judge({"slower": evidence["slower"]}, thresholds={"slower": 0.15})
     assert out[0].verdict == stats.SAME

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import subprocess
+import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -22,6 +26,7 @@ MODES = ("hot", "cold")
 MAX_COLD_COPIES = 4096
 
 Progress = Callable[[int, int, str], None]  # (done, total, key of the case about to run)
+CHILD = "import sys; from gnomon.bench.runner import _run_in_child; _run_in_child(*sys.argv[1:])"
 
 
 @dataclass
@@ -153,22 +158,28 @@ def _case_record(prepared: _Prepared, run, warmup_calls: int, peaks: Dict[str, A
     flops, nbytes = case.flops, case.bytes
     tflops = flops / median_ns / 1e3 if median_ns > 0 else 0.0
     gbps = nbytes / median_ns if median_ns > 0 else 0.0
-    compute_peak = peaks.get("tflops", {}).get(case.compute_dtype)
-    memory_peak = bandwidth_peak(case.op, peaks)
-    return {
+    record = {
         "key": case.key, "suite": case.suite, "op": case.op, "params": case.p,
         "dtypes": case.d, "definition_hash": case.definition_hash,
         "samples_ns": list(run.samples_ns), "stats": stats, "flops": flops, "bytes": nbytes,
         "tflops": tflops, "gbps": gbps,
-        "fraction_of_peak": {
-            "compute": tflops / compute_peak if flops and compute_peak else None,
-            "memory": gbps / memory_peak if nbytes and memory_peak else None},
         "compute_dtype": case.compute_dtype,
         "sampling": {"stopped": run.stopped,
                      "rel_spread": run.rel_spread if math.isfinite(run.rel_spread) else None,
                      "warmup_calls": warmup_calls, "rule": asdict(settings)},
         "inputs": dict(prepared.inputs_info),
     }
+    return with_fractions(record, peaks)
+
+
+def with_fractions(record: Dict[str, Any], peaks: Dict[str, Any]) -> Dict[str, Any]:
+    """`record` (a case's) with its ``fraction_of_peak`` taken against `peaks`."""
+    compute_peak = peaks.get("tflops", {}).get(record["compute_dtype"])
+    memory_peak = bandwidth_peak(record["op"], peaks)
+    record["fraction_of_peak"] = {
+        "compute": record["tflops"] / compute_peak if record["flops"] and compute_peak else None,
+        "memory": record["gbps"] / memory_peak if record["bytes"] and memory_peak else None}
+    return record
 
 
 def best_peaks(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
@@ -201,10 +212,12 @@ def best_peaks(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
 def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs: int = 1,
               quick: bool = False, mode: str = "hot", commit: Optional[str] = None,
               settings: Optional[Sampling] = None,
-              progress: Optional[Progress] = None) -> Dict[str, Any]:
-    """Runs every case of `suites` `runs` times, interleaved (run 1 of every case, then run
-    2, ...; within a run, `Sampling.rounds` passes over the cases), and returns the results
-    document. Validates every argument before timing."""
+              progress: Optional[Progress] = None,
+              peaks: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Runs every case of `suites` `runs` times in this process, interleaved (run 1 of every
+    case, then run 2, ...; within a run, `Sampling.rounds` passes over the cases), and returns
+    the results document. Validates every argument before timing. `peaks` given, the CPU's
+    are not measured (`run_isolated`'s runs take their parent's)."""
     names = list(suite_defs.SUITES) if suites is None else list(suites)
     for name in names:
         if name not in suite_defs.SUITES:
@@ -222,11 +235,12 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
 
     machine = machine_info(device if device == "cpu" else gpu_backend())
     llc_bytes, llc_source = last_level_cache_bytes()
+    measure = peaks is None and device == "cpu"
     if device == "cpu":
-        peaks = measure_cpu_peaks(llc_bytes, quick=quick)
+        peaks = measure_cpu_peaks(llc_bytes, quick=quick) if measure else peaks
         timer: Any = CpuTimer()
     else:
-        peaks = gpu_peaks(machine["gpu_name"])
+        peaks = peaks or gpu_peaks(machine["gpu_name"])
         l2 = gpu_l2_bytes()
         timer = GpuTimer(flush_bytes=2 * l2 if mode == "cold" else 0)
         llc_bytes, llc_source = l2, "torch.cuda.get_device_properties().L2_cache_size"
@@ -260,7 +274,7 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
                     done += 1
             timed.append([(item, SampleRun.merged(passes[i]), warmups[i])
                           for i, item in enumerate(prepared)])
-    if device == "cpu":  # measured again after the sweep; the best of the two is the peak
+    if measure:  # measured again after the sweep; the best of the two is the peak
         peaks = best_peaks(peaks, measure_cpu_peaks(llc_bytes, quick=quick))
     run_docs = [{"index": index, "cases": [_case_record(item, run, warmups, peaks, settings)
                                            for item, run, warmups in cases_timed]}
@@ -279,6 +293,65 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
         "cache": {"bytes": llc_bytes, "source": llc_source},
     }
     return results.validate(doc)
+
+
+def run_isolated(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs: int = 1,
+                 quick: bool = False, mode: str = "hot", commit: Optional[str] = None,
+                 progress: Optional[Progress] = None) -> Dict[str, Any]:
+    """`run_bench`'s document, each run timed in a fresh process of its own (what
+    ``gnomon bench --runs N`` does, as pyperf runs its worker processes).
+
+    Why: a process's state (where its buffers landed, how its threads were placed) holds for
+    all its runs. On the 2-core machine of `bench/regression_gate.py` the fastest sample of a
+    norm or a rotary embedding differed by 10-30 % between processes and by 1-3 % between runs
+    in one process, so runs sharing a process are not independent replicates: two commits
+    benched in two processes would differ by more than their runs scatter. The CPU's peaks are
+    measured here, before and after, and every run's fractions are taken against their best."""
+    names = list(suite_defs.SUITES) if suites is None else list(suites)
+    for name in names:
+        if name not in suite_defs.SUITES:
+            raise ValueError(f"unknown suite {name!r}; known: {', '.join(suite_defs.SUITES)}")
+    check_device(device)
+    check_runs_and_mode(runs, mode)
+    commit = resolve_commit(commit)
+    llc_bytes, _ = last_level_cache_bytes()
+    peaks = (measure_cpu_peaks(llc_bytes, quick=quick) if device == "cpu"
+             else gpu_peaks(machine_info(gpu_backend())["gpu_name"]))
+    per_run = len(suite_defs.cases(names, device, quick=quick)) * (
+        QUICK if quick else FULL).rounds
+    docs = []
+    with tempfile.TemporaryDirectory() as folder:
+        spec = os.path.join(folder, "spec.json")
+        with open(spec, "w", encoding="utf-8") as f:
+            json.dump({"suites": names, "device": device, "quick": quick, "mode": mode,
+                       "commit": commit, "peaks": peaks}, f)
+        for index in range(runs):
+            if progress:
+                progress(index * per_run, runs * per_run, f"run {index + 1} of {runs}")
+            out = os.path.join(folder, f"run{index}.json")
+            child = subprocess.run([sys.executable, "-c", CHILD, spec, out],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if child.returncode:
+                raise RuntimeError(f"run {index + 1} of {runs} failed in its process (exit "
+                                   f"{child.returncode}):\n{child.stderr[-4000:]}")
+            docs.append(results.load(Path(out)))
+    if device == "cpu":
+        peaks = best_peaks(peaks, measure_cpu_peaks(llc_bytes, quick=quick))
+    if progress:
+        progress(runs * per_run, runs * per_run, "")
+    doc = dict(docs[0], peaks=peaks, runs=[
+        {"index": index, "cases": [with_fractions(case, peaks) for case in d["runs"][0]["cases"]]}
+        for index, d in enumerate(docs)])
+    return results.validate(doc)
+
+
+def _run_in_child(spec_path: str, out: str) -> None:
+    """One run of `run_isolated`, in this fresh process: the spec's suites with its peaks."""
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    write_results(run_bench(spec["suites"], device=spec["device"], runs=1, quick=spec["quick"],
+                            mode=spec["mode"], commit=spec["commit"], peaks=spec["peaks"]),
+                  Path(out))
 
 
 def write_results(doc: Dict[str, Any], path: Path) -> None:

@@ -92,10 +92,11 @@ def resolve_machine(conn: Connection, machine: str | None, commits: tuple[str, .
     return only, names[only]
 
 
-def run_medians(conn: Connection, machine_id: int, commit: str) -> dict[int, dict[int, float]]:
-    """{benchmark id: {run id: median}} for one commit on one machine."""
+def run_values(conn: Connection, machine_id: int, commit: str) -> dict[int, dict[int, float]]:
+    """{benchmark id: {run id: the run's value (`stats.RUN_VALUE`)}} for one commit on one
+    machine."""
     out: dict[int, dict[int, float]] = {}
-    query = (sa.select(results.c.benchmark_id, results.c.run_id, results.c.median)
+    query = (sa.select(results.c.benchmark_id, results.c.run_id, results.c[stats.RUN_VALUE])
              .join(runs, runs.c.id == results.c.run_id)
              .where(runs.c.machine_id == machine_id, runs.c.commit == commit)
              .order_by(runs.c.id))
@@ -104,9 +105,9 @@ def run_medians(conn: Connection, machine_id: int, commit: str) -> dict[int, dic
     return out
 
 
-def history_medians(conn: Connection, machine_id: int, base: str, head: str,
-                    bench_ids) -> dict[int, dict[int, float]]:
-    """{benchmark id: {run id: median} of its history before commit `base`}: the runs of
+def history_values(conn: Connection, machine_id: int, base: str, head: str,
+                   bench_ids) -> dict[int, dict[int, float]]:
+    """{benchmark id: {run id: value} of its history before commit `base`}: the runs of
     the `stats.HISTORY_COMMITS` latest commits before it in commit order (`head` excepted),
     on this machine, of that definition, at or after the last step `history` stored for it
     (`gnomon.dash.stats`)."""
@@ -120,7 +121,7 @@ def history_medians(conn: Connection, machine_id: int, base: str, head: str,
                steps.c.benchmark_id.in_(bench_ids))
         .group_by(steps.c.benchmark_id)).all())
     query = (sa.select(results.c.benchmark_id, runs.c.commit, runs.c.commit_order,
-                       results.c.run_id, results.c.median)
+                       results.c.run_id, results.c[stats.RUN_VALUE])
              .join(runs, runs.c.id == results.c.run_id)
              .where(runs.c.machine_id == machine_id, runs.c.commit_order < base_order,
                     runs.c.commit != head, results.c.benchmark_id.in_(bench_ids))
@@ -140,7 +141,7 @@ def compare(engine: Engine, base: str, head: str, machine: str | None = None,
             threshold: float = stats.DEFAULT_THRESHOLD,
             op_thresholds: Mapping[str, float] | None = None) -> Comparison:
     """Compares commits ``base`` and ``head`` (shas or unique prefixes) on one machine, each
-    key with its history before the base (`history_medians`).
+    key with its history before the base (`history_values`).
 
     Keys present at only one commit are NEW or GONE, listed and not judged."""
     op_thresholds = dict(op_thresholds or {})
@@ -152,10 +153,10 @@ def compare(engine: Engine, base: str, head: str, machine: str | None = None,
                                   .where(machines.c.fingerprint == SIMULATION)).scalar()
         figures = accuracy_figures(conn, {machine_id, simulation} - {None},
                                    (base_sha, head_sha))
-        a = run_medians(conn, machine_id, base_sha)
-        b = run_medians(conn, machine_id, head_sha)
+        a = run_values(conn, machine_id, base_sha)
+        b = run_values(conn, machine_id, head_sha)
         ids = sorted(set(a) | set(b))
-        past = history_medians(conn, machine_id, base_sha, head_sha, sorted(a))
+        past = history_values(conn, machine_id, base_sha, head_sha, sorted(a))
         info = {row.id: row for row in conn.execute(
             sa.select(benchmarks.c.id, benchmarks.c.key, benchmarks.c.op)
             .where(benchmarks.c.id.in_(ids)))} if ids else {}
@@ -268,7 +269,7 @@ def render_table(comparison: Comparison, console=None) -> None:  # noqa: ANN001
     table = Table(title=f"{comparison.base[:12]} -> {comparison.head[:12]} "
                         f"on machine {comparison.machine}")
     table.add_column("key", overflow="fold", min_width=24)
-    for name in ("base median", "head median", "ratio", "change", "q", "verdict"):
+    for name in ("base", "head", "ratio", "change", "q", "verdict"):
         table.add_column(name, justify="left" if name == "verdict" else "right", no_wrap=True)
     style = {stats.REGRESSION: "bold red", stats.IMPROVEMENT: "green",
              stats.AMBIGUOUS: "yellow", stats.SAME: "", stats.NEW: "cyan", stats.GONE: "cyan"}
@@ -303,7 +304,7 @@ def to_markdown(comparison: Comparison) -> str:
     lines = [f"### gnomon bench: `{comparison.base[:12]}` → `{comparison.head[:12]}` "
              f"(machine `{comparison.machine}`)", "",
              f"**{summary_line(comparison)}**", "",
-             "| key | base median | head median | ratio | change | q | verdict |",
+             "| key | base | head | ratio | change | q | verdict |",
              "|---|---:|---:|---:|---:|---:|---|"]
     order = {v: i for i, v in enumerate((stats.REGRESSION, stats.IMPROVEMENT, stats.AMBIGUOUS,
                                          stats.NEW, stats.GONE, stats.SAME))}
@@ -324,7 +325,9 @@ def to_markdown(comparison: Comparison) -> str:
     if notes:
         lines += [""] + [f"- AMBIGUOUS `{n.split(': ', 1)[0]}`: {n.split(': ', 1)[-1]}"
                          for n in notes]
-    lines += ["", "Verdicts: one-sided Mann–Whitney U on per-run medians, Benjamini–Hochberg "
-              "across keys, q < 0.01 and the ratio beyond the threshold; fewer than 3 runs per "
-              "commit gives AMBIGUOUS."]
+    lines += ["", "Verdicts (`gnomon.dash.stats`): a one-sided t-test on the log of each run's "
+              "fastest sample, the runs' machine-wide effect taken out, the base's history on "
+              "its side and the noise moderated across keys; Benjamini–Hochberg across keys, "
+              "q < 0.01 and the ratio beyond the threshold. A change the runs cannot confirm "
+              "is AMBIGUOUS."]
     return "\n".join(lines) + "\n"

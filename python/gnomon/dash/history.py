@@ -1,7 +1,8 @@
 """`gnomon dash history` and `gnomon dash ack`: steps along each benchmark's commit series.
 
 A *series* is one benchmark (key and definition hash) on one machine: its commits in commit
-order (the order in which they were first ingested), each with its per-run medians.
+order (the order in which they were first ingested), each with its runs' values (each run's
+fastest sample, `stats.RUN_VALUE`, as `compare` judges them).
 
 Detection (binary segmentation)
 -------------------------------
@@ -18,8 +19,8 @@ both of its edges). It is a candidate when
 * the ratio ``median(after-window runs) / median(before-window runs)`` is beyond the
   threshold (default 5 %, overridable per op), in either direction.
 
-Among the candidates the one with the smallest one-sided Mann-Whitney p-value on the per-run
-medians of the two windows (the same test as `compare`, see :mod:`gnomon.dash.stats`) is
+Among the candidates the one with the smallest one-sided Mann-Whitney p-value on the runs'
+values of the two windows (a rank test: the windows hold up to 5 commits of runs a side) is
 taken and its p-value multiplied by the number of candidates (Bonferroni for the choice of
 split). When that is below ``alpha`` the segment is split there and both halves are searched again. Every
 segment searched contributes its best p-value to one family, across all series; Benjamini-
@@ -141,7 +142,7 @@ class Step:
 def load_series(conn: Connection) -> dict[tuple[int, int], list[Point]]:
     """{(benchmark id, machine id): points in commit order}."""
     query = (sa.select(results.c.benchmark_id, runs.c.machine_id, runs.c.commit,
-                       runs.c.commit_order, results.c.median)
+                       runs.c.commit_order, results.c[stats.RUN_VALUE])
              .join(runs, runs.c.id == results.c.run_id)
              .order_by(runs.c.commit_order, runs.c.id))
     series: dict[tuple[int, int], dict[str, Point]] = {}

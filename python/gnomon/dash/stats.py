@@ -2,43 +2,60 @@
 
 The rule of `compare`
 ---------------------
-The unit of evidence is a *run*: samples within one run share that run's conditions (clock,
-thermal state, neighbours), so each run contributes one number, its median time, taken on a log
-scale (a slowdown is a ratio). For one benchmark key the evidence is the per-run medians of the
-base (``a``), of the head (``b``), and the key's *history* on the same machine: the runs of the
-``HISTORY_COMMITS`` (8) latest commits before the base in the store's commit order, of the same
-benchmark definition, after the last step `history` recorded for that key (so at the base's
-level; a history the base's own runs moved away from, beyond the threshold with ``p < alpha``,
-is left out as a step not yet recorded). The history joins the base's side: it is what the base's level and the noise are
+The unit of evidence is a *run*, and a run is a process of its own (``gnomon bench --runs N``
+starts one per run, `gnomon.bench.runner.run_isolated`): a process's state, where its buffers
+landed and how its threads were placed, holds for all the runs it times, so runs sharing one
+are not independent replicates. Each run contributes one number, its fastest sample
+(``RUN_VALUE``), taken on a log scale (a slowdown is a ratio): interference only ever adds
+time, so the fastest call is the one the machine disturbed least (Chen and Revels,
+"Robust benchmarking in noisy environments", 2016); on the 2-core machine of
+`bench/regression_gate.py` it scattered between processes several times less than the median
+for most keys (the collectives, about as much). For one
+benchmark key the evidence is the runs' values at the base (``a``), at the head (``b``), and the
+key's *history* on the same machine: the runs of the ``HISTORY_COMMITS`` (16) latest commits
+before the base in the store's commit order, of the same benchmark definition, after the last
+step `history` recorded for that key (so at the base's level; a history the base's own runs
+moved away from, beyond the threshold with ``p < alpha``, is left out as a step not yet
+recorded). The history joins the base's side: it is what the base's level and the noise are
 estimated from, as conbench judges a new result against its baseline's distribution.
 
 * **Run effects.** A run that was slower for every key at once (the machine's state:
   clocks, neighbours, a warm-up) says nothing about any one key. Each run's effect, the median
   over the keys it timed of its log deviation from that key's median over all the runs at hand
-  (`run_effects`), is taken out of its medians before the test. When the head's runs and the
+  (`run_effects`), is taken out of its values before the test. When the head's runs and the
   base's differ by such a common part beyond the threshold with ``p < alpha``
   (`machine_shift`), a key that is SAME once it is out but whose own runs moved that way beyond
   its threshold is AMBIGUOUS (`mark_shifted`): a machine slower for one commit's runs and a
   change that slowed everything look alike.
 * **Change.** ``ratio = exp(mean log b - mean log (a + history))``, the geometric-mean ratio
-  (> 1 is slower), on the medians with the run effects out.
-* **Noise.** The pooled standard deviation ``s`` of the log medians about their own side's
-  mean, with ``df = (runs on the base's side - 1) + (runs on the head's side - 1)`` degrees of
-  freedom. With history one run of each commit is enough; without it each side needs two.
-* **Test.** A one-sided two-sample t-test: ``t = log ratio / (s sqrt(1/n_a + 1/n_b))``, its
-  p-value from Student's t with ``df``, for "head slower" and, mirrored, "head faster". Unlike
-  a rank test it has no floor on the p-value three runs can reach: a change many times the
-  noise is significant with three runs a side, or with one and a history.
+  (> 1 is slower), on the runs' values with the run effects out.
+* **Noise.** Each key's pooled variance ``s^2`` of the log values about their own side's
+  mean, on ``df = (runs on the base's side - 1) + (runs on the head's side - 1)`` degrees of
+  freedom, moderated across the keys compared (Smyth 2004, limma's moderated t; `noise_prior`):
+  the keys' variances estimate the distribution they are drawn from, ``d0`` degrees of freedom
+  about ``s0^2``, and each key's variance becomes ``(d0 s0^2 + df s^2) / (d0 + df)`` on
+  ``d0 + df`` degrees of freedom. Three runs a side give a key 4 of its own; the other keys
+  lend it the rest, so a key is neither trusted on 4 degrees of freedom nor judged by the
+  others' noise where its own differs (``d0`` is small when the keys' noise differs). With
+  history one run of each commit is enough; without it each side needs two.
+* **Test.** A one-sided two-sample t-test of "the head is slower by more than the threshold":
+  ``t = (log ratio - log(1 + threshold)) / (s sqrt(1/n_a + 1/n_b))``, its p-value from
+  Student's t with the moderated degrees of freedom; mirrored, "faster by more than the
+  threshold". A change is confirmed beyond the threshold, not merely confirmed and then found
+  beyond it: a run that fell into a slower state of the machine (one process in several is
+  10-15 % slower on some keys here) moves a key by about the threshold, which a test against
+  no change would call significant. Unlike a rank test it has no floor on the p-value three
+  runs can reach.
 * **Multiple keys.** Benjamini-Hochberg across all keys compared, separately for the
   regression family and the improvement family, gives each key a q-value.
 
 Verdicts, with ``alpha = 0.01`` and ``threshold`` (default 5 %, overridable per op):
 
-* ``REGRESSION``: ``q < alpha`` for "head slower" and ``ratio >= 1 + threshold``.
-* ``IMPROVEMENT``: ``q < alpha`` for "head faster" and ``ratio <= 1 - threshold``.
+* ``REGRESSION``: ``q < alpha`` for "head slower by more than the threshold".
+* ``IMPROVEMENT``: ``q < alpha`` for "head faster by more than the threshold".
 * ``SAME``: the change is within the threshold.
-* ``AMBIGUOUS``: the change crosses the threshold but is not significant (the key is too
-  noisy for that change at these runs: the note names it), the noise cannot be estimated
+* ``AMBIGUOUS``: the change crosses the threshold but is not confirmed beyond it (the key is
+  too noisy for that change at these runs: the note names it), the noise cannot be estimated
   (``df < MIN_DF``: one run on each side and no history), or the key moved with every key.
 * ``NEW`` / ``GONE``: runs at only the head / only the base. Listed, never judged.
 
@@ -53,13 +70,14 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy import stats as _scipy_stats
+from scipy import optimize as _optimize, special as _special, stats as _scipy_stats
 
 ALPHA = 0.01
 DEFAULT_THRESHOLD = 0.05
 MIN_RUNS = 3  # history's per-window rule (`gnomon.dash.history`)
 MIN_DF = 2  # compare: the fewest degrees of freedom the noise is estimated with
-HISTORY_COMMITS = 8  # compare: the latest commits before the base whose runs join its side
+HISTORY_COMMITS = 16  # compare: the latest commits before the base whose runs join its side
+RUN_VALUE = "min"  # the column of a run's result that compare and history judge: its fastest
 
 REGRESSION = "REGRESSION"
 IMPROVEMENT = "IMPROVEMENT"
@@ -116,20 +134,54 @@ class Verdict:
     history_runs: int = 0
 
 
-def t_test(base: Sequence[float], head: Sequence[float]) -> tuple[float, float, float, int, float]:
-    """``(log ratio, p slower, p faster, df, s)``: the pooled two-sample t-test on log values
-    of the module docstring; ``df < MIN_DF`` gives p 1 both ways (nothing can be said)."""
+def _log_sides(base: Sequence[float], head: Sequence[float]):
+    """``(log ratio, sum of squares about each side's mean, df, n base, n head)`` on logs."""
     la, lb = np.log(np.asarray(base, dtype=float)), np.log(np.asarray(head, dtype=float))
-    df = max(len(la) + len(lb) - 2, 0)
     d = float(lb.mean() - la.mean()) if len(la) and len(lb) else math.nan
-    if df < MIN_DF or math.isnan(d):
-        return d, 1.0, 1.0, df, math.nan
-    s = math.sqrt((float(((la - la.mean()) ** 2).sum()) + float(((lb - lb.mean()) ** 2).sum()))
-                  / df)
+    ss = float(((la - la.mean()) ** 2).sum() + ((lb - lb.mean()) ** 2).sum()) if len(la) \
+        and len(lb) else 0.0
+    return d, ss, max(len(la) + len(lb) - 2, 0), len(la), len(lb)
+
+
+def noise_prior(variances: Sequence[float], dfs: Sequence[int]) -> tuple[float, float]:
+    """``(d0, s0^2)``: the distribution the keys' noise variances are drawn from, a scaled
+    inverse chi-square with ``d0`` degrees of freedom about ``s0^2``, estimated from the keys'
+    variances ``s^2`` on ``df`` degrees of freedom by Smyth's (2004) moments of ``log s^2``
+    (limma's moderated t). ``(0, 0)`` (no prior) from fewer than 3 keys with a positive
+    variance; ``d0`` infinite when the keys' variances scatter no more than their degrees of
+    freedom explain."""
+    pairs = [(v, d) for v, d in zip(variances, dfs) if d > 0 and v > 0]
+    if len(pairs) < 3:
+        return 0.0, 0.0
+    s2, df = np.array(pairs, dtype=float).T
+    e = np.log(s2) - _special.digamma(df / 2) + np.log(df / 2)
+    excess = float(e.var(ddof=1) - _special.polygamma(1, df / 2).mean())
+    if excess <= 1e-12:
+        return math.inf, float(math.exp(e.mean()))
+    # trigamma(d0 / 2) = excess: trigamma falls from infinity at 0 to 0 at infinity
+    half = _optimize.brentq(lambda x: float(_special.polygamma(1, x)) - excess, 1e-12, 1e12)
+    d0 = 2 * half
+    return d0, float(math.exp(e.mean() + _special.digamma(half) - math.log(half)))
+
+
+def t_test(base: Sequence[float], head: Sequence[float],
+           prior: tuple[float, float] = (0.0, 0.0),
+           margin: float = 0.0) -> tuple[float, float, float, float, float]:
+    """``(log ratio, p slower, p faster, df, s)``: the two-sample t-test on log values of the
+    module docstring, its variance moderated by `prior` (`noise_prior`; none by default), of
+    "head slower by more than `margin`" (a log ratio) and, mirrored, "faster by more than it";
+    ``df < MIN_DF`` gives p 1 both ways (nothing can be said)."""
+    d, ss, df, na, nb = _log_sides(base, head)
+    d0, s02 = prior
+    total = d0 + df
+    if total < MIN_DF or math.isnan(d):
+        return d, 1.0, 1.0, total, math.nan
+    s = math.sqrt(s02 if math.isinf(d0) else (d0 * s02 + ss) / total)
     if s == 0:  # identical runs on each side: any change is certain, none is nothing
-        return d, float(not d > 0), float(not d < 0), df, s
-    t = d / (s * math.sqrt(1 / len(la) + 1 / len(lb)))
-    return d, float(_scipy_stats.t.sf(t, df)), float(_scipy_stats.t.cdf(t, df)), df, s
+        return d, float(not d > margin), float(not d < -margin), total, s
+    se = s * math.sqrt(1 / na + 1 / nb)
+    law = _scipy_stats.norm if math.isinf(total) else _scipy_stats.t(total)
+    return d, float(law.sf((d - margin) / se)), float(law.cdf((d + margin) / se)), total, s
 
 
 def run_effects(medians: Mapping[tuple[int, str], float]) -> dict[int, float]:
@@ -207,10 +259,13 @@ def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     keys = list(evidence)
     history = {key: level_history((history or {}).get(key, ()), evidence[key][0],
                                   thresholds.get(key, threshold), alpha) for key in keys}
-    tests = {}
-    for key in keys:
-        a, b = evidence[key]
-        tests[key] = t_test([*a, *history[key]] if len(a) else [], b)
+    sides = {key: ([*evidence[key][0], *history[key]] if len(evidence[key][0]) else [],
+                   evidence[key][1]) for key in keys}
+    logs = {key: _log_sides(*sides[key]) for key in keys}
+    prior = noise_prior([ss / df if df else 0.0 for _, ss, df, _, _ in logs.values()],
+                        [df for _, _, df, _, _ in logs.values()])
+    tests = {key: t_test(*sides[key], prior=prior,
+                         margin=math.log1p(thresholds.get(key, threshold))) for key in keys}
     judged = [k for k in keys if len(evidence[k][0]) and len(evidence[k][1])]
     q_reg = dict(zip(judged, benjamini_hochberg([tests[k][1] for k in judged])))
     q_imp = dict(zip(judged, benjamini_hochberg([tests[k][2] for k in judged])))
