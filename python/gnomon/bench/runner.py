@@ -209,6 +209,17 @@ def best_peaks(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
             "measurements": [before, after]}
 
 
+def _checked(suites, device: str, runs: int, mode: str, commit: Optional[str]):
+    """``(suite names, commit sha)``, every argument checked (ValueError naming it)."""
+    names = list(suite_defs.SUITES) if suites is None else list(suites)
+    for name in names:
+        if name not in suite_defs.SUITES:
+            raise ValueError(f"unknown suite {name!r}; known: {', '.join(suite_defs.SUITES)}")
+    check_device(device)
+    check_runs_and_mode(runs, mode)
+    return names, resolve_commit(commit)
+
+
 def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs: int = 1,
               quick: bool = False, mode: str = "hot", commit: Optional[str] = None,
               settings: Optional[Sampling] = None,
@@ -218,13 +229,7 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
     case, then run 2, ...; within a run, `Sampling.rounds` passes over the cases), and returns
     the results document. Validates every argument before timing. `peaks` given, the CPU's
     are not measured (`run_isolated`'s runs take their parent's)."""
-    names = list(suite_defs.SUITES) if suites is None else list(suites)
-    for name in names:
-        if name not in suite_defs.SUITES:
-            raise ValueError(f"unknown suite {name!r}; known: {', '.join(suite_defs.SUITES)}")
-    check_device(device)
-    check_runs_and_mode(runs, mode)
-    commit = resolve_commit(commit)
+    names, commit = _checked(suites, device, runs, mode, commit)
     settings = settings or (QUICK if quick else FULL)
 
     import torch
@@ -307,13 +312,7 @@ def run_isolated(suites: Optional[Sequence[str]] = None, device: str = "cpu", ru
     in one process, so runs sharing a process are not independent replicates: two commits
     benched in two processes would differ by more than their runs scatter. The CPU's peaks are
     measured here, before and after, and every run's fractions are taken against their best."""
-    names = list(suite_defs.SUITES) if suites is None else list(suites)
-    for name in names:
-        if name not in suite_defs.SUITES:
-            raise ValueError(f"unknown suite {name!r}; known: {', '.join(suite_defs.SUITES)}")
-    check_device(device)
-    check_runs_and_mode(runs, mode)
-    commit = resolve_commit(commit)
+    names, commit = _checked(suites, device, runs, mode, commit)
     llc_bytes, _ = last_level_cache_bytes()
     peaks = (measure_cpu_peaks(llc_bytes, quick=quick) if device == "cpu"
              else gpu_peaks(machine_info(gpu_backend())["gpu_name"]))
