@@ -824,10 +824,11 @@ class _Site:
             f'<td><span class="verdict">{_e(r["verdict"])}</span></td></tr>' for r in rows],
             ' id="compare"')
         body = (f"<p>Base <code>{_e(compare['base'])}</code> against head "
-                f"<code>{_e(compare['head'])}</code> on {_e(machine)}. A change is the head "
-                "median over the base median (positive means slower); q is the "
-                "Benjamini–Hochberg corrected p-value of the one-sided Mann–Whitney U test on "
-                "the per-run medians.</p>\n<p>" +
+                f"<code>{_e(compare['head'])}</code> on {_e(machine)}. A change is the "
+                "ratio of the head's runs to the base's, each run's fastest sample, as "
+                "geometric means (positive means slower); q is the Benjamini–Hochberg "
+                "corrected p-value of the one-sided t-test that the change is beyond the "
+                "threshold (gnomon.dash.stats).</p>\n<p>" +
                 ", ".join(f'<span class="verdict">{counts[v]}</span> {_e(v)}'
                           for v in _VERDICTS) + "</p>\n" + table)
         self.write("compare.html", _page("Compare", body, "compare.html"))

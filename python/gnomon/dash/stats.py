@@ -122,7 +122,7 @@ def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
 @dataclass
 class Verdict:
     key: str
-    base_median: float
+    base_median: float  # the median of the base's runs' values (each run's fastest sample)
     head_median: float
     ratio: float
     q: float  # the q-value in the direction of the change (regression if ratio >= 1)
@@ -252,8 +252,8 @@ def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],
           thresholds: Mapping[str, float] | None = None,
           alpha: float = ALPHA,
           history: Mapping[str, Sequence[float]] | None = None) -> list[Verdict]:
-    """Verdicts for every key of ``evidence`` = {key: (base per-run medians, head per-run
-    medians)}; ``history`` = {key: per-run medians of the commits before the base}, which join
+    """Verdicts for every key of ``evidence`` = {key: (base runs' values, head runs'
+    values)}; ``history`` = {key: runs' values of the commits before the base}, which join
     the base's side; ``thresholds`` = {key: threshold} overrides ``threshold`` per key."""
     thresholds = thresholds or {}
     keys = list(evidence)
