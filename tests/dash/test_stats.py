@@ -101,6 +101,19 @@ def test_a_history_the_base_moved_away_from_is_left_out():
     assert stats.level_history(past, _runs(100, 3, rng), 0.05) == past
 
 
+def test_a_slow_base_run_does_not_hide_a_slow_head():
+    # the base's one run fell into a state 1.5x slower; the head is 1.5x slower for real: the
+    # history is left out (the base moved from it), and one run a side cannot say SAME
+    rng = random.Random(7)
+    past = _runs(100, 16, rng)
+    out = stats.judge({"k": ([150.0], [150.5])}, history={"k": past})[0]
+    assert out.verdict == stats.AMBIGUOUS and out.history_runs == 0
+    assert "moved from its 16 runs of history" in out.note
+    # with the base at its history's level, the same head is a regression
+    out = stats.judge({"k": ([100.2], [150.5])}, history={"k": past})[0]
+    assert out.verdict == stats.REGRESSION and out.history_runs == 16
+
+
 def test_a_change_within_a_keys_noise_is_ambiguous_and_named():
     # +12% with runs scattered by 10%: beyond the threshold, not beyond the noise
     out = stats.judge({"noisy": ([100, 110, 90], [112, 124, 100])})

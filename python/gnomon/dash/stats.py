@@ -55,7 +55,9 @@ Verdicts, with ``alpha = 0.01`` and ``threshold`` (default 5 %, overridable per 
 * ``IMPROVEMENT``: ``q < alpha`` for "head faster by more than the threshold".
 * ``SAME``: the change is within the threshold.
 * ``AMBIGUOUS``: the change crosses the threshold but is not confirmed beyond it (the key is
-  too noisy for that change at these runs: the note names it), the noise cannot be estimated
+  too noisy for that change at these runs: the note names it), the base's runs moved from its
+  history and are too few to measure the noise alone (one slow base run would otherwise
+  hide a slowdown of the head as large as its own), the noise cannot be estimated
   (``df < MIN_DF``: one run on each side and no history), or the key moved with every key.
 * ``NEW`` / ``GONE``: runs at only the head / only the base. Listed, never judged.
 
@@ -257,8 +259,9 @@ def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     the base's side; ``thresholds`` = {key: threshold} overrides ``threshold`` per key."""
     thresholds = thresholds or {}
     keys = list(evidence)
-    history = {key: level_history((history or {}).get(key, ()), evidence[key][0],
-                                  thresholds.get(key, threshold), alpha) for key in keys}
+    given = {key: (history or {}).get(key, ()) for key in keys}
+    history = {key: level_history(given[key], evidence[key][0], thresholds.get(key, threshold),
+                                  alpha) for key in keys}
     sides = {key: ([*evidence[key][0], *history[key]] if len(evidence[key][0]) else [],
                    evidence[key][1]) for key in keys}
     logs = {key: _log_sides(*sides[key]) for key in keys}
@@ -288,12 +291,18 @@ def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],
         q = q_reg[key] if slower else q_imp[key]
         crosses = (ratio >= 1 + t) if slower else (ratio <= 1 - t)
         note = ""
-        if not crosses:
+        left_out = len(given[key]) > 0 and not past  # the base's runs moved from its history
+        if not crosses and not (left_out and df < MIN_DF):
             verdict = SAME
         elif df < MIN_DF:
             verdict = AMBIGUOUS
             note = (f"{len(a)} + {len(b)} runs and {past} from history cannot measure the "
                     f"noise; record more runs, or history before the base")
+            if left_out:
+                note = (f"the base's {len(a)} run(s) moved from its {len(given[key])} runs of "
+                        f"history (a step history has not recorded, or a base run in a slower "
+                        f"state), and {len(a)} + {len(b)} runs cannot measure the noise; bench "
+                        f"the base again")
         elif q < alpha:
             verdict = REGRESSION if slower else IMPROVEMENT
         else:
