@@ -79,7 +79,7 @@ DEFAULT_THRESHOLD = 0.05
 MIN_RUNS = 3  # history's per-window rule (`gnomon.dash.history`)
 MIN_DF = 2  # compare: the fewest degrees of freedom the noise is estimated with
 HISTORY_COMMITS = 16  # compare: the latest commits before the base whose runs join its side
-RUN_VALUE = "min"  # the column of a run's result that compare and history judge: its fastest
+RUN_VALUE = "min"  # the result column compare and history judge: the run's fastest sample
 
 REGRESSION = "REGRESSION"
 IMPROVEMENT = "IMPROVEMENT"
