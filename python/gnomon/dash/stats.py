@@ -173,7 +173,12 @@ def t_test(base: Sequence[float], head: Sequence[float],
     module docstring, its variance moderated by `prior` (`noise_prior`; none by default), of
     "head slower by more than `margin`" (a log ratio) and, mirrored, "faster by more than it";
     ``df < MIN_DF`` gives p 1 both ways (nothing can be said)."""
-    d, ss, df, na, nb = _log_sides(base, head)
+    return _test(_log_sides(base, head), prior, margin)
+
+
+def _test(sides, prior: tuple[float, float], margin: float):
+    """`t_test` on `_log_sides`'s summary of the two sides."""
+    d, ss, df, na, nb = sides
     d0, s02 = prior
     total = d0 + df
     if total < MIN_DF or math.isnan(d):
@@ -267,8 +272,8 @@ def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     logs = {key: _log_sides(*sides[key]) for key in keys}
     prior = noise_prior([ss / df if df else 0.0 for _, ss, df, _, _ in logs.values()],
                         [df for _, _, df, _, _ in logs.values()])
-    tests = {key: t_test(*sides[key], prior=prior,
-                         margin=math.log1p(thresholds.get(key, threshold))) for key in keys}
+    tests = {key: _test(logs[key], prior, math.log1p(thresholds.get(key, threshold)))
+             for key in keys}
     judged = [k for k in keys if len(evidence[k][0]) and len(evidence[k][1])]
     q_reg = dict(zip(judged, benjamini_hochberg([tests[k][1] for k in judged])))
     q_imp = dict(zip(judged, benjamini_hochberg([tests[k][2] for k in judged])))
