@@ -2,7 +2,7 @@
 
 Inputs: a `gnomon accuracy --out` document over aiconfigurator-core's ``silicon_sample.csv``, and
 the peer's answers on the same rows (``bench/peer_aiconfigurator.py``, run in its own virtual
-environment; its output on aiconfigurator 0.12.0 is
+environment; its output on aiconfigurator 0.12.0, over every row that script selects, is
 ``bench/data/aiconfigurator_0.12.0_rows.jsonl``).
 Rows join by the CSV's ``id``. Per group (gnomon's: model x hardware x engine x dtype x source)
 it prints the rows each answers and, on the rows both answer, each one's TTFT and TPOT MAPE and

@@ -14,9 +14,10 @@ What it does
 Reads ``aiconfigurator_core/systems/silicon_sample.csv`` (the measured
 TTFT/TPOT rows NVIDIA ships inside the installed ``aiconfigurator_core``
 package, located via ``importlib.resources``), keeps every row with
-``mode == "agg"`` and ``model_path`` in ``MODELS`` (1,120 Llama and gpt-oss rows in 0.12.0, and
-536 Qwen3 ones, 731 DeepSeek-R1/V3 ones, 8 of NVIDIA's NVFP4 DeepSeek checkpoints, 523
-MiniMax-M2.5 and 187 Kimi-K2.5 ones; ``--models`` picks some), and
+``mode == "agg"`` and ``model_path`` in ``MODELS`` (3,182 rows in 0.12.0: 1,120 Llama and
+gpt-oss ones, 580 Qwen3 ones (3 of them NVIDIA's NVFP4 Qwen3-32B), 764 DeepSeek-R1/V3 ones, 8 of
+NVIDIA's NVFP4 DeepSeek checkpoints, 523 MiniMax-M2.5 and 187 Kimi-K2.5 ones; ``--models`` picks
+some), and
 calls ``aiconfigurator.cli.api.cli_estimate`` for each row: once with the
 row's own quant labels and, only when that is refused for missing perf data of
 the row's quant mode, once more with the quant modes left to the checkpoint
