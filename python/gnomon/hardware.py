@@ -42,7 +42,7 @@ class Hardware:
     fp8_tflops: Figure
     fp4_tflops: Figure  # value None where the GPU has no FP4 math
     hbm_tbps: Figure
-    hbm_gb: Figure
+    hbm_gb: Figure  # GB of 1e9 bytes, as the device reports its memory where that is known
     interconnect_gbps: Figure = Figure(None, "not given", given=False)  # per direction
     scale_up_gpus: Figure = Figure(None, "not given", given=False)  # one NVLink / IF domain
     scale_out_gbps: Figure = Figure(None, "not given", given=False)  # per GPU, per direction
@@ -68,6 +68,14 @@ GPU = Hardware  # the name the bench harness knows it by
 GENERATIONS = ("ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3", "cdna4")
 
 _NV_H100 = "NVIDIA H100 datasheet"
+# The memory a device reports (nvidia-smi's total, torch's total_memory): what an engine's
+# memory fraction multiplies. HBM stacks come in binary sizes, so a datasheet's "80 GB" is 80 GiB.
+_REPORTED_AIC = "as the device reports it: aiconfigurator-core 0.12.0 systems/"
+_REPORTED_NVSMI = "nvidia-smi's total, as modal-labs/modal-client#2797 lists it"
+_REPORTED_H100 = f"{_REPORTED_NVSMI}: 81,559 MiB (85,520,809,984 bytes)"
+_REPORTED_A100_40 = f"{_REPORTED_NVSMI}: 40,960 MiB"
+_REPORTED_A100_80 = f"{_REPORTED_NVSMI}: 81,920 MiB"
+_REPORTED_L40S = f"{_REPORTED_NVSMI}: 46,068 MiB"
 _NV_H200 = "NVIDIA H200 datasheet"
 _NV_B200 = "NVIDIA DGX B200 datasheet"
 _NV_B300 = ("NVIDIA HGX B300 / DGX B300 specifications as third-party pages reproduce them "
@@ -81,7 +89,7 @@ H100_SXM = GPU(
     name="H100 SXM", vendor="NVIDIA",
     bf16_tflops=Figure(989, _NV_H100), fp8_tflops=Figure(1979, _NV_H100),
     fp4_tflops=Figure(None, f"{_NV_H100}: no FP4 math (MXFP4 runs weight-only)"),
-    hbm_tbps=Figure(3.35, _NV_H100), hbm_gb=Figure(80, _NV_H100),
+    hbm_tbps=Figure(3.35, _NV_H100), hbm_gb=Figure(85.52, _REPORTED_H100),
     interconnect_gbps=Figure(450, f"{_NV_H100}: NVLink 4, 900 GB/s bidirectional"),
     scale_up_gpus=Figure(8, f"{_NV_H100}: DGX H100, 8 GPUs on NVSwitch"),
     scale_out_gbps=Figure(50, f"{_NV_H100}: DGX H100, a 400 Gb/s ConnectX-7 per GPU"),
@@ -91,7 +99,7 @@ H200 = GPU(
     name="H200", vendor="NVIDIA",
     bf16_tflops=Figure(989, _NV_H200), fp8_tflops=Figure(1979, _NV_H200),
     fp4_tflops=Figure(None, f"{_NV_H200}: no FP4 math"),
-    hbm_tbps=Figure(4.8, _NV_H200), hbm_gb=Figure(141, _NV_H200),
+    hbm_tbps=Figure(4.8, _NV_H200), hbm_gb=Figure(151.40, f"{_REPORTED_AIC}h200_sxm.yaml: 141 GiB"),
     interconnect_gbps=Figure(450, f"{_NV_H200}: NVLink 4, 900 GB/s bidirectional"),
     scale_up_gpus=Figure(8, f"{_NV_H200}: HGX H200, 8 GPUs on NVSwitch"),
     scale_out_gbps=Figure(50, f"{_NV_H200}: DGX H200, a 400 Gb/s ConnectX-7 per GPU"),
@@ -102,7 +110,8 @@ B200 = GPU(
     bf16_tflops=Figure(2250, _NV_B200), fp8_tflops=Figure(4500, _NV_B200),
     fp4_tflops=Figure(9000, _NV_B200),
     hbm_tbps=Figure(8.0, f"{_NV_B200} (some tools use 7.7)"),
-    hbm_gb=Figure(180, f"{_NV_B200}: 180 usable (192 physical)"),
+    hbm_gb=Figure(193.27, f"{_REPORTED_AIC}b200_sxm.yaml: 180 GiB (the datasheet's 180 usable; "
+                          f"192 physical)"),
     interconnect_gbps=Figure(900, f"{_NV_B200}: NVLink 5, 1.8 TB/s bidirectional"),
     scale_up_gpus=Figure(8, f"{_NV_B200}: 8 GPUs on NVLink switches"),
     scale_out_gbps=Figure(50, f"{_NV_B200}: a 400 Gb/s ConnectX-7 per GPU"),
@@ -114,7 +123,8 @@ B300 = GPU(
     fp8_tflops=Figure(4500, f"{_NV_B300}: FP8 72 PF with sparsity per 8 GPUs"),
     fp4_tflops=Figure(13500, f"{_NV_B300}: FP4 108 PF dense per 8 GPUs (DGX B300)"),
     hbm_tbps=Figure(8.0, f"{_NV_B300}: HBM3e up to 8 TB/s per GPU"),
-    hbm_gb=Figure(288, f"{_NV_B300}: 288 GB per GPU, 2.3 TB per 8 (no usable share stated)"),
+    hbm_gb=Figure(288.40, f"{_REPORTED_AIC}b300_sxm.yaml: 275,040 MiB as nvidia-smi reports "
+                          f"it"),
     interconnect_gbps=Figure(900, f"{_NV_B300}: NVLink 5, 1.8 TB/s bidirectional"),
     scale_up_gpus=Figure(8, f"{_NV_B300}: 8 GPUs on NVLink switches"),
     scale_out_gbps=Figure(100, f"{_NV_B300}: an 800 Gb/s ConnectX-8 per GPU"),
@@ -165,14 +175,14 @@ A100_40GB = GPU(
     name="A100 SXM 40GB", vendor="NVIDIA",
     bf16_tflops=Figure(312, _NV_A100), fp8_tflops=Figure(None, f"{_NV_A100}: no FP8 math"),
     fp4_tflops=Figure(None, f"{_NV_A100}: no FP4 math"),
-    hbm_tbps=Figure(1.555, _NV_A100), hbm_gb=Figure(40, _NV_A100),
+    hbm_tbps=Figure(1.555, _NV_A100), hbm_gb=Figure(42.95, _REPORTED_A100_40),
     interconnect_gbps=Figure(300, f"{_NV_A100}: NVLink 3, 600 GB/s bidirectional"),
     generation="ampere", device_names=("NVIDIA A100-SXM4-40GB",), aliases=("A100 40GB",))
 A100_80GB = GPU(
     name="A100 SXM 80GB", vendor="NVIDIA",
     bf16_tflops=Figure(312, _NV_A100), fp8_tflops=Figure(None, f"{_NV_A100}: no FP8 math"),
     fp4_tflops=Figure(None, f"{_NV_A100}: no FP4 math"),
-    hbm_tbps=Figure(2.039, _NV_A100), hbm_gb=Figure(80, _NV_A100),
+    hbm_tbps=Figure(2.039, _NV_A100), hbm_gb=Figure(85.90, _REPORTED_A100_80),
     interconnect_gbps=Figure(300, f"{_NV_A100}: NVLink 3, 600 GB/s bidirectional"),
     generation="ampere", device_names=("NVIDIA A100-SXM4-80GB",),
     aliases=("A100", "A100 80GB"))
@@ -187,7 +197,7 @@ L40S = GPU(
     name="L40S", vendor="NVIDIA",
     bf16_tflops=Figure(362.05, _NV_L40S), fp8_tflops=Figure(733, _NV_L40S),
     fp4_tflops=Figure(None, f"{_NV_L40S}: no FP4 math"),
-    hbm_tbps=Figure(0.864, f"{_NV_L40S} (GDDR6)"), hbm_gb=Figure(48, _NV_L40S),
+    hbm_tbps=Figure(0.864, f"{_NV_L40S} (GDDR6)"), hbm_gb=Figure(48.31, _REPORTED_L40S),
     interconnect_gbps=Figure(32, f"{_NV_L40S}: no NVLink; PCIe Gen4 x16, 64 GB/s "
                                  f"bidirectional"),
     generation="ada", device_names=("NVIDIA L40S",))
@@ -195,7 +205,9 @@ RTX_PRO_6000 = GPU(
     name="RTX PRO 6000 Blackwell", vendor="NVIDIA",
     bf16_tflops=Figure(503.8, _NV_RTX), fp8_tflops=Figure(1010, _NV_RTX),
     fp4_tflops=Figure(2020, _NV_RTX),
-    hbm_tbps=Figure(1.792, f"{_NV_RTX} (GDDR7)"), hbm_gb=Figure(96, _NV_RTX),
+    hbm_tbps=Figure(1.792, f"{_NV_RTX} (GDDR7)"),
+    hbm_gb=Figure(102.64, f"{_REPORTED_AIC}rtx_pro_6000_server.yaml: 97,887 MiB as nvidia-smi "
+                          f"reports it"),
     interconnect_gbps=Figure(64, f"{_NV_RTX}: no NVLink; PCIe Gen5 x16, 128 GB/s "
                                  f"bidirectional"),
     generation="blackwell",
@@ -205,7 +217,8 @@ GB200 = GPU(
     name="GB200", vendor="NVIDIA",
     bf16_tflops=Figure(2500, _NV_GB200), fp8_tflops=Figure(5000, _NV_GB200),
     fp4_tflops=Figure(10000, _NV_GB200),
-    hbm_tbps=Figure(8.0, _NV_GB200), hbm_gb=Figure(186, f"{_NV_GB200}: 13.4 TB HBM3e / 72"),
+    hbm_tbps=Figure(8.0, _NV_GB200),
+    hbm_gb=Figure(198.67, f"{_REPORTED_AIC}gb200.yaml: 189,471 MiB as nvidia-smi reports it"),
     interconnect_gbps=Figure(900, f"{_NV_GB200}: NVLink 5, 1.8 TB/s bidirectional"),
     scale_up_gpus=Figure(72, f"{_NV_GB200}: 72 GPUs in one NVLink domain"),
     generation="blackwell", device_names=("NVIDIA GB200",))

@@ -1,4 +1,5 @@
-"""gnomon.hardware: the catalogue holds datasheet numbers, each with a source."""
+"""gnomon.hardware: the catalogue holds datasheet numbers, and the memory NVIDIA's devices report,
+each with a source."""
 
 import dataclasses
 
@@ -9,24 +10,29 @@ from gnomon import hardware
 # (BF16, FP8, FP4, HBM TB/s, HBM GB), dense, per GPU device, from each vendor's datasheet
 # (H20, RTX PRO 6000 and B300 from third-party copies of NVIDIA's tables; GB200 from the NVL72
 # rack's sparse figures / 72 / 2; B300 from HGX B300's per 8 GPUs, sparse halved, and DGX
-# B300's dense FP4; MI250X one GCD, half the package).
+# B300's dense FP4; MI250X one GCD, half the package). HBM GB is 1e9 bytes: for the NVIDIA GPUs
+# whose reported memory is published, what the device reports (nvidia-smi's total: an H100
+# reports 81,559 MiB), since an engine's memory fraction multiplies that; a datasheet's "80 GB" is
+# 80 GiB of HBM stacks.
 EXPECTED = {
-    "A100 SXM 40GB": (312, None, None, 1.555, 40),
-    "A100 SXM 80GB": (312, None, None, 2.039, 80),
-    "H100 SXM": (989, 1979, None, 3.35, 80),
-    "H200": (989, 1979, None, 4.8, 141),
+    "A100 SXM 40GB": (312, None, None, 1.555, 42.95),
+    "A100 SXM 80GB": (312, None, None, 2.039, 85.90),
+    "H100 SXM": (989, 1979, None, 3.35, 85.52),
+    "H200": (989, 1979, None, 4.8, 151.40),
     "H20": (148, 296, None, 4.0, 96),
-    "L40S": (362.05, 733, None, 0.864, 48),
-    "RTX PRO 6000 Blackwell": (503.8, 1010, 2020, 1.792, 96),
-    "B200": (2250, 4500, 9000, 8.0, 180),
-    "B300": (2250, 4500, 13500, 8.0, 288),
-    "GB200": (2500, 5000, 10000, 8.0, 186),
+    "L40S": (362.05, 733, None, 0.864, 48.31),
+    "RTX PRO 6000 Blackwell": (503.8, 1010, 2020, 1.792, 102.64),
+    "B200": (2250, 4500, 9000, 8.0, 193.27),
+    "B300": (2250, 4500, 13500, 8.0, 288.40),
+    "GB200": (2500, 5000, 10000, 8.0, 198.67),
     "MI250X": (191.5, None, None, 1.6, 64),
     "MI300X": (1307.4, 2614.9, None, 5.3, 192),
     "MI300A": (980.6, 1961.2, None, 5.3, 128),
     "MI325X": (1307.4, 2614.9, None, 6.0, 256),
     "MI355X": (2516.6, 5033, 10066, 8.0, 288),
 }
+REPORTED = ("A100 SXM 40GB", "A100 SXM 80GB", "H100 SXM", "H200", "L40S",
+            "RTX PRO 6000 Blackwell", "B200", "B300", "GB200")
 DATASHEETS = ("H100 SXM", "H200", "B200", "MI300X", "MI325X", "MI355X", "A100 SXM 40GB",
               "A100 SXM 80GB", "L40S", "MI250X", "MI300A")
 
@@ -38,7 +44,9 @@ def test_numbers_match_the_datasheets(name):
     assert tuple(f.value for f in figures) == EXPECTED[name]
     for figure in figures:
         assert figure.given and figure.source
-        if name in DATASHEETS:
+        if figure is gpu.hbm_gb and name in REPORTED:
+            assert "reports" in figure.source or "nvidia-smi" in figure.source
+        elif name in DATASHEETS:
             assert "datasheet" in figure.source
     assert gpu.generation in hardware.GENERATIONS
 

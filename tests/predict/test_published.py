@@ -6,7 +6,10 @@ Each point sets only what its source states, plus the engine's defaults: ``vllm-
 0.10's scheduler defaults, async scheduling off) or ``vllm`` (async scheduling on, as the
 sources' ``--async-scheduling`` runs). The ratio predicted / published of each metric must stay
 in the band this build reaches (`BANDS`: the closing note of issue 35's ratios, with a margin of
-about a quarter), so that a change that moves a point is seen; the goal bands of the earlier
+about a quarter; the four tp-1 H100 points' bands moved when the H100's memory became the
+81,559 MiB it reports, not 80e9 bytes: vLLM reserves more beside gpt-oss-120b's weights on an H100
+than gnomon counts, and 80e9 had hidden part of that), so that a change that moves a point is
+seen; the goal bands of the earlier
 issue (0.8-1.25 for throughput, 0.75-1.33 for latencies) are not asserted, since several points
 miss them.
 
@@ -27,15 +30,15 @@ BANDS = {
                                          "output_tokens_per_s": (0.8, 1.25)},
     "gpustack-gpt-oss-tp2-sharegpt-c4-async": {"ttft": (1.0, 1.7), "tpot": (0.7, 1.1),
                                                "output_tokens_per_s": (0.7, 1.15)},
-    "gpustack-gpt-oss-tp1-sharegpt-1000": {"ttft": (0.22, 0.45), "tpot": (0.6, 1.05),
-                                           "total_tokens_per_s": (1.2, 1.9)},
-    "gpustack-gpt-oss-tp1-random-2000-100": {"ttft": (0.45, 0.75), "tpot": (0.9, 1.5),
-                                             "total_tokens_per_s": (1.25, 2.0)},
+    "gpustack-gpt-oss-tp1-sharegpt-1000": {"ttft": (0.1, 0.17), "tpot": (0.8, 1.35),
+                                           "total_tokens_per_s": (1.5, 2.5)},
+    "gpustack-gpt-oss-tp1-random-2000-100": {"ttft": (0.33, 0.55), "tpot": (1.3, 2.2),
+                                             "total_tokens_per_s": (1.55, 2.6)},
     "gpustack-gpt-oss-tp2-random-2000-100-async": {"ttft": (0.35, 0.6), "tpot": (0.4, 0.7),
                                                    "total_tokens_per_s": (1.5, 2.5)},
-    "gpustack-gpt-oss-tp1-random-4000-200": {"ttft": (0.6, 1.0), "tpot": (0.8, 1.35),
-                                             "total_tokens_per_s": (0.95, 1.6)},
-    "gpustack-gpt-oss-tp1-random-32000-100": {"ttft": (0.45, 0.8), "tpot": (1.05, 1.75),
+    "gpustack-gpt-oss-tp1-random-4000-200": {"ttft": (0.45, 0.75), "tpot": (1.2, 2.0),
+                                             "total_tokens_per_s": (1.2, 2.05)},
+    "gpustack-gpt-oss-tp1-random-32000-100": {"ttft": (0.45, 0.75), "tpot": (2.5, 4.2),
                                               "total_tokens_per_s": (1.25, 2.1)},
     "amd-llama-70b-fp8-tp8-batch1": {"tpot": (0.9, 1.1)},
 }

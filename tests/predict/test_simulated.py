@@ -120,7 +120,7 @@ def test_kv_blocks_follow_the_budget_arithmetic():
     spec = ModelSpec.from_model("llama-3.1-8b")
     hw = gpu("H100")
     blocks = kv_blocks_for_hardware(spec, hw, block_size=16)
-    budget = (80e9 * GPU_MEMORY_UTILIZATION - spec.weight_bytes()
+    budget = (85.52e9 * GPU_MEMORY_UTILIZATION - spec.weight_bytes()  # 81,559 MiB reported
               - activation_bytes(spec, max_num_batched_tokens=8192, max_num_seqs=256))
     per_block = kv_bytes_per_block(num_layers=32, block_size=16, num_kv_heads=8, head_dim=128,
                                    dtype_size=2)
@@ -133,7 +133,7 @@ def test_model_that_does_not_fit_is_refused_with_bytes():
     with pytest.raises(PredictionRefused) as e:
         kv_blocks_for_hardware(ModelSpec.from_model("llama-3.1-70b"), gpu("H100"))
     reason = e.value.reason
-    assert "does not fit" in reason and "141.1" in reason and "72.00 GB is available" in reason
+    assert "does not fit" in reason and "141.1" in reason and "76.97 GB is available" in reason
 
 
 def test_step_shape_keeps_each_pair():
