@@ -109,16 +109,27 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
     p = measured.from_silicon(_row(**{**deepseek, "tp_size": "8"}))
     assert p.engine_settings == ""
     # DeepSeek-R1's SGLang B200 launches: a receive interval of 10 below concurrency 16 and 30
-    # from 16 on, and 10 at any concurrency for the FP8 launch at tp 4; none on H200
+    # from 16 on, and 10 at any concurrency for the FP8 launch at tp 4, which also takes 0.95 of
+    # the memory; none on H200
     sglang = {**deepseek, "backend": "sglang", "moe_ep_size": "1", "attention_dp_size": "1"}
-    for tp, quant, conc, interval in (("8", "fp8", "8", 10), ("8", "fp8", "16", 30),
-                                      ("8", "nvfp4", "64", 30), ("4", "fp8", "64", 10),
-                                      ("4", "nvfp4", "64", 30)):
+    tp4_fp8 = {"scheduler_recv_interval": 10, "gpu_memory_utilization": 0.95}
+    for tp, quant, conc, settings in (("8", "fp8", "8", {"scheduler_recv_interval": 10}),
+                                      ("8", "fp8", "16", {"scheduler_recv_interval": 30}),
+                                      ("8", "nvfp4", "64", {"scheduler_recv_interval": 30}),
+                                      ("4", "fp8", "64", tp4_fp8),
+                                      ("4", "nvfp4", "64", {"scheduler_recv_interval": 30})):
         q = measured.from_silicon(_row(**{**sglang, "tp_size": tp, "gemm_quant_mode": quant,
                                           "moe_quant_mode": quant, "batch_size": conc}))
-        assert _launched(q) == {"scheduler_recv_interval": interval}, (tp, quant, conc)
+        assert _launched(q) == settings, (tp, quant, conc)
     assert _launched(measured.from_silicon(_row(**{**sglang, "tp_size": "8"},
                                                 system="h200_sxm"))) == {}
+    # MiniMax-M2.5's FP8 vLLM B200 launch takes 0.95 of the memory; its NVFP4 one the default
+    minimax = dict(model_path="MiniMaxAI/MiniMax-M2.5", backend="vllm", backend_version="",
+                   gemm_quant_mode="fp8", moe_quant_mode="fp8", tp_size="4", moe_tp_size="4")
+    assert _launched(measured.from_silicon(_row(**minimax))) == {"gpu_memory_utilization": 0.95}
+    for over in ({"gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"},
+                 {"system": "h200_sxm"}):
+        assert _launched(measured.from_silicon(_row(**{**minimax, **over}))) == {}
 
 
 @pytest.mark.parametrize("text", ["max_num_seqs", "=3", "a=1;a=2", "max num=2", "k="])
