@@ -279,7 +279,7 @@ def load_file(path: "str | os.PathLike") -> Hardware:
         bf16_tflops: 980.6         # required: bf16_tflops, hbm_tbps, hbm_gb
         fp8_tflops: 1961.2         # optional: fp8_tflops, fp4_tflops, interconnect_gbps
         hbm_tbps: 5.3
-        hbm_gb: 128
+        hbm_gb: 128                # 1e9 bytes, as the device reports it (an H100: 85.52)
         interconnect_gbps: 384     # per direction
         scale_up_gpus: 4           # optional: the GPUs that interconnect joins
         scale_out_gbps: 50         # optional: per GPU and direction beyond them

@@ -9,9 +9,8 @@ in the band this build reaches (`BANDS`: the closing note of issue 35's ratios, 
 about a quarter; the four tp-1 H100 points' bands moved when the H100's memory became the
 81,559 MiB it reports, not 80e9 bytes: vLLM reserves more beside gpt-oss-120b's weights on an H100
 than gnomon counts, and 80e9 had hidden part of that), so that a change that moves a point is
-seen; the goal bands of the earlier
-issue (0.8-1.25 for throughput, 0.75-1.33 for latencies) are not asserted, since several points
-miss them.
+seen; the goal bands of the earlier issue (0.8-1.25 for throughput, 0.75-1.33 for latencies) are
+not asserted, since several points miss them.
 
 Not moved: AMD's 1,500-prompt Llama-3.1-70B FP8 throughput on 8x MI300X (vLLM 0.10.1), which
 does not say whether it counts output or total tokens, and ran with ``--max-num-seqs 1500``, a
