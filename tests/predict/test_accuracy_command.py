@@ -157,6 +157,8 @@ def test_engine_settings_reach_the_simulated_engine_and_unknown_ones_are_refused
 @pytest.mark.parametrize("over, reason", [
     ({"model_path": "acme/Unknown-7B"}, "model_path 'acme/Unknown-7B': no gnomon model"),
     ({"mode": "disagg"}, "disaggregated serving is not simulated"),
+    # the mode first: no hardware or model entry would make a disaggregated row run
+    ({"mode": "disagg", "system": "gb300"}, "^mode 'disagg': disaggregated serving"),
     ({"system": "mi355x"}, "system 'mi355x'"),
     ({"backend": "tgi"}, "backend 'tgi'"),
     ({"gemm_quant_mode": "int4_wo", "moe_quant_mode": "int4_wo"}, "quant label 'int4_wo'"),

@@ -329,6 +329,8 @@ def from_silicon(row: dict) -> MeasuredPoint:
     field the table lacks."""
     table = silicon_table()
     rid = row.get("id") or "?"
+    if (row.get("mode") or "agg") != "agg":  # first: nothing else would make it run
+        raise PointRefused(f"mode {row.get('mode')!r}: disaggregated serving is not simulated")
     model = table["models"].get(row.get("model_path", ""))
     if model is None:
         raise PointRefused(f"model_path {row.get('model_path')!r}: no gnomon model for it")
@@ -349,8 +351,6 @@ def from_silicon(row: dict) -> MeasuredPoint:
     engine = table["backends"].get(row.get("backend", ""))
     if engine is None:
         raise PointRefused(f"backend {row.get('backend')!r}: no gnomon engine profile for it")
-    if (row.get("mode") or "agg") != "agg":
-        raise PointRefused(f"mode {row.get('mode')!r}: disaggregated serving is not simulated")
     if _int(row, "pp_size") > 1:
         raise PointRefused(f"pp_size {row.get('pp_size')}: pipeline parallelism is not priced")
     tp = _int(row, "tp_size")
