@@ -109,6 +109,37 @@ def test_each_run_samples_every_case_in_rounds_over_all_the_cases(monkeypatch):
             assert case["sampling"]["warmup_calls"] >= 3 * FAST.warmup_calls
 
 
+def test_each_pass_times_inputs_built_for_it_at_new_addresses(monkeypatch):
+    # one allocation's placement must not decide a run: every pass of a case gets its own
+    # inputs, built while the last pass's are alive, so no two consecutive passes share memory
+    monkeypatch.setattr(runner, "measure_cpu_peaks", lambda llc, quick: {
+        "memory_gbps": 10.0, "tflops": {"bfloat16": 1.0}, "source": "test"})
+    timed = {}
+    real = runner._prepare
+
+    def spy(case, *args, **kwargs):
+        prepared = real(case, *args, **kwargs)
+        real_call = prepared.call
+
+        def call():
+            ptrs = tuple(a.data_ptr() for a in prepared.input_sets[0] if hasattr(a, "data_ptr"))
+            timed.setdefault(case.key, []).append(ptrs)
+            return real_call()
+
+        prepared.call = call
+        return prepared
+
+    monkeypatch.setattr(runner, "_prepare", spy)
+    settings = replace(FAST, rounds=3)
+    runner.run_bench(["norm"], runs=2, quick=True, commit=SHA, settings=settings)
+    keys = [c.key for c in suites.cases(["norm"], "cpu", quick=True)]
+    assert set(timed) == set(keys)
+    for key, calls in timed.items():
+        passes = [ptrs for i, ptrs in enumerate(calls) if i == 0 or calls[i - 1] != ptrs]
+        assert len(passes) == 2 * 3, key  # 2 runs x 3 passes, each on its own inputs
+        assert all(a != b for a, b in zip(passes, passes[1:])), key
+
+
 def test_each_of_several_runs_is_timed_in_a_process_of_its_own(monkeypatch):
     # a process's state holds for all its runs, so `gnomon bench --runs N` starts N
     launched = []

@@ -227,8 +227,10 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
               peaks: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Runs every case of `suites` `runs` times in this process, interleaved (run 1 of every
     case, then run 2, ...; within a run, `Sampling.rounds` passes over the cases), and returns
-    the results document. Validates every argument before timing. `peaks` given, the CPU's
-    are not measured (`run_isolated`'s runs take their parent's)."""
+    the results document. Each pass times inputs built for it, allocated while the previous
+    pass's still live (so elsewhere in memory): a run's fastest sample then does not rest on
+    one allocation's placement. Validates every argument before timing. `peaks` given, the
+    CPU's are not measured (`run_isolated`'s runs take their parent's)."""
     names, commit = _checked(suites, device, runs, mode, commit)
     settings = settings or (QUICK if quick else FULL)
 
@@ -271,6 +273,8 @@ def run_bench(suites: Optional[Sequence[str]] = None, device: str = "cpu", runs:
                 for i, item in enumerate(prepared):
                     if progress:
                         progress(done, total, item.case.key)
+                    if index or round_:  # fresh inputs per pass, built while the last live
+                        prepared[i] = item = _prepare(item.case, device, mode, llc_bytes, group)
                     with item.session():
                         warmups[i] += warm_up(lambda: item.before_sample() or item.call(),
                                               each, timer.sync)
