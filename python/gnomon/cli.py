@@ -63,9 +63,10 @@ def _add_bench_parser(commands) -> None:
     bench.add_argument("--suite", default=None,
                        help="comma-separated suites (attention, moe, mxfp4, norm; default all)")
     bench.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    bench.add_argument("--runs", default="1", help="repeat the sweep N times, each run in a fresh process (a "
-                       "process's state holds for all its runs, so runs sharing one are not "
-                       "independent)")
+    bench.add_argument("--runs", default="1",
+                       help="repeat the sweep N times, each run in a fresh process (a process's "
+                            "state holds for all its runs, so runs sharing one are not "
+                            "independent)")
     bench.add_argument("--quick", action="store_true", help="small shapes, short sampling")
     bench.add_argument("--mode", default="hot", help="hot (reuse inputs) or cold (default hot)")
     bench.add_argument("--out", default=None, help="results file (default bench-<commit12>.json)")
