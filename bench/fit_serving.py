@@ -39,17 +39,22 @@ from gnomon.predict import engines, measured, scorecard
 LIGHT = 8  # the highest concurrency a row may run at to enter the fit
 
 
-def _zeroed_profile(name: str, folder: str) -> str:
-    """A profile file of `name` with no serving path but its scheduling ahead."""
+def profile_with(name: str, folder: str, edit) -> str:
+    """A profile file of the shipped profile `name` after ``edit(raw entry)`` (it returns the
+    entry to write), for points to name as their engine."""
     with open(engines.DATA_FILE, encoding="utf-8") as f:
         raw = json.load(f)["engines"][name]
-    ahead = raw.get("serving", {}).get("schedule_ahead_steps", 0)
-    raw = dict(raw, name=name, serving={"request_s": 0.0, "per_prompt_token_s": 0.0,
-                                        "response_s": 0.0, "schedule_ahead_steps": ahead})
     path = os.path.join(folder, f"{name}.json")
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(raw, f)
+        json.dump(dict(edit(raw), name=name), f)
     return path
+
+
+def _zeroed_serving(raw: dict) -> dict:
+    """The entry with no serving path but its scheduling ahead."""
+    ahead = raw.get("serving", {}).get("schedule_ahead_steps", 0)
+    return dict(raw, serving={"request_s": 0.0, "per_prompt_token_s": 0.0, "response_s": 0.0,
+                              "schedule_ahead_steps": ahead})
 
 
 def _prompt_mean(point: measured.MeasuredPoint) -> float:
@@ -57,7 +62,7 @@ def _prompt_mean(point: measured.MeasuredPoint) -> float:
     return (int(lo) + int(hi or lo)) / 2
 
 
-def _median(values):
+def median(values):
     s = sorted(values)
     n = len(s)
     return (s[(n - 1) // 2] + s[n // 2]) / 2
@@ -68,10 +73,10 @@ def _theil_sen(xs, ys):
     of ``y - b x``; each clipped at 0 (then the other refitted alone)."""
     slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs))
               for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
-    b = max(_median(slopes), 0.0) if slopes else 0.0
-    a = _median([y - b * x for x, y in zip(xs, ys)])
+    b = max(median(slopes), 0.0) if slopes else 0.0
+    a = median([y - b * x for x, y in zip(xs, ys)])
     if a < 0:
-        a, b = 0.0, max(_median([y / x for x, y in zip(xs, ys) if x]), 0.0)
+        a, b = 0.0, max(median([y / x for x, y in zip(xs, ys) if x]), 0.0)
     return a, b
 
 
@@ -88,7 +93,7 @@ def fit(points, jobs: int, models=None, engine_names=None):
     out = {}
     with tempfile.TemporaryDirectory() as folder:
         for name, group in sorted(by_engine.items()):
-            zeroed = _zeroed_profile(name, folder)
+            zeroed = profile_with(name, folder, _zeroed_serving)
             doc = scorecard.run([replace(p, engine=zeroed) for p in group], jobs=jobs)
             by_id = {p.id: p for p in group}
             xs, ys, used = [], [], Counter()
@@ -106,8 +111,8 @@ def fit(points, jobs: int, models=None, engine_names=None):
             left = [y - a - b * x for x, y in zip(xs, ys)]
             out[name] = {"request_s": a / 1e3, "per_prompt_token_s": b / 1e3, "rows": len(xs),
                          "groups": dict(used),
-                         "residual_ms": {"median_abs_before": _median(map(abs, ys)),
-                                         "median_abs_after": _median(map(abs, left))}}
+                         "residual_ms": {"median_abs_before": median(map(abs, ys)),
+                                         "median_abs_after": median(map(abs, left))}}
             print(f"{name}: request_s {a:.2f} ms + {b * 1e3:.3f} us per prompt token, on "
                   f"{len(xs)} rows; median |TTFT left| "
                   f"{out[name]['residual_ms']['median_abs_before']:.1f} -> "
@@ -141,8 +146,10 @@ def write(fitted) -> None:
     print(f"wrote {engines.DATA_FILE}")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def run_cli(argv, doc: str, fit_rows, write_fit) -> int:
+    """The command line of a fit script: load the points, ``fit_rows(points, jobs, models,
+    engines)``, print it, and ``write_fit(fitted)`` under ``--write``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--points", default=None,
                         help="a silicon_sample.csv (default: the installed aiconfigurator-core's)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -153,13 +160,13 @@ def main(argv=None) -> int:
     parser.add_argument("--write", action="store_true", help="store the fit in engines.json")
     args = parser.parse_args(argv)
     points, _ = measured.load_silicon(args.points)
-    fitted = fit(points, args.jobs, *(None if a is None else set(a.split(","))
-                                      for a in (args.model, args.engine)))
+    fitted = fit_rows(points, args.jobs, *(None if a is None else set(a.split(","))
+                                           for a in (args.model, args.engine)))
     print(json.dumps(fitted, indent=1))
     if args.write:
-        write(fitted)
+        write_fit(fitted)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(None, __doc__, fit, write))

@@ -116,9 +116,29 @@ def test_overhead_is_its_own_family_and_overlap_hides_it():
         EngineOverhead(-1.0)
 
 
+def test_exposed_overhead_is_paid_per_sequence_whatever_the_overlap():
+    spec = ModelSpec.from_model("llama-3.1-8b")
+    shape = StepShape.of(spec, [(1, 500)] * 10)
+    bare = RooflinePredictor("H100").predict(shape)
+    hidden = EngineOverhead(1e-3, 1e-5, overlapped=True)  # less than the GPU's step: hidden
+    exposed = EngineOverhead(1e-3, 1e-5, overlapped=True, exposed_per_seq_s=3e-5)
+    assert RooflinePredictor("H100", overhead=hidden).predict(shape).breakdown["overhead"] == 0
+    cost = RooflinePredictor("H100", overhead=exposed).predict(shape)
+    assert cost.breakdown["overhead"] == pytest.approx(10 * 3e-5)
+    assert cost.seconds == pytest.approx(bare.seconds + 10 * 3e-5)
+    serial = EngineOverhead(1e-3, 0, exposed_per_seq_s=2e-5)  # not overlapped: both add
+    assert serial.seconds(10, 1.0) == pytest.approx(1e-3 + 10 * 2e-5)
+    with pytest.raises(ValueError, match="exposed_per_seq_s"):
+        EngineOverhead(exposed_per_seq_s=-1e-6)
+    with pytest.raises(ValueError, match="exposed_per_seq_s"):
+        EngineOverhead(exposed_per_seq_s=float("nan"))
+
+
 def test_engine_profiles_and_files(tmp_path):
     for name, p in profiles().items():
         assert p.sources["overhead"] and p.sources["scheduler"], name
+        if p.overhead.exposed_per_seq_s:  # a fitted figure names the rows it was fitted on
+            assert "bench/fit_overhead.py" in p.sources["exposed_overhead"], name
     raw = json.loads(open(resolve_engine.__globals__["DATA_FILE"]).read())["engines"]["vllm"]
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({**raw, "name": "mine",

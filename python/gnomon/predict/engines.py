@@ -9,7 +9,11 @@ its source, from ``data/engines.json`` or a user's JSON file of the same shape.
 `EngineOverhead`: ``per_step_s + per_seq_s * sequences in the step`` of host work (scheduling,
 input preparation, output processing). An engine that overlaps it with the GPU (``overlapped``:
 SGLang's overlap scheduler, vLLM's async scheduling) adds only what exceeds the GPU's time.
-The roofline reports it as the ``overhead`` family.
+``exposed_per_seq_s * sequences in the step`` is time per sequence that nothing hides, each
+step paying it on top: fitted per engine by ``bench/fit_overhead.py`` on the fit split's busy
+TPOTs, it holds the host work per sequence the overlap leaves exposed and the GPU work per
+sequence the roofline misses, which measured TPOTs cannot tell apart.
+The roofline reports both as the ``overhead`` family.
 
 `ServingPath`: what a request crosses outside the step loop, between the client and the
 scheduler: the API server and tokenisation on the way in (``request_s + per_prompt_token_s *
@@ -41,14 +45,15 @@ GIB = 1 << 30
 @dataclass(frozen=True)
 class EngineOverhead:
     """Host seconds per step: ``per_step_s + per_seq_s * num_seqs``, hidden behind the GPU's
-    time when ``overlapped``."""
+    time when ``overlapped``, plus ``exposed_per_seq_s * num_seqs`` that nothing hides."""
 
     per_step_s: float = 0.0
     per_seq_s: float = 0.0
     overlapped: bool = False
+    exposed_per_seq_s: float = 0.0
 
     def __post_init__(self):
-        for name in ("per_step_s", "per_seq_s"):
+        for name in ("per_step_s", "per_seq_s", "exposed_per_seq_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
                     math.isfinite(v) and v >= 0):
@@ -56,7 +61,8 @@ class EngineOverhead:
 
     def seconds(self, num_seqs: int, gpu_seconds: float) -> float:
         host = self.per_step_s + self.per_seq_s * num_seqs
-        return max(host - gpu_seconds, 0.0) if self.overlapped else host
+        hidden = max(host - gpu_seconds, 0.0) if self.overlapped else host
+        return hidden + self.exposed_per_seq_s * num_seqs
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,8 @@ def _profile(name: str, raw: dict, where: str) -> EngineProfile:
         return EngineProfile(
             name=name, description=str(raw["description"]),
             overhead=EngineOverhead(float(over["per_step_s"]), float(over["per_seq_s"]),
-                                    bool(over["overlapped"])),
+                                    bool(over["overlapped"]),
+                                    float(over.get("exposed_per_seq_s", 0.0))),
             max_num_seqs=tuple(int(v) for v in raw["max_num_seqs"]),
             max_num_batched_tokens=tuple(int(v) for v in raw["max_num_batched_tokens"]),
             large_gpu_gib=float(raw["large_gpu_gib"]),
