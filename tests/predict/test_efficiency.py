@@ -134,6 +134,21 @@ def test_exposed_overhead_is_paid_per_sequence_whatever_the_overlap():
         EngineOverhead(exposed_per_seq_s=float("nan"))
 
 
+def test_a_simulation_states_the_exposed_overhead_it_adds():
+    from gnomon.predict.simulate import simulate
+    from gnomon.predict.spec import SimulationSpec
+    from gnomon.predict.workloads import parse_length
+
+    vllm = profiles()["vllm"]
+    report, _ = simulate(SimulationSpec.of(
+        model="llama-3.1-8b", hardware="H100 SXM", engine="vllm", num_requests=4, concurrency=4,
+        input_len=parse_length("64", "i"), output_len=parse_length("8", "o")))
+    line = [x for x in report["limits"] if "per running sequence that no overlap hides" in x]
+    assert len(line) == 1
+    assert f"{vllm.overhead.exposed_per_seq_s * 1e6:g} us" in line[0]
+    assert vllm.sources["exposed_overhead"] in line[0]
+
+
 def test_engine_profiles_and_files(tmp_path):
     for name, p in profiles().items():
         assert p.sources["overhead"] and p.sources["scheduler"], name

@@ -118,6 +118,11 @@ def limits_for(model: ModelSpec, predictor, hardware: Hardware,
                        f"the grouped-GEMM curves")
         if predictor.overhead is None:
             out.append("roofline: no engine overhead")
+        elif engine is not None and predictor.overhead.exposed_per_seq_s:
+            out.append(f"engine {engine.name}: each step adds "
+                       f"{predictor.overhead.exposed_per_seq_s * 1e6:g} us per running sequence "
+                       f"that no overlap hides ("
+                       f"{engine.sources.get('exposed_overhead', 'no source given')})")
     elif engine is not None:
         out.append(f"engine {engine.name}: its scheduler defaults apply; its host overhead does "
                    f"not, since {predictor.name} carries the measured host cost of its own "
