@@ -13,8 +13,9 @@ Two ways in:
   ``aiconfigurator-core``, Apache-2.0): `from_silicon` maps each row through the one table in
   ``data/silicon.json`` (models and their quant labels, systems and their split, backends, the KV
   dtype per recipe; what a blank field means; the server settings a source's benchmark
-  launched its engine with, by rule). `silicon_csv()` finds it where that package is
-  installed; nothing is downloaded.
+  launched its engine with, by rule, or why a launch cannot be simulated: a rule's ``refuse``,
+  such as InferenceMAX's DeepSeek-R1 MTP launches, told apart by their image). `silicon_csv()`
+  finds it where that package is installed; nothing is downloaded.
 
 A point maps to a `SimulationSpec` (`MeasuredPoint.simulation_spec`), or is refused with the
 reason that names what is missing (`PointRefused`). A row's ``tp_size`` is each attention
@@ -395,7 +396,11 @@ def from_silicon(row: dict) -> MeasuredPoint:
                 and rule.get("concurrency_above", 0) < conc < rule.get("concurrency_below",
                                                                        math.inf)
                 and row.get("gemm_quant_mode") in rule.get("quant_modes",
-                                                           (row.get("gemm_quant_mode"),))):
+                                                           (row.get("gemm_quant_mode"),))
+                and row.get("backend_version") in rule.get("versions",
+                                                           (row.get("backend_version"),))):
+            if "refuse" in rule:  # the launch ran something gnomon does not simulate
+                raise PointRefused(rule["refuse"])
             settings.update(rule.get("settings", {}))
             kv_dtype = rule.get("kv_dtype", kv_dtype)
     point = MeasuredPoint(
