@@ -323,3 +323,21 @@ def test_a_bad_postgresql_url_is_one_line_without_its_password(pg_db, tmp_path, 
     assert "Traceback" not in result.stderr
     assert url.password not in result.stderr + result.stdout
     assert "***" in lines[0]
+
+
+def test_compare_judges_a_collective_on_its_runs_median_and_a_kernel_on_its_fastest(engine,
+                                                                                   tmp_path):
+    from gnomon.dash import comparison
+
+    keys = {**KEYS, "comm/all_reduce[tokens=1,world=2]": ("comm", "all_reduce")}
+    doc = document(sha("a"), keys=keys)
+    store.ingest(engine, [write(doc, tmp_path / "a.json")])
+    with engine.connect() as conn:
+        machine_id, _ = comparison.resolve_machine(conn, None, (sha("a"),))
+        values = comparison.run_values(conn, machine_id, sha("a"))
+        ids = dict(conn.execute(sa.select(store.benchmarks.c.key, store.benchmarks.c.id)).all())
+    for key, (suite, _) in keys.items():
+        column = "median" if suite == "comm" else "min"
+        expected = [next(c for c in run["cases"] if c["key"] == key)["stats"][column]
+                    for run in doc["runs"]]
+        assert sorted(values[ids[key]].values()) == pytest.approx(sorted(expected)), key

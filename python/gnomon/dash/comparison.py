@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gnomon.dash import stats
 from gnomon.dash.store import (SIMULATION, DashError, accuracy, benchmarks, machines, results,
-                               runs, steps)
+                               run_value, runs, steps)
 
 
 @dataclass
@@ -93,11 +93,12 @@ def resolve_machine(conn: Connection, machine: str | None, commits: tuple[str, .
 
 
 def run_values(conn: Connection, machine_id: int, commit: str) -> dict[int, dict[int, float]]:
-    """{benchmark id: {run id: the run's value (`stats.RUN_VALUE`)}} for one commit on one
+    """{benchmark id: {run id: the run's value (`store.run_value`)}} for one commit on one
     machine."""
     out: dict[int, dict[int, float]] = {}
-    query = (sa.select(results.c.benchmark_id, results.c.run_id, results.c[stats.RUN_VALUE])
+    query = (sa.select(results.c.benchmark_id, results.c.run_id, run_value())
              .join(runs, runs.c.id == results.c.run_id)
+             .join(benchmarks, benchmarks.c.id == results.c.benchmark_id)
              .where(runs.c.machine_id == machine_id, runs.c.commit == commit)
              .order_by(runs.c.id))
     for bench_id, run_id, value in conn.execute(query):
@@ -121,8 +122,9 @@ def history_values(conn: Connection, machine_id: int, base: str, head: str,
                steps.c.benchmark_id.in_(bench_ids))
         .group_by(steps.c.benchmark_id)).all())
     query = (sa.select(results.c.benchmark_id, runs.c.commit, runs.c.commit_order,
-                       results.c.run_id, results.c[stats.RUN_VALUE])
+                       results.c.run_id, run_value())
              .join(runs, runs.c.id == results.c.run_id)
+             .join(benchmarks, benchmarks.c.id == results.c.benchmark_id)
              .where(runs.c.machine_id == machine_id, runs.c.commit_order < base_order,
                     runs.c.commit != head, results.c.benchmark_id.in_(bench_ids))
              .order_by(runs.c.commit_order.desc(), runs.c.id))

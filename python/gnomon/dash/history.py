@@ -2,7 +2,7 @@
 
 A *series* is one benchmark (key and definition hash) on one machine: its commits in commit
 order (the order in which they were first ingested), each with its runs' values (each run's
-fastest sample, `stats.RUN_VALUE`, as `compare` judges them).
+fastest sample, or a collective's median: `store.run_value`, as `compare` judges them).
 
 Detection (binary segmentation)
 -------------------------------
@@ -48,8 +48,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from gnomon.dash import stats
-from gnomon.dash.store import (DashError, accuracy, benchmarks, machines, results, runs, steps,
-                               with_retry)
+from gnomon.dash.store import (DashError, accuracy, benchmarks, machines, results, run_value,
+                               runs, steps, with_retry)
 
 PERSIST_AFTER = 2
 WINDOW = 5
@@ -142,8 +142,9 @@ class Step:
 def load_series(conn: Connection) -> dict[tuple[int, int], list[Point]]:
     """{(benchmark id, machine id): points in commit order}."""
     query = (sa.select(results.c.benchmark_id, runs.c.machine_id, runs.c.commit,
-                       runs.c.commit_order, results.c[stats.RUN_VALUE])
+                       runs.c.commit_order, run_value())
              .join(runs, runs.c.id == results.c.run_id)
+             .join(benchmarks, benchmarks.c.id == results.c.benchmark_id)
              .order_by(runs.c.commit_order, runs.c.id))
     series: dict[tuple[int, int], dict[str, Point]] = {}
     for bench_id, machine_id, commit, order, value in conn.execute(query):

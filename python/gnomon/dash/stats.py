@@ -9,8 +9,12 @@ are not independent replicates. Each run contributes one number, its fastest sam
 (``RUN_VALUE``), taken on a log scale (a slowdown is a ratio): interference only ever adds
 time, so the fastest call is the one the machine disturbed least (Chen and Revels,
 "Robust benchmarking in noisy environments", 2016); on the 2-core machine of
-`bench/regression_gate.py` it scattered between processes several times less than the median
-for most keys (the collectives, about as much). For one
+`bench/regression_gate.py` it scattered between processes as little as the median or less for
+every kernel. The collectives are the exception (``RUN_VALUE_BY_SUITE``): a call ends when
+the later of its ranks, each a process of its own, arrives, so its fastest call is a rare
+alignment of two processes' scheduling, and it scattered about twice as much between processes
+as the run's median sample (a standard deviation of the log of 15 % against 8 %, over 48
+processes of each of two pools), which is what they are judged on. For one
 benchmark key the evidence is the runs' values at the base (``a``), at the head (``b``), and the
 key's *history* on the same machine: the runs of the ``HISTORY_COMMITS`` (16) latest commits
 before the base in the store's commit order, of the same benchmark definition, after the last
@@ -80,6 +84,7 @@ MIN_RUNS = 3  # history's per-window rule (`gnomon.dash.history`)
 MIN_DF = 2  # compare: the fewest degrees of freedom the noise is estimated with
 HISTORY_COMMITS = 16  # compare: the latest commits before the base whose runs join its side
 RUN_VALUE = "min"  # the result column compare and history judge: the run's fastest sample
+RUN_VALUE_BY_SUITE = {"comm": "median"}  # ... except these suites': the collectives' median
 
 REGRESSION = "REGRESSION"
 IMPROVEMENT = "IMPROVEMENT"

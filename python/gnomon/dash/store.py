@@ -185,6 +185,17 @@ STEP_STATES = ("open", "acknowledged", "fixed")
 
 # --------------------------------------------------------------------------- samples
 
+def run_value():
+    """The value of a result's run that compare and history judge, as a column expression: its
+    suite's column of `stats.RUN_VALUE_BY_SUITE`, else `stats.RUN_VALUE`. A query selecting it
+    joins `benchmarks`."""
+    from gnomon.dash import stats
+
+    return sa.case(*((benchmarks.c.suite == suite, results.c[column])
+                     for suite, column in stats.RUN_VALUE_BY_SUITE.items()),
+                   else_=results.c[stats.RUN_VALUE])
+
+
 def pack_samples(samples: Sequence[int]) -> bytes:
     """zlib of the samples as little-endian int64."""
     return zlib.compress(struct.pack(f"<{len(samples)}q", *samples), 6)
