@@ -30,14 +30,13 @@ Held-out rows (h200_sxm) are never read. ``--write`` stores the figures in
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from collections import Counter, defaultdict
 from dataclasses import replace
 
-from fit_serving import profile_with, run_cli
-from gnomon.predict import engines, measured, scorecard
+from fit_serving import profile_with, run_cli, write_entries
+from gnomon.predict import measured, scorecard
 
 BUSY = 16  # the lowest concurrency a row may run at to enter the fit
 
@@ -99,25 +98,20 @@ def fit(points, jobs: int, models=None, engine_names=None):
     return out
 
 
+def _store(entry: dict, fig: dict, groups: str) -> None:
+    entry["overhead"]["exposed_per_seq_s"] = round(fig["exposed_per_seq_s"], 8)
+    q = fig["tpot_left_us"]
+    entry["sources"]["exposed_overhead"] = (
+        f"fitted by bench/fit_overhead.py on {fig['rows']} fit-split rows of "
+        f"aiconfigurator-core 0.12.0's silicon_sample.csv at concurrency >= {BUSY} without "
+        f"attention data parallelism ({groups}): of the TPOT a simulation without it leaves per "
+        f"running sequence (quartiles {q['p25']:.1f} to {q['p75']:.1f} us), the figure that "
+        f"minimises those rows' TPOT MAPE; the time per sequence per step that the roofline "
+        f"and the engine's overlapped host work do not account for")
+
+
 def write(fitted) -> None:
-    with open(engines.DATA_FILE, encoding="utf-8") as f:
-        raw = json.load(f)
-    for name, fig in fitted.items():
-        entry = raw["engines"][name]
-        entry["overhead"]["exposed_per_seq_s"] = round(fig["exposed_per_seq_s"], 8)
-        groups = "; ".join(f"{n} {g}" for g, n in sorted(fig["groups"].items()))
-        q = fig["tpot_left_us"]
-        entry["sources"]["exposed_overhead"] = (
-            f"fitted by bench/fit_overhead.py on {fig['rows']} fit-split rows of "
-            f"aiconfigurator-core 0.12.0's silicon_sample.csv at concurrency >= {BUSY} without "
-            f"attention data parallelism ({groups}): of the TPOT a simulation without it leaves per "
-            f"running sequence (quartiles {q['p25']:.1f} to {q['p75']:.1f} us), the figure that "
-            f"minimises those rows' TPOT MAPE; the time per sequence per step that the roofline "
-            f"and the engine's overlapped host work do not account for")
-    with open(engines.DATA_FILE, "w", encoding="utf-8") as f:
-        json.dump(raw, f, indent=1)
-        f.write("\n")
-    print(f"wrote {engines.DATA_FILE}")
+    write_entries(fitted, _store)
 
 
 if __name__ == "__main__":

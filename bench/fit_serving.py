@@ -122,28 +122,37 @@ def fit(points, jobs: int, models=None, engine_names=None):
     return out
 
 
-def write(fitted) -> None:
+def write_entries(fitted, store) -> None:
+    """Each fitted engine's figures into engines.json: ``store(entry, figures, groups)`` edits
+    the engine's entry, ``groups`` the rows' groups as one line of text."""
     with open(engines.DATA_FILE, encoding="utf-8") as f:
         raw = json.load(f)
     for name, fig in fitted.items():
-        entry = raw["engines"][name]
-        ahead = entry.get("serving", {}).get("schedule_ahead_steps", 0)
-        entry["serving"] = {"request_s": round(fig["request_s"], 6),
-                            "per_prompt_token_s": round(fig["per_prompt_token_s"], 10),
-                            "response_s": 0.0, "schedule_ahead_steps": ahead}
         groups = "; ".join(f"{n} {g}" for g, n in sorted(fig["groups"].items()))
-        entry["sources"]["serving"] = (
-            f"fitted by bench/fit_serving.py on {fig['rows']} fit-split rows of "
-            f"aiconfigurator-core 0.12.0's silicon_sample.csv at concurrency <= {LIGHT} "
-            f"({groups}): "
-            f"the TTFT a simulation without a serving path leaves, Theil-Sen against the "
-            f"prompt tokens; median |TTFT left| {fig['residual_ms']['median_abs_before']:.1f} "
-            f"-> {fig['residual_ms']['median_abs_after']:.1f} ms. The fixed part is all request_s: "
-            f"mean TTFTs cannot tell the way in from the way out")
+        store(raw["engines"][name], fig, groups)
     with open(engines.DATA_FILE, "w", encoding="utf-8") as f:
         json.dump(raw, f, indent=1)
         f.write("\n")
     print(f"wrote {engines.DATA_FILE}")
+
+
+def _store(entry: dict, fig: dict, groups: str) -> None:
+    ahead = entry.get("serving", {}).get("schedule_ahead_steps", 0)
+    entry["serving"] = {"request_s": round(fig["request_s"], 6),
+                        "per_prompt_token_s": round(fig["per_prompt_token_s"], 10),
+                        "response_s": 0.0, "schedule_ahead_steps": ahead}
+    entry["sources"]["serving"] = (
+        f"fitted by bench/fit_serving.py on {fig['rows']} fit-split rows of "
+        f"aiconfigurator-core 0.12.0's silicon_sample.csv at concurrency <= {LIGHT} "
+        f"({groups}): "
+        f"the TTFT a simulation without a serving path leaves, Theil-Sen against the "
+        f"prompt tokens; median |TTFT left| {fig['residual_ms']['median_abs_before']:.1f} "
+        f"-> {fig['residual_ms']['median_abs_after']:.1f} ms. The fixed part is all request_s: "
+        f"mean TTFTs cannot tell the way in from the way out")
+
+
+def write(fitted) -> None:
+    write_entries(fitted, _store)
 
 
 def run_cli(argv, doc: str, fit_rows, write_fit) -> int:
