@@ -56,6 +56,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gnomon import documents
 from gnomon.bench import results as results_file
+from gnomon.dash import stats
 from gnomon.documents import DocumentError
 from gnomon.predict import accuracy as accuracy_doc
 
@@ -189,8 +190,6 @@ def run_value():
     """The value of a result's run that compare and history judge, as a column expression: its
     suite's column of `stats.RUN_VALUE_BY_SUITE`, else `stats.RUN_VALUE`. A query selecting it
     joins `benchmarks`."""
-    from gnomon.dash import stats
-
     return sa.case(*((benchmarks.c.suite == suite, results.c[column])
                      for suite, column in stats.RUN_VALUE_BY_SUITE.items()),
                    else_=results.c[stats.RUN_VALUE])
