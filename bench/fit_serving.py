@@ -16,7 +16,10 @@ way through that client and the server; other sources, whose client is not state
    far from the rest, and a mean would follow them.
 
 The split between the way in and the way out cannot be told apart from mean TTFTs, so the whole
-fixed part goes to ``request_s`` and ``response_s`` stays 0. Held-out rows (h200_sxm) are never
+fixed part goes to ``request_s`` and ``response_s`` stays 0. Nor can a light-load TTFT tell the
+serving path from prompt time the roofline misses on the fitted rows' models, so the figures hold
+both, fitted over every model whose rows an engine has (an engine whose rows are all one model's,
+SGLang's DeepSeek-V3, carries that model's in full). Held-out rows (h200_sxm) are never
 read. ``--write`` stores the figures in ``gnomon/predict/data/engines.json`` with the rows they
 were fitted on (the groups and the count).
 
@@ -148,7 +151,9 @@ def _store(entry: dict, fig: dict, groups: str) -> None:
         f"the TTFT a simulation without a serving path leaves, Theil-Sen against the "
         f"prompt tokens; median |TTFT left| {fig['residual_ms']['median_abs_before']:.1f} "
         f"-> {fig['residual_ms']['median_abs_after']:.1f} ms. The fixed part is all request_s: "
-        f"mean TTFTs cannot tell the way in from the way out")
+        f"mean TTFTs cannot tell the way in from the way out. What the rows leave holds the "
+        f"API server and tokenisation and any prompt time the roofline misses on these rows' "
+        f"models; light-load TTFTs cannot tell those apart either")
 
 
 def write(fitted) -> None:

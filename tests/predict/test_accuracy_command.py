@@ -26,10 +26,11 @@ from gnomon.predict.engines import ServingPath
 from gnomon.predict.measured import MeasuredPoint, PointRefused
 
 DATA = os.path.join(os.path.dirname(__file__), os.pardir, "data", "silicon_sample_ci.csv")
-# What this build reaches on the 34 rows (TTFT 23.0%, TPOT 9.1%), plus 3-4 points: a predictor
-# change that loses more fails here.
-TTFT_MAPE_BOUND = 0.27
-TPOT_MAPE_BOUND = 0.12
+# What this build reaches on the 34 rows (TTFT 27.8%, TPOT 5.9%), plus 3 points: a predictor
+# change that loses more fails here. (TTFT was 23.0% before the serving paths were fitted on the
+# frontier-MoE models' rows as well as these preset models'.)
+TTFT_MAPE_BOUND = 0.31
+TPOT_MAPE_BOUND = 0.09
 
 
 def _row(**over) -> dict:
@@ -358,10 +359,10 @@ def test_the_ci_sample_against_its_measurements(tmp_path):
 # each layout's (model, system, engine, tp, ep, dp, weight dtype) lowest concurrency up to 16, and
 # DeepSeek's attention-DP layouts' lowest (one at 8k/1k: no other non-MTP one is at 1k/1k); the
 # rows of InferenceMAX's MTP launches are refused, so none is here. What this build reaches on it
-# (TTFT 37.0%, TPOT 12.9%), plus 3 points.
+# (TTFT 32.3%, TPOT 12.9%), plus 3 points.
 MOE_DATA = os.path.join(os.path.dirname(__file__), os.pardir, "data",
                         "silicon_sample_moe_ci.csv")
-MOE_TTFT_MAPE_BOUND, MOE_TPOT_MAPE_BOUND = 0.40, 0.16
+MOE_TTFT_MAPE_BOUND, MOE_TPOT_MAPE_BOUND = 0.36, 0.16
 
 
 def test_the_frontier_moe_sample_against_its_measurements():
@@ -527,13 +528,13 @@ def test_a_serving_path_out_of_range_is_refused():
 
 
 def test_a_profile_stated_to_take_another_serving_path_follows_its_fit(tmp_path):
-    """SGLang's and vLLM 0.10's profiles take the vllm profile's fitted API-server path
-    (``serving.as``): the same seconds, with their own scheduling-ahead step, so a refit of
-    vllm's moves them too; a name without figures of its own is refused."""
+    """vLLM 0.10's profile takes the vllm profile's fitted API-server path (``serving.as``):
+    the same seconds, with its own scheduling-ahead step, so a refit of vllm's moves it too; a
+    name without figures of its own is refused."""
     from gnomon.predict.engines import resolve_engine
 
     vllm = resolve_engine("vllm").serving
-    for name, ahead in (("sglang", 1), ("vllm-0.10", 0)):
+    for name, ahead in (("vllm-0.10", 0),):
         path = resolve_engine(name).serving
         assert (path.request_s, path.per_prompt_token_s, path.response_s) == \
             (vllm.request_s, vllm.per_prompt_token_s, vllm.response_s)
@@ -543,7 +544,7 @@ def test_a_profile_stated_to_take_another_serving_path_follows_its_fit(tmp_path)
     mine.write_text(json.dumps({**raw, "name": "mine",
                                 "serving": {"as": "trtllm", "schedule_ahead_steps": 0}}))
     assert resolve_engine(str(mine)).serving.request_s == resolve_engine("trtllm").serving.request_s
-    for bad in ("sglang", "gnomon", "tgi", 3):
+    for bad in ("vllm-0.10", "gnomon", "tgi", 3):
         mine.write_text(json.dumps({**raw, "name": "mine", "serving": {"as": bad}}))
         with pytest.raises(ValueError, match="serving.as: expected a shipped profile"):
             resolve_engine(str(mine))
