@@ -118,6 +118,15 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
     for over in ({"backend_version": "1.2.0rc6.post2"}, {"system": "h200_sxm"},
                  {"silicon_data_source": "db-dump/2026-04-27; config_id=91"}):
         assert measured.from_silicon(_row(**{**mtp, **over})).engine_version
+    # its FP8 launch on B200's non-MTP image waits to batch at 1k/1k from concurrency 64 to
+    # below 256; not at 32 or 256, nor its FP4 launch, nor at 1k/8k
+    wait = {"batch_wait_timeout_iters": 40, "batch_wait_max_tokens_ratio": 0.8}
+    plain = {**mtp, "backend_version": "1.2.0rc6.post2", "osl": "1024"}
+    fp4 = {"gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"}
+    for conc, over, settings in (("64", {}, wait), ("128", {}, wait), ("32", {}, {}),
+                                 ("256", {}, {}), ("64", fp4, {}), ("64", {"osl": "8192"}, {})):
+        q = measured.from_silicon(_row(**{**plain, **over, "batch_size": conc}))
+        assert _launched(q) == settings, (conc, over)
     # DeepSeek-R1's SGLang B200 launches: a receive interval of 10 below concurrency 16 and 30
     # from 16 on, and 10 at any concurrency for the FP8 launch at tp 4, which also takes 0.95 of
     # the memory; none on H200
