@@ -26,10 +26,10 @@ from gnomon.predict.engines import ServingPath
 from gnomon.predict.measured import MeasuredPoint, PointRefused
 
 DATA = os.path.join(os.path.dirname(__file__), os.pardir, "data", "silicon_sample_ci.csv")
-# What this build reaches on the 34 rows (TTFT 27.8%, TPOT 5.9%), plus 3 points: a predictor
+# What this build reaches on the 34 rows (TTFT 28.5%, TPOT 5.9%), plus 3-4 points: a predictor
 # change that loses more fails here. (TTFT was 23.0% before the serving paths were fitted on the
 # frontier-MoE models' rows as well as these preset models'.)
-TTFT_MAPE_BOUND = 0.31
+TTFT_MAPE_BOUND = 0.32
 TPOT_MAPE_BOUND = 0.09
 
 
@@ -109,14 +109,18 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
         "attention_dp_batching_wait_iters": 0}
     p = measured.from_silicon(_row(**{**deepseek, "tp_size": "8"}))
     assert p.engine_settings == ""
-    # its MTP launches, told apart by their TensorRT-LLM image on B200, are refused by name;
-    # its other launches, the H200 ones (one image for both) and other sources' rows run
+    # its MTP launches, told apart by their TensorRT-LLM image on B200, are refused by name,
+    # in InferenceMAX's exports and in the database dump of its runs (which names the model
+    # DeepSeek-V3); its other launches, the H200 ones (one image for both) and other sources'
+    # rows run
     mtp = {**deepseek, "tp_size": "8", "moe_ep_size": "1", "moe_tp_size": "8",
            "backend_version": "1.2.0rc6.post3"}
-    with pytest.raises(measured.PointRefused, match="speculative decoding"):
-        measured.from_silicon(_row(**mtp))
+    dump = {"silicon_data_source": "db-dump/2026-04-27; config_id=91"}
+    for over in ({}, dump, {**dump, "model_path": "deepseek-ai/DeepSeek-V3"}):
+        with pytest.raises(measured.PointRefused, match="speculative decoding"):
+            measured.from_silicon(_row(**{**mtp, **over}))
     for over in ({"backend_version": "1.2.0rc6.post2"}, {"system": "h200_sxm"},
-                 {"silicon_data_source": "db-dump/2026-04-27; config_id=91"}):
+                 {"silicon_data_source": "source_file=/a/deepseek_r1.csv"}):
         assert measured.from_silicon(_row(**{**mtp, **over})).engine_version
     # its FP8 launch on B200's non-MTP image waits to batch at 1k/1k from concurrency 64 to
     # below 256; not at 32 or 256, nor its FP4 launch, nor at 1k/8k
@@ -145,7 +149,9 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
     # MiniMax-M2.5's FP8 vLLM B200 launch takes 0.95 of the memory; its NVFP4 one the default
     minimax = dict(model_path="MiniMaxAI/MiniMax-M2.5", backend="vllm", backend_version="",
                    gemm_quant_mode="fp8", moe_quant_mode="fp8", tp_size="4", moe_tp_size="4")
-    assert _launched(measured.from_silicon(_row(**minimax))) == {"gpu_memory_utilization": 0.95}
+    for over in ({}, dump):
+        assert _launched(measured.from_silicon(_row(**minimax, **over))) == {
+            "gpu_memory_utilization": 0.95}
     for over in ({"gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"},
                  {"system": "h200_sxm"}):
         assert _launched(measured.from_silicon(_row(**{**minimax, **over}))) == {}
@@ -368,10 +374,10 @@ def test_the_ci_sample_against_its_measurements(tmp_path):
 # each layout's (model, system, engine, tp, ep, dp, weight dtype) lowest concurrency up to 16, and
 # DeepSeek's attention-DP layouts' lowest (one at 8k/1k: no other non-MTP one is at 1k/1k); the
 # rows of InferenceMAX's MTP launches are refused, so none is here. What this build reaches on it
-# (TTFT 32.3%, TPOT 12.9%), plus 3 points.
+# (TTFT 32.0%, TPOT 12.9%), plus 3 points.
 MOE_DATA = os.path.join(os.path.dirname(__file__), os.pardir, "data",
                         "silicon_sample_moe_ci.csv")
-MOE_TTFT_MAPE_BOUND, MOE_TPOT_MAPE_BOUND = 0.36, 0.16
+MOE_TTFT_MAPE_BOUND, MOE_TPOT_MAPE_BOUND = 0.35, 0.16
 
 
 def test_the_frontier_moe_sample_against_its_measurements():
