@@ -31,12 +31,9 @@ Held-out rows (h200_sxm) are never read. ``--write`` stores the figures in
 from __future__ import annotations
 
 import sys
-import tempfile
-from collections import Counter, defaultdict
-from dataclasses import replace
+from collections import Counter
 
-from fit_serving import profile_with, run_cli, write_entries
-from gnomon.predict import measured, scorecard
+from fit_serving import answered_by_engine, group_name, run_cli, write_entries
 
 BUSY = 16  # the lowest concurrency a row may run at to enter the fit
 
@@ -59,42 +56,28 @@ def _unexposed(raw: dict) -> dict:
 
 def fit(points, jobs: int, models=None, engine_names=None):
     """The fit per engine profile; `models` / `engine_names` (sets) keep only those rows."""
-    known = set(measured.silicon_table()["workload"]["client_sources"])
-    busy = [p for p in points if p.split == "fit" and p.concurrency is not None
-            and p.concurrency >= BUSY and p.dp == 1 and p.source in known
-            and (models is None or p.model in models)
-            and (engine_names is None or p.engine in engine_names)]
-    by_engine = defaultdict(list)
-    for p in busy:
-        by_engine[p.engine].append(p)
+    def busy(p):
+        return p.concurrency >= BUSY and p.dp == 1
+
     out = {}
-    with tempfile.TemporaryDirectory() as folder:
-        for name, group in sorted(by_engine.items()):
-            bare = profile_with(name, folder, _unexposed)
-            doc = scorecard.run([replace(p, engine=bare) for p in group], jobs=jobs)
-            by_id = {p.id: p for p in group}
-            left, used = [], Counter()
-            for r in doc["rows"]:
-                if r["status"] != scorecard.ANSWERED or not r["measured"]["tpot_ms"]:
-                    continue
-                p = by_id[r["id"]]
-                tpot = r["measured"]["tpot_ms"]
-                left.append(((tpot - r["predicted"]["tpot_ms"]) / 1e3 / p.concurrency,
-                             p.concurrency / tpot))
-                used[f"{p.model} on {p.hardware} ({p.source})"] += 1
-            if len(left) < 3:
-                print(f"{name}: {len(left)} busy fit rows answered; not fitted")
-                continue
-            per_seq = max(weighted_median(left), 0.0)
-            ranked = sorted(x for x, _ in left)
-            out[name] = {"exposed_per_seq_s": per_seq, "rows": len(left), "groups": dict(used),
-                         "tpot_left_us": {"p25": ranked[len(left) // 4] * 1e6,
-                                          "p75": ranked[3 * len(left) // 4] * 1e6}}
-            print(f"{name}: {per_seq * 1e6:.1f} us per sequence per step, on {len(left)} rows "
-                  f"(quartiles {out[name]['tpot_left_us']['p25']:.1f} to "
-                  f"{out[name]['tpot_left_us']['p75']:.1f} us)")
-            for g, n in used.items():
-                print(f"    {n:3d} {g}")
+    for name, pairs in answered_by_engine(points, jobs, busy, _unexposed, models, engine_names):
+        pairs = [(p, r) for p, r in pairs if r["measured"]["tpot_ms"]]
+        left = [((r["measured"]["tpot_ms"] - r["predicted"]["tpot_ms"]) / 1e3 / p.concurrency,
+                 p.concurrency / r["measured"]["tpot_ms"]) for p, r in pairs]
+        used = Counter(group_name(p) for p, _ in pairs)
+        if len(left) < 3:
+            print(f"{name}: {len(left)} busy fit rows answered; not fitted")
+            continue
+        per_seq = max(weighted_median(left), 0.0)
+        ranked = sorted(x for x, _ in left)
+        out[name] = {"exposed_per_seq_s": per_seq, "rows": len(left), "groups": dict(used),
+                     "tpot_left_us": {"p25": ranked[len(left) // 4] * 1e6,
+                                      "p75": ranked[3 * len(left) // 4] * 1e6}}
+        print(f"{name}: {per_seq * 1e6:.1f} us per sequence per step, on {len(left)} rows "
+              f"(quartiles {out[name]['tpot_left_us']['p25']:.1f} to "
+              f"{out[name]['tpot_left_us']['p75']:.1f} us)")
+        for g, n in used.items():
+            print(f"    {n:3d} {g}")
     return out
 
 

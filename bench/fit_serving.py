@@ -83,45 +83,58 @@ def _theil_sen(xs, ys):
     return a, b
 
 
-def fit(points, jobs: int, models=None, engine_names=None):
-    """The fit per engine profile; `models` / `engine_names` (sets) keep only those rows."""
+def answered_by_engine(points, jobs: int, keep, edit, models=None, engine_names=None):
+    """Per engine profile, in name order: ``(name, pairs)``, the ``(point, record)`` of each
+    fit-split row of a client-known source that ``keep(point)`` takes (and `models` /
+    `engine_names`, sets, where given), simulated under the shipped profile after ``edit(raw
+    entry)`` (`profile_with`), that the simulation answered."""
     known = set(measured.silicon_table()["workload"]["client_sources"])
-    light = [p for p in points if p.split == "fit" and p.concurrency is not None
-             and p.concurrency <= LIGHT and p.ep == 1 and p.dp == 1 and p.source in known
-             and (models is None or p.model in models)
-             and (engine_names is None or p.engine in engine_names)]
     by_engine = defaultdict(list)
-    for p in light:
-        by_engine[p.engine].append(p)
-    out = {}
+    for p in points:
+        if (p.split == "fit" and p.concurrency is not None and p.source in known and keep(p)
+                and (models is None or p.model in models)
+                and (engine_names is None or p.engine in engine_names)):
+            by_engine[p.engine].append(p)
     with tempfile.TemporaryDirectory() as folder:
         for name, group in sorted(by_engine.items()):
-            zeroed = profile_with(name, folder, _zeroed_serving)
-            doc = scorecard.run([replace(p, engine=zeroed) for p in group], jobs=jobs)
+            edited = profile_with(name, folder, edit)
+            doc = scorecard.run([replace(p, engine=edited) for p in group], jobs=jobs)
             by_id = {p.id: p for p in group}
-            xs, ys, used = [], [], Counter()
-            for r in doc["rows"]:
-                if r["status"] != scorecard.ANSWERED:
-                    continue
-                p = by_id[r["id"]]
-                xs.append(_prompt_mean(p))
-                ys.append(r["measured"]["ttft_ms"] - r["predicted"]["ttft_ms"])
-                used[f"{p.model} on {p.hardware} ({p.source})"] += 1
-            if len(xs) < 3:
-                print(f"{name}: {len(xs)} light fit rows answered; not fitted")
-                continue
-            a, b = _theil_sen(xs, ys)
-            left = [y - a - b * x for x, y in zip(xs, ys)]
-            out[name] = {"request_s": a / 1e3, "per_prompt_token_s": b / 1e3, "rows": len(xs),
-                         "groups": dict(used),
-                         "residual_ms": {"median_abs_before": median(map(abs, ys)),
-                                         "median_abs_after": median(map(abs, left))}}
-            print(f"{name}: request_s {a:.2f} ms + {b * 1e3:.3f} us per prompt token, on "
-                  f"{len(xs)} rows; median |TTFT left| "
-                  f"{out[name]['residual_ms']['median_abs_before']:.1f} -> "
-                  f"{out[name]['residual_ms']['median_abs_after']:.1f} ms")
-            for group, n in used.items():
-                print(f"    {n:3d} {group}")
+            yield name, [(by_id[r["id"]], r) for r in doc["rows"]
+                         if r["status"] == scorecard.ANSWERED]
+
+
+def group_name(point) -> str:
+    """The rows' group a fit reports: model, hardware and source."""
+    return f"{point.model} on {point.hardware} ({point.source})"
+
+
+def fit(points, jobs: int, models=None, engine_names=None):
+    """The fit per engine profile; `models` / `engine_names` (sets) keep only those rows."""
+    def light(p):
+        return p.concurrency <= LIGHT and p.ep == 1 and p.dp == 1
+
+    out = {}
+    for name, pairs in answered_by_engine(points, jobs, light, _zeroed_serving, models,
+                                          engine_names):
+        xs = [_prompt_mean(p) for p, _ in pairs]
+        ys = [r["measured"]["ttft_ms"] - r["predicted"]["ttft_ms"] for _, r in pairs]
+        used = Counter(group_name(p) for p, _ in pairs)
+        if len(xs) < 3:
+            print(f"{name}: {len(xs)} light fit rows answered; not fitted")
+            continue
+        a, b = _theil_sen(xs, ys)
+        left = [y - a - b * x for x, y in zip(xs, ys)]
+        out[name] = {"request_s": a / 1e3, "per_prompt_token_s": b / 1e3, "rows": len(xs),
+                     "groups": dict(used),
+                     "residual_ms": {"median_abs_before": median(map(abs, ys)),
+                                     "median_abs_after": median(map(abs, left))}}
+        print(f"{name}: request_s {a:.2f} ms + {b * 1e3:.3f} us per prompt token, on "
+              f"{len(xs)} rows; median |TTFT left| "
+              f"{out[name]['residual_ms']['median_abs_before']:.1f} -> "
+              f"{out[name]['residual_ms']['median_abs_after']:.1f} ms")
+        for group, n in used.items():
+            print(f"    {n:3d} {group}")
     return out
 
 
