@@ -122,6 +122,16 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
     for over in ({"backend_version": "1.2.0rc6.post2"}, {"system": "h200_sxm"},
                  {"silicon_data_source": "source_file=/a/deepseek_r1.csv"}):
         assert measured.from_silicon(_row(**{**mtp, **over})).engine_version
+    # InferenceMAX ran GB200 disaggregated only: its GB200 rows labelled agg are refused as
+    # such on either engine, in its exports and its dump; another source's GB200 row runs
+    gb200 = {**mtp, "backend_version": "", "system": "gb200", "tp_size": "32",
+             "moe_tp_size": "32"}
+    for over in ({}, {"backend": "sglang"}, {**dump, "model_path": "deepseek-ai/DeepSeek-V3"}):
+        with pytest.raises(measured.PointRefused, match="disaggregated serving: InferenceMAX"):
+            measured.from_silicon(_row(**{**gb200, **over}))
+    other = measured.from_silicon(_row(**{**gb200, "tp_size": "8", "moe_tp_size": "8",
+                                          "silicon_data_source": "source_file=/a/deepseek_r1.csv"}))
+    assert other.hardware == "GB200" and other.tp == 8
     # its FP8 launch on B200's non-MTP image waits to batch at 1k/1k from concurrency 64 to
     # below 256; not at 32 or 256, nor its FP4 launch, nor at 1k/8k
     wait = {"batch_wait_timeout_iters": 40, "batch_wait_max_tokens_ratio": 0.8}

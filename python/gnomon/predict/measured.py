@@ -14,7 +14,8 @@ Two ways in:
   ``data/silicon.json`` (models and their quant labels, systems and their split, backends, the KV
   dtype per recipe; what a blank field means; the server settings a source's benchmark
   launched its engine with, by rule, or why a launch cannot be simulated: a rule's ``refuse``,
-  such as InferenceMAX's DeepSeek-R1 MTP launches, told apart by their image). `silicon_csv()`
+  such as InferenceMAX's DeepSeek-R1 MTP launches, told apart by their image, and its GB200
+  runs, all disaggregated). `silicon_csv()`
   finds it where that package is installed; nothing is downloaded.
 
 A point maps to a `SimulationSpec` (`MeasuredPoint.simulation_spec`), or is refused with the
@@ -388,7 +389,7 @@ def from_silicon(row: dict) -> MeasuredPoint:
     settings: Dict[str, object] = {}
     kv_dtype = quant["kv_dtype"]
     for rule in table["launches"]["rules"]:
-        if (source in rule["sources"] and row.get("backend") == rule["backend"]
+        if (source in rule["sources"] and row.get("backend") in rule["backends"]
                 and row.get("model_path") in rule["models"]
                 and row.get("system") in rule.get("systems", (row.get("system"),))
                 and all(_int(row, k) == rule[k] for k in ("isl", "osl") if k in rule)
