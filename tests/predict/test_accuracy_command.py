@@ -165,6 +165,16 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
     for over in ({"gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"},
                  {"system": "h200_sxm"}):
         assert _launched(measured.from_silicon(_row(**{**minimax, **over}))) == {}
+    # its B300 launches on vLLM 0.19.0 batch twice the prompt length, and the FP8 one keeps an
+    # FP8 KV cache; not the earlier nightly's
+    b300 = {**minimax, **dump, "system": "b300_sxm", "backend_version": "0.19.0"}
+    for isl, quant, kv in (("1024", "fp8", "fp8"), ("8192", "fp8", "fp8"),
+                           ("1024", "nvfp4", "fp8")):
+        q = measured.from_silicon(_row(**{**b300, "isl": isl, "gemm_quant_mode": quant,
+                                          "moe_quant_mode": quant}))
+        assert _launched(q) == {"max_num_batched_tokens": 2 * int(isl)} and q.kv_dtype == kv
+    q = measured.from_silicon(_row(**{**b300, "backend_version": "nightly-5b8c30d62b754b57"}))
+    assert _launched(q) == {} and q.kv_dtype == "auto"
 
 
 @pytest.mark.parametrize("text", ["max_num_seqs", "=3", "a=1;a=2", "max num=2", "k="])
