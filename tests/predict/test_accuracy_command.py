@@ -212,8 +212,11 @@ def test_engine_settings_reach_the_simulated_engine_and_unknown_ones_are_refused
     ({"tp_size": "4", "moe_tp_size": "2", "moe_ep_size": "1"}, "inconsistent"),
 ])
 def test_silicon_rows_outside_the_table_are_refused_by_name(over, reason):
-    with pytest.raises(PointRefused, match=reason):
+    with pytest.raises(PointRefused, match=reason) as refusal:
         measured.from_silicon(_row(**over))
+    # a run the fields state that gnomon does not simulate, except where they contradict
+    # themselves (the last case)
+    assert refusal.value.inconsistent == (reason == "inconsistent")
 
 
 def test_expert_and_data_parallel_points_run_with_their_layout():
@@ -237,8 +240,39 @@ def test_expert_and_data_parallel_points_run_with_their_layout():
      "64 GPUs, more than one 8-GPU b200_sxm board"),
 ])
 def test_inconsistent_parallel_layouts_are_refused(over, reason):
-    with pytest.raises(PointRefused, match=reason):
+    with pytest.raises(PointRefused, match=reason) as refusal:
         measured.from_silicon(_row(**over))
+    assert refusal.value.inconsistent
+
+
+def test_the_coverage_counts_apart_the_rows_whose_fields_are_inconsistent(tmp_path):
+    # one answered row of gnomon's schema; refused: a run gnomon does not simulate (disagg),
+    # a layout the fields contradict, a concurrency the source contradicts, a malformed row,
+    # and a launch whose rows contradict it (InferenceMAX's GB200 "agg" rows)
+    rows = [_row(id="disagg", mode="disagg"),
+            _row(id="wide", tp_size="64", moe_tp_size="64"),
+            _row(id="conc", silicon_data_source="source_file=/x/2026-04-06.csv; "
+                                                "silicon_concurrency=64"),
+            _row(id="bad", moe_ep_size="0"),
+            _row(id="gb200", system="gb200", backend="trtllm", backend_version="",
+                 model_path="deepseek-ai/DeepSeek-R1", gemm_quant_mode="nvfp4",
+                 moe_quant_mode="nvfp4", tp_size="32", moe_tp_size="32")]
+    path = tmp_path / "silicon.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    points, refused = measured.load_silicon(str(path))
+    assert not points
+    assert {r["id"]: r["inconsistent"] for r in refused} == {
+        "disagg": False, "wide": True, "conc": True, "bad": True, "gb200": True}
+    assert next(r for r in refused if r["id"] == "bad")["reason"].startswith("malformed row")
+    records = [{"status": scorecard.ANSWERED}] + [
+        {"status": scorecard.REFUSED, "reason": r["reason"], "inconsistent": r["inconsistent"]}
+        for r in refused] + [{"status": scorecard.EXCLUDED, "reason": "under-specified"}]
+    cov = scorecard.coverage(records)
+    assert (cov["rows"], cov["answered"], cov["inconsistent"]) == (6, 1, 4)
+    assert cov["share"] == pytest.approx(1 / 6) and cov["consistent_share"] == pytest.approx(1 / 2)
 
 
 def test_a_row_whose_batch_size_is_not_the_concurrency_its_source_ran_is_refused():

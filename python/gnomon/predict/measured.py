@@ -89,11 +89,15 @@ FIELDS: Dict[str, Tuple[str, Optional[str]]] = {
 
 
 class PointRefused(ValueError):
-    """A measured point the simulator cannot answer honestly; ``reason`` names what is missing."""
+    """A measured point the simulator cannot answer honestly; ``reason`` names what is missing.
+    ``inconsistent``: the row's own fields do not state what ran (a layout they contradict, a
+    concurrency its source contradicts, a mode its launch contradicts), as opposed to a run they
+    state that gnomon does not simulate; such rows leave the coverage's consistent share."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, inconsistent: bool = False):
         super().__init__(reason)
         self.reason = reason
+        self.inconsistent = inconsistent
 
 
 @dataclass(frozen=True)
@@ -360,17 +364,18 @@ def from_silicon(row: dict) -> MeasuredPoint:
     dp = _int(row, "attention_dp_size")
     moe_tp = _int(row, "moe_tp_size", blank=tp)
     if ep == 1 and dp == 1 and moe_tp not in (1, tp):
-        raise PointRefused(f"moe_tp_size {moe_tp} with tp_size {tp} and no ep: inconsistent")
+        raise PointRefused(f"moe_tp_size {moe_tp} with tp_size {tp} and no ep: inconsistent",
+                           inconsistent=True)
     if (ep > 1 or dp > 1) and moe_tp * ep != tp * dp:
         raise PointRefused(f"moe_tp_size {moe_tp} x moe_ep_size {ep} is not tp_size {tp} x "
                            f"attention_dp_size {dp}: the experts must split over the GPUs the "
-                           f"attention runs on")
+                           f"attention runs on", inconsistent=True)
     board = gpu(system["hardware"]).scale_up_gpus.value
     if tp * dp > board:
         raise PointRefused(f"tp_size {tp} x attention_dp_size {dp}: {tp * dp} GPUs, more than "
                            f"one {board:g}-GPU {row.get('system')} board; such rows name "
                            f"a layout of one board in their ids (tp8_ep8 where tp_size is "
-                           f"64), so their fields are inconsistent")
+                           f"64), so their fields are inconsistent", inconsistent=True)
     work = table["workload"]
     # batch_size is one attention-DP rank's: the server's concurrency is dp of them
     # (aiconfigurator's own reading, "global_bs = bs * attention_dp_size"). Where the source
@@ -401,7 +406,7 @@ def from_silicon(row: dict) -> MeasuredPoint:
                 and row.get("backend_version") in rule.get("versions",
                                                            (row.get("backend_version"),))):
             if "refuse" in rule:  # the launch ran something gnomon does not simulate
-                raise PointRefused(rule["refuse"])
+                raise PointRefused(rule["refuse"], rule.get("inconsistent", False))
             settings.update(rule.get("settings", {}))
             kv_dtype = rule.get("kv_dtype", kv_dtype)
     point = MeasuredPoint(
@@ -416,13 +421,15 @@ def from_silicon(row: dict) -> MeasuredPoint:
     if ran is not None and ran != conc:
         raise PointRefused(f"batch_size {_int(row, 'batch_size')} x attention_dp_size {dp} = "
                            f"{conc} is not the silicon_concurrency {ran} its source records: "
-                           f"the row's parallel layout fields are inconsistent")
+                           f"the row's parallel layout fields are inconsistent",
+                           inconsistent=True)
     return point
 
 
 def load_silicon(path: Optional[str] = None) -> Tuple[List[MeasuredPoint], List[dict]]:
     """``(points, refusals)`` of a silicon_sample.csv (default: the installed package's). A
-    refusal is ``{"id", "row", "reason"}``: kept, never dropped."""
+    refusal is ``{"id", "row", "reason", "inconsistent"}``: kept, never dropped; a malformed
+    row's fields count as inconsistent."""
     path = path or silicon_csv()
     points, refused = [], []
     table = silicon_table()
@@ -434,10 +441,12 @@ def load_silicon(path: Optional[str] = None) -> Tuple[List[MeasuredPoint], List[
                 refused.append({"id": row.get("id") or "?", "reason": refusal.reason,
                                 "row": {k: row.get(k) for k in ("model_path", "system",
                                                                  "backend", "mode")},
-                                "labels": _labels(row, table)})
+                                "labels": _labels(row, table),
+                                "inconsistent": refusal.inconsistent})
             except ValueError as error:
                 refused.append({"id": row.get("id") or "?", "reason": f"malformed row: {error}",
-                                "row": {}, "labels": _labels(row, table)})
+                                "row": {}, "labels": _labels(row, table),
+                                "inconsistent": True})
     _check_unique(points, path)
     return points, refused
 

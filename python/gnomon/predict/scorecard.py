@@ -18,7 +18,9 @@ The document (kind `KIND`, `gnomon.documents`) holds:
   KV capacity in tokens and the preemptions; or the refusal with its reason;
 - ``groups``: per model x hardware x engine x dtype x source, the rows answered and, for TTFT and
   TPOT, the MAPE (mean |predicted - measured| / measured) with the median and p90 of the ratio;
-- ``coverage``: the rows answered and the refusals counted by reason;
+- ``coverage``: the rows answered and the refusals counted by reason, and the share answered
+  of the rows whose own fields state what ran (less the refusals marked ``inconsistent``:
+  `measured.PointRefused`);
 - ``overall``: the same figures over every answered row, and the share within 2x on both metrics.
 
 A closed loop's throughput follows from its means (`loop_throughput`, Little's law), so each
@@ -234,12 +236,18 @@ def refusal_kind(reason: str) -> str:
 
 
 def coverage(records: Sequence[dict]) -> dict:
+    """The rows answered of those counted (not excluded), and of those whose own fields state
+    what ran (``consistent``: less the refusals marked ``inconsistent``)."""
     counted = [r for r in records if r["status"] != EXCLUDED]
     answered = sum(r["status"] == ANSWERED for r in counted)
     reasons = Counter(refusal_kind(r["reason"]) for r in counted if r["status"] == REFUSED)
+    inconsistent = sum(bool(r.get("inconsistent")) for r in counted if r["status"] == REFUSED)
+    consistent = len(counted) - inconsistent
     excluded = Counter(refusal_kind(r["reason"]) for r in records if r["status"] == EXCLUDED)
     return {"rows": len(counted), "answered": answered,
             "share": answered / len(counted) if counted else None,
+            "inconsistent": inconsistent,
+            "consistent_share": answered / consistent if consistent else None,
             "refused_by_reason": dict(reasons.most_common()),
             "excluded": sum(excluded.values()), "excluded_by_reason": dict(excluded)}
 
@@ -301,7 +309,8 @@ def run(points: Sequence[MeasuredPoint], *, predictor: str = "roofline",
             "model": labels.get("model") or r["row"].get("model_path") or "?",
             "hardware": labels.get("hardware") or r["row"].get("system") or "?",
             "engine": labels.get("engine") or r["row"].get("backend") or "?", "dtype": "?",
-            "source": "?"}, "point": None, "status": REFUSED, "reason": r["reason"]})
+            "source": "?"}, "point": None, "status": REFUSED, "reason": r["reason"],
+            "inconsistent": bool(r.get("inconsistent", False))})
     # the costliest rows first, so that the workers end together rather than one of them
     # running a long row alone at the end
     todo = [p.to_json() for p in sorted((p for p in points if p.id not in excluded),
@@ -424,6 +433,10 @@ def render(doc: dict, console=None) -> None:
     cov = doc["coverage"]
     console.print(f"answered {cov['answered']} of {cov['rows']} rows ({_pct(cov['share'])}); "
                   f"excluded {cov['excluded']} under-specified")
+    if cov.get("inconsistent"):
+        console.print(f"  of the {cov['rows'] - cov['inconsistent']} rows whose fields state "
+                      f"what ran (less {cov['inconsistent']} refused as inconsistent): "
+                      f"{_pct(cov['consistent_share'])} answered")
     for reason, n in cov["refused_by_reason"].items():
         console.print(f"  refused {n}: {reason}")
 
