@@ -33,14 +33,23 @@ in bf16 elements, latency in ms)
 
 Fused MoE (``moe/<engine>/<version>/moe_perf.parquet``: num_tokens, hidden_size, inter_size,
 topk, num_experts, moe_tp_size, moe_ep_size, moe_dtype, distribution, latency in ms)
-  ``moe``: per engine and math (the dtypes pooled as gnomon prices them: ``fp8`` and
-  ``fp8_block`` are fp8, ``nvfp4`` fp4, ``w4a16_mxfp4`` and ``int4_wo`` w4a16,
-  ``w4a8_mxfp4_mxfp8`` w4a8), its newest table with such rows: the rows where the layer streams
-  its expert weights (balanced routing, no expert parallelism, moe_tp_size <= 8, at most
-  `MOE_TOKENS_PER_EXPERT` tokens per expert), fitted as ``seconds = floor_s + weight bytes /
-  (memory x HBM peak)``, least squares on the relative error. Balanced routing touches
+  ``moe``: per engine and math (the dtypes as gnomon prices them: ``fp8_block`` is fp8, or
+  per-tensor ``fp8`` in a table without block-scaled rows: the FP8 MoE checkpoints gnomon
+  serves, DeepSeek's, MiniMax's and Qwen3's, are block-scaled, and the two kernels' rates differ
+  by up to 2x at prefill's token counts; ``nvfp4`` is fp4, ``w4a16_mxfp4`` and ``int4_wo``
+  w4a16, ``w4a8_mxfp4_mxfp8`` w4a8), its newest table with such rows: the rows of balanced
+  routing, no expert parallelism and moe_tp_size <= 8. Balanced routing touches
   ``min(num_tokens x topk, num_experts)`` experts of ``3 x hidden x inter / moe_tp`` weights
-  each (gate, up and down), at the dtype's bits per weight (`MOE_BITS`).
+  each (gate, up and down), at the dtype's bits per weight (`MOE_BITS`), and runs ``2 x 3 x
+  num_tokens x topk x hidden x inter / moe_tp`` FLOPs. Two fits, least squares on the relative
+  error:
+  - where the layer streams its expert weights (at most `MOE_TOKENS_PER_EXPERT` tokens per
+    expert), ``seconds = floor_s + weight bytes / (memory x HBM peak)``;
+  - on the other rows, with those two terms held, ``+ FLOPs / (compute x the math's dense
+    peak)`` (`gnomon.predict.efficiency.MOE_PEAK`). At prefill's token counts a layer is neither
+    memory- nor compute-bound (too few tokens per expert to fill the GEMM tiles), which the sum
+    fits and the memory term alone misses by 30-60%. A compute fit the checks reject leaves the
+    math's FLOPs to the grouped-GEMM curves.
 
 Decode attention (``attention/<engine>/<version>/generation_attention_perf.parquet``:
 batch_size, step (the tokens cached before), num_heads and num_key_value_heads per GPU,
@@ -49,8 +58,8 @@ head_dim, kv_cache_dtype, window_size, latency in ms)
   attention with head dims 64 and 128, fitted in the same form with the KV bytes read,
   ``batch x (step + 1) x 2 x kv_heads x head_dim x bytes``.
 
-A fit is kept where its floor is >= 0, its memory fraction in (0, 1] and its median error
-within `MAX_MEDIAN_ERROR`; the others are listed as rejected, with the reason.
+A fit is kept where its floor is >= 0, its memory fraction (or the MoE's compute fraction) in
+(0, 1] and its median error within `MAX_MEDIAN_ERROR`; the others are listed as rejected, with the reason.
 ``includes`` in efficiency.json's ``decode_attention`` entries does not come from the tables:
 it names the ops the collectors' timed call performs (read from aiconfigurator's
 ``collector/<engine>/collect_attn.py``) and is kept there by hand beside the fits.
@@ -70,6 +79,7 @@ import os
 import re
 import statistics
 
+from gnomon.predict.efficiency import MOE_PEAK
 from gnomon.predict.hardware import resolve_hardware
 
 # aiconfigurator-core's systems with GEMM tables, by gnomon's name of the GPU (H200 and GB200 take
@@ -227,17 +237,22 @@ def _versions(folder: str, filename: str) -> list:
 
 
 def _moe_rows(df):
-    """A MoE table's rows where the layer streams its expert weights (module docstring), each
-    with the math gnomon prices it in and the bytes of the weights it reads."""
+    """A MoE table's rows (module docstring), each with the math gnomon prices it in, the bytes
+    of the weights it reads, its FLOPs and whether it streams its weights (``streams``: at most
+    `MOE_TOKENS_PER_EXPERT` tokens per expert)."""
     df = df.astype({c: float for c in ("num_tokens", "hidden_size", "inter_size", "topk",
                                         "num_experts", "moe_tp_size", "moe_ep_size")})
     df = df[(df.distribution == "balanced") & (df.moe_ep_size == 1)
             & (df.moe_tp_size <= MOE_MAX_TP) & df.moe_dtype.isin(list(MOE_MATH))]
-    df = df[df.num_tokens * df.topk <= MOE_TOKENS_PER_EXPERT * df.num_experts]
-    experts = (df.num_tokens * df.topk).clip(upper=df.num_experts)
+    if (df.moe_dtype == "fp8_block").any():  # the block-scaled kernel, as the checkpoints run
+        df = df[df.moe_dtype != "fp8"]
+    pairs = df.num_tokens * df.topk
+    width = df.hidden_size * df.inter_size / df.moe_tp_size
     return df.assign(math=df.moe_dtype.map(MOE_MATH), dtype=df.moe_dtype,
-                     bytes=experts * 3 * df.hidden_size * df.inter_size / df.moe_tp_size
-                     * df.moe_dtype.map(MOE_BITS).astype(float) / 8)
+                     bytes=pairs.clip(upper=df.num_experts) * 3 * width
+                     * df.moe_dtype.map(MOE_BITS).astype(float) / 8,
+                     flops=2 * 3 * pairs * width,
+                     streams=pairs <= MOE_TOKENS_PER_EXPERT * df.num_experts)
 
 
 def _attention_rows(df):
@@ -261,15 +276,54 @@ FITTED = {  # kind: (the op's folder, its table, the rows a fit takes)
 }
 
 
+def _fit_stream(rows, peak):
+    """``(floor_s, memory)`` of ``seconds = floor_s + bytes / (memory x peak)`` over `rows`,
+    least squares on the relative error, with each row's relative error under it."""
+    import numpy as np
+
+    seconds = rows.latency.to_numpy(float) * 1e-3
+    moved = rows.bytes.to_numpy(float)
+    (floor, per_byte), *_ = np.linalg.lstsq(np.stack([1 / seconds, moved / seconds], 1),
+                                            np.ones(len(seconds)), rcond=None)
+    memory = 1 / per_byte / peak if per_byte > 0 else math.inf
+    return floor, memory
+
+
+def _fit_flops(rows, floor, memory, hbm, flops_peak):
+    """The compute fraction of ``seconds = floor_s + bytes / (memory x HBM peak) + FLOPs /
+    (compute x flops_peak)`` over `rows` with the first two terms held (least squares on the
+    relative error), or inf where the FLOPs take no time of their own."""
+    import numpy as np
+
+    seconds = rows.latency.to_numpy(float) * 1e-3
+    rest = 1 - (floor + rows.bytes.to_numpy(float) / (memory * hbm)) / seconds
+    x = rows.flops.to_numpy(float) / seconds
+    per_flop = float(np.dot(x, rest) / np.dot(x, x))
+    return 1 / per_flop / flops_peak if per_flop > 0 else math.inf
+
+
+def _errors(rows, floor, memory, hbm, compute=None, flops_peak=None):
+    import numpy as np
+
+    predicted = floor + rows.bytes.to_numpy(float) / (memory * hbm)
+    if compute:
+        predicted = predicted + rows.flops.to_numpy(float) / (compute * flops_peak)
+    error = np.abs(predicted / (rows.latency.to_numpy(float) * 1e-3) - 1)
+    return round(float(np.median(error)), 3), round(float(np.quantile(error, 0.9)), 3)
+
+
 def fitted(system: str, kind: str) -> dict:
     """``{engine: {"maths": {math: {"floor_s", "memory", "rows", "median_error", "p90_error",
-    "table"}}, "rejected": {math: reason}}}``: each engine's `kind` kernel on `system` fitted
-    as ``seconds = floor_s + bytes / (memory x HBM peak)`` per math (module docstring)."""
-    import numpy as np
+    ["compute", "compute_rows", "compute_median_error", "compute_p90_error",] "table"}},
+    "rejected": {math: reason}}}``: each engine's `kind` kernel on `system` fitted as ``seconds
+    = floor_s + bytes / (memory x HBM peak)`` per math on the rows that stream their operands,
+    then, for the MoE, ``+ FLOPs / (compute x the math's dense peak)`` on the rest (module
+    docstring)."""
     import pandas as pd
 
     folder_name, filename, select = FITTED[kind]
-    peak = resolve_hardware(SYSTEMS[system]).hbm_tbps.value * 1e12
+    hw = resolve_hardware(SYSTEMS[system])
+    hbm = hw.hbm_tbps.value * 1e12
     out = {}
     for engine in ENGINES:
         folder = os.path.join(_root(), system, folder_name, engine)
@@ -279,23 +333,32 @@ def fitted(system: str, kind: str) -> dict:
         for math_ in sorted({m for _, rows in tables for m in rows.math.unique()}):
             version, rows = [(v, r[r.math == math_]) for v, r in tables
                              if (r.math == math_).any()][-1]
-            moved = rows.bytes.to_numpy(float)
-            seconds = rows.latency.to_numpy(float) * 1e-3
-            (floor, per_byte), *_ = np.linalg.lstsq(
-                np.stack([1 / seconds, moved / seconds], 1), np.ones(len(seconds)), rcond=None)
-            error = np.abs((floor + per_byte * moved) / seconds - 1)
-            memory = 1 / per_byte / peak if per_byte > 0 else math.inf
             table = (f"systems/data/{system}/{folder_name}/{engine}/{version}/{filename} "
                      f"({'+'.join(sorted(rows.dtype.unique()))})")
+            streams = rows[rows.streams] if "streams" in rows else rows
+            floor, memory = _fit_stream(streams, hbm)
             fit = {"floor_s": float(f"{floor:.3g}"), "memory": round(float(memory), 3),
-                   "rows": int(len(rows)), "median_error": round(float(np.median(error)), 3),
-                   "p90_error": round(float(np.quantile(error, 0.9)), 3), "table": table}
+                   "rows": int(len(streams))}
+            fit["median_error"], fit["p90_error"] = _errors(streams, floor, memory, hbm)
             if floor < 0 or not 0 < memory <= 1 or fit["median_error"] > MAX_MEDIAN_ERROR:
                 rejected[math_] = (f"floor {floor * 1e6:.1f} us, memory {memory:.2f} of the HBM "
                                    f"peak, median error {fit['median_error']:.2f} over "
                                    f"{fit['rows']} rows of {table}")
-            else:
-                maths[math_] = fit
+                continue
+            heavy = rows[~rows.streams] if "streams" in rows else rows.iloc[:0]
+            if len(heavy):
+                flops_peak = (hw.tflops(MOE_PEAK[math_]) or math.nan) * 1e12
+                compute = _fit_flops(heavy, floor, memory, hbm, flops_peak)
+                median, p90 = _errors(heavy, floor, memory, hbm, compute, flops_peak)
+                if 0 < compute <= 1 and median <= MAX_MEDIAN_ERROR:
+                    fit.update({"compute": round(float(compute), 3),
+                                "compute_rows": int(len(heavy)),
+                                "compute_median_error": median, "compute_p90_error": p90})
+                else:  # the FLOPs stay with the grouped-GEMM curves
+                    rejected[f"{math_} compute"] = (
+                        f"compute {compute:.2f} of the dense peak, median error {median:.2f} "
+                        f"over {len(heavy)} rows of {table}")
+            maths[math_] = {**fit, "table": table}
         if maths or rejected:
             out[engine] = {"maths": maths, "rejected": rejected}
     return out
@@ -332,7 +395,10 @@ def main(argv=None) -> int:
                     print(f"{gpu} {kind} {engine} {name}: floor {fit['floor_s'] * 1e6:.1f} us, "
                           f"memory {fit['memory']} of the HBM peak; error median "
                           f"{fit['median_error']}, p90 {fit['p90_error']} over {fit['rows']} "
-                          f"rows of {fit['table']}")
+                          f"rows of {fit['table']}"
+                          + (f"; compute {fit['compute']} of the dense peak, error median "
+                             f"{fit['compute_median_error']}, p90 {fit['compute_p90_error']} "
+                             f"over {fit['compute_rows']} rows" if "compute" in fit else ""))
                 for name, reason in entry["rejected"].items():
                     print(f"{gpu} {kind} {engine} {name}: rejected ({reason})")
     return 0

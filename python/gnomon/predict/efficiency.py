@@ -29,9 +29,10 @@ GPU may take another's, ``{"as": name}``, with the reason). The roofline prices 
 tensor-parallel all-reduce with it where the engine and the GPU count have one.
 
 `FittedKernel`: an engine's kernel on one GPU as measured, fitted as a fixed time plus the
-bytes it streams at a fraction of the HBM peak, per math: the fused MoE layer by the math its
-experts run in (``moe`` in the data file) and decode attention by the KV cache's dtype
-(``decode_attention``), per GPU and engine, ``as`` as for the all-reduce. The roofline prices
+bytes it streams at a fraction of the HBM peak (plus, for the fused MoE, its FLOPs at a
+fraction of the dense peak of the math it runs in, `MOE_PEAK`), per math: the fused MoE layer by
+the math its experts run in (``moe`` in the data file) and decode attention by the KV cache's
+dtype (``decode_attention``), per GPU and engine, ``as`` as for the all-reduce. The roofline prices
 the MoE's grouped GEMMs and paged attention with them where the engine has one for that math,
 and otherwise with the generation's curves.
 """
@@ -52,6 +53,10 @@ CURVES = ("gemm", "gemm_k", "gemm_memory", "gemm_memory_fp4", "grouped_gemm",
           "grouped_gemm_memory", "w4a16", "w8a16", "attention_prefill_d64",
           "attention_prefill_d128", "attention_decode")
 DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "efficiency.json")
+# a fused MoE's math -> the dense peak its fitted ``compute`` is a fraction of (weight-only W4A16
+# runs bf16 math; W4A8, FP4 weights with FP8 activations, the FP8 peak)
+MOE_PEAK = {"bfloat16": "bfloat16", "fp8": "fp8", "fp4": "fp4", "w4a16": "bfloat16",
+            "w4a8": "fp8", "w8a16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -142,16 +147,17 @@ FITTED_KINDS = ("moe", "decode_attention")
 @dataclass(frozen=True)
 class FittedKernel:
     """An engine's kernel of one kind on one GPU (`fitted_kernel`): per math, ``(floor_s,
-    memory)``: one layer's call takes ``floor_s`` plus the bytes it streams at ``memory`` x the
-    HBM peak. ``moe``: the fused MoE layer by its experts' math (``"bfloat16"``, ``"fp8"``,
-    ``"fp4"``, ``"w4a16"``, ``"w4a8"``), where its tokens per expert leave it memory bound, the
-    floor its kernels' fixed time (the top-k routing is not in it); ``decode_attention``: paged
+    memory, compute)``: one layer's call takes ``floor_s`` plus the bytes it streams at
+    ``memory`` x the HBM peak plus its FLOPs at ``compute`` x the dense peak of `MOE_PEAK`'s
+    math (0: no FLOP term). ``moe``: the fused MoE layer by its experts' math (``"bfloat16"``,
+    ``"fp8"``, ``"fp4"``, ``"w4a16"``, ``"w4a8"``) at every token count, the floor its kernels'
+    fixed time (the top-k routing is not in it); ``decode_attention``: paged
     attention by the KV cache's dtype, the bytes its KV reads. `includes`: the ops of gnomon's
     count that the measured call performs too (the KV cache write, RoPE), so priced with it."""
 
     kind: str
     engine: str
-    maths: Dict[str, Tuple[float, float]]
+    maths: Dict[str, Tuple[float, float, float]]
     source: str
     includes: Tuple[str, ...] = ()
 
@@ -219,10 +225,13 @@ def _fitted_kernel(kind: str, gpu: str, engine: Optional[str]) -> Optional[Fitte
         maths = {}
         for name, fit in raw["maths"].items():
             floor, memory = float(fit["floor_s"]), float(fit["memory"])
-            if floor < 0 or not 0 < memory <= 1:
-                raise ValueError(f"maths.{name}: expected floor_s >= 0 and memory in (0, 1], "
-                                 f"got {floor} and {memory}")
-            maths[name] = (floor, memory)
+            compute = float(fit.get("compute", 0.0))
+            if floor < 0 or not 0 < memory <= 1 or not 0 <= compute <= 1 \
+                    or (compute and name not in MOE_PEAK):
+                raise ValueError(f"maths.{name}: expected floor_s >= 0, memory in (0, 1] and "
+                                 f"compute in [0, 1] (0 but for a math of "
+                                 f"{', '.join(MOE_PEAK)}), got {floor}, {memory} and {compute}")
+            maths[name] = (floor, memory, compute)
         return FittedKernel(kind, engine, maths, alias + str(raw["source"]),
                             tuple(str(name) for name in raw.get("includes", ())))
     return _engine_entry(kind, gpu, engine, parse)

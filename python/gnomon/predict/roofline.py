@@ -16,7 +16,10 @@ The MoE's two grouped GEMMs and paged attention take the engine's measured kerne
 the memory curve and the launch cost where it was measured on this GPU for the math they run
 in (`gnomon.predict.efficiency.FittedKernel`: the fused MoE by its experts' math, decode
 attention by the KV cache's dtype): their bytes stream at its fraction of the HBM peak, and
-each layer adds its floor (half each to the MoE's two GEMMs); the ops the measured attention
+each layer adds its floor (half each to the MoE's two GEMMs); the MoE's FLOPs add their time at
+its fitted fraction of the dense peak, in place of the grouped-GEMM curves (a measured MoE layer
+at prefill's token counts is neither memory- nor compute-bound, and the sum of the two is what
+its tables fit, `bench/kernel_tables.py`); the ops the measured attention
 call performs itself (its KV cache write, TensorRT-LLM's RoPE) add nothing more. Attention
 takes its compute efficiency, and its KV read efficiency where no kernel was measured, from its
 own curves. Hardware of no generation (``host``, made-up units) has no curves: its factors are
@@ -49,8 +52,8 @@ from gnomon.costing import ring_bytes
 from gnomon.hardware import Hardware
 
 from .cost import FAMILIES, PredictionRefused, StepCost
-from .efficiency import (AllReduceTable, CurveSet, FittedKernel, allreduce_table, best_gemm,
-                         curves_for, defaults, fitted_kernel)
+from .efficiency import (MOE_PEAK, AllReduceTable, CurveSet, FittedKernel, allreduce_table,
+                         best_gemm, curves_for, defaults, fitted_kernel)
 from .engines import EngineOverhead
 from .hardware import resolve_hardware
 from .opcount import attention_ops, dense_ops
@@ -190,9 +193,11 @@ class RooflinePredictor:
         measured = self._measured(op, attention, grouped)
         launch = self.efficiencies.launch_s
         if measured is not None:  # the engine's kernel: its floor per call, its memory rate
-            floor, fraction = measured
+            floor, fraction, rate = measured
             memory = op.bytes / (self._hbm_bytes_per_s * fraction)
             launch = floor / 2 if grouped else floor  # the MoE layer runs two grouped GEMMs
+            if rate:  # and its FLOP rate, each term in turn as the fit found them
+                return memory + op.flops / rate + op.launches * launch
         elif curves is None or not op.depth:
             memory = op.bytes / self._bytes_per_s
         else:
@@ -234,18 +239,25 @@ class RooflinePredictor:
         return kernel.includes
 
     def _measured(self, op, attention, grouped):
-        """``(floor_s, memory)`` of the engine's measured kernel for `op`, or None: the fused
-        MoE's for experts in the math they run in on this chip (weight-only where it lacks
-        theirs), decode attention's for the KV cache's dtype."""
+        """``(floor_s, memory, FLOP/s or 0)`` of the engine's measured kernel for `op`, or None:
+        the fused MoE's for experts in the math they run in on this chip (weight-only where it
+        lacks theirs), decode attention's for the KV cache's dtype."""
         eff = self.efficiencies
         if attention and eff.attention is not None and op.kv_dtype:
-            return eff.attention.maths.get(op.kv_dtype)
+            fit = eff.attention.maths.get(op.kv_dtype)
+            return None if fit is None else (fit[0], fit[1], 0.0)
         if not grouped or eff.moe is None:
             return None
         cached = self._flops_per_s.get(op.compute)
         if cached is None:
             cached = self._flops_per_s[op.compute] = self._best_flops(op.compute)
-        return eff.moe.maths.get(cached[1] or op.compute)
+        math_ = cached[1] or op.compute
+        fit = eff.moe.maths.get(math_)
+        if fit is None:
+            return None
+        floor, memory, compute = fit
+        peak = self.hardware.tflops(MOE_PEAK.get(math_, math_)) if compute else None
+        return floor, memory, (peak * 1e12 * compute if peak else 0.0)
 
     def _collective_seconds(self, op) -> float:
         table = self.efficiencies.allreduce
