@@ -59,7 +59,8 @@ head_dim, kv_cache_dtype, window_size, latency in ms)
   ``batch x (step + 1) x 2 x kv_heads x head_dim x bytes``.
 
 A fit is kept where its floor is >= 0, its memory fraction (or the MoE's compute fraction) in
-(0, 1] and its median error within `MAX_MEDIAN_ERROR`; the others are listed as rejected, with the reason.
+(0, 1] and its median error within `MAX_MEDIAN_ERROR`; the others are listed as rejected, with
+the reason.
 ``includes`` in efficiency.json's ``decode_attention`` entries does not come from the tables:
 it names the ops the collectors' timed call performs (read from aiconfigurator's
 ``collector/<engine>/collect_attn.py``) and is kept there by hand beside the fits.
@@ -278,7 +279,7 @@ FITTED = {  # kind: (the op's folder, its table, the rows a fit takes)
 
 def _fit_stream(rows, peak):
     """``(floor_s, memory)`` of ``seconds = floor_s + bytes / (memory x peak)`` over `rows`,
-    least squares on the relative error, with each row's relative error under it."""
+    least squares on the relative error."""
     import numpy as np
 
     seconds = rows.latency.to_numpy(float) * 1e-3
@@ -303,6 +304,7 @@ def _fit_flops(rows, floor, memory, hbm, flops_peak):
 
 
 def _errors(rows, floor, memory, hbm, compute=None, flops_peak=None):
+    """The median and 90th percentile of the fit's relative error over `rows`."""
     import numpy as np
 
     predicted = floor + rows.bytes.to_numpy(float) / (memory * hbm)

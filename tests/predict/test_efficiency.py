@@ -337,6 +337,26 @@ def test_roofline_prices_the_engines_fused_moe_as_measured_in_the_math_the_exper
         RooflinePredictor("H100").op_seconds(dense)  # dense GEMMs are not the MoE's
 
 
+def test_a_measured_moe_without_a_compute_fit_runs_its_flops_at_the_grouped_gemm_curve():
+    """B300's TensorRT-LLM NVFP4 MoE keeps its memory fit, and its compute fit is rejected
+    (median error 28%): at a prefill's 8,192 tokens its FLOPs take the grouped-GEMM curve's
+    time, as without the engine, and its bytes and floor the fit's."""
+    b300 = hardware.gpu("B300")
+    floor, memory, compute = efficiency.fitted_kernel("moe", b300, "trtllm").maths["fp4"]
+    assert compute == 0
+    spec = ModelSpec.from_model("deepseek-v3", weight_dtype="nvfp4")
+    w13 = next(o for o in step_ops(StepShape.of(spec, [(8192, 0)], tp=8))
+               if o.name == "fused_moe[w13]")
+    measured, plain = RooflinePredictor("B300", kernels="trtllm"), RooflinePredictor("B300")
+    hbm = b300.hbm_tbps.value * 1e12
+    streamed = w13.bytes / (hbm * memory)
+    plain_streamed = w13.bytes / (hbm * plain.efficiencies.curves["grouped_gemm_memory"](w13.rows))
+    flops_time = plain.op_seconds(w13) - w13.launches * 4e-6
+    assert flops_time > max(streamed, plain_streamed)  # compute bound either way
+    assert measured.op_seconds(w13) == pytest.approx(flops_time + w13.launches * floor / 2,
+                                                     rel=1e-9)
+
+
 @pytest.mark.parametrize("kv_dtype", ["bfloat16", "fp8"])
 def test_roofline_prices_paged_attention_with_the_engines_decode_kernel_for_its_kv_dtype(kv_dtype):
     spec = ModelSpec.from_model("llama-3.1-70b", kv_dtype=kv_dtype)

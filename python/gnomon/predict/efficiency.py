@@ -30,11 +30,11 @@ tensor-parallel all-reduce with it where the engine and the GPU count have one.
 
 `FittedKernel`: an engine's kernel on one GPU as measured, fitted as a fixed time plus the
 bytes it streams at a fraction of the HBM peak (plus, for the fused MoE, its FLOPs at a
-fraction of the dense peak of the math it runs in, `MOE_PEAK`), per math: the fused MoE layer by
-the math its experts run in (``moe`` in the data file) and decode attention by the KV cache's
-dtype (``decode_attention``), per GPU and engine, ``as`` as for the all-reduce. The roofline prices
-the MoE's grouped GEMMs and paged attention with them where the engine has one for that math,
-and otherwise with the generation's curves.
+fraction of the dense peak of the math it runs in, `MOE_PEAK`), per math: the fused MoE layer
+by the math its experts run in (``moe`` in the data file) and decode attention by the KV
+cache's dtype (``decode_attention``), per GPU and engine, ``as`` as for the all-reduce. The
+roofline prices the MoE's grouped GEMMs and paged attention with them where the engine has
+one for that math, and otherwise with the generation's curves.
 """
 
 from __future__ import annotations

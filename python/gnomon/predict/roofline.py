@@ -244,8 +244,7 @@ class RooflinePredictor:
         lacks theirs), decode attention's for the KV cache's dtype."""
         eff = self.efficiencies
         if attention and eff.attention is not None and op.kv_dtype:
-            fit = eff.attention.maths.get(op.kv_dtype)
-            return None if fit is None else (fit[0], fit[1], 0.0)
+            return eff.attention.maths.get(op.kv_dtype)  # its compute is 0: no FLOP term
         if not grouped or eff.moe is None:
             return None
         cached = self._flops_per_s.get(op.compute)
