@@ -48,7 +48,7 @@ topk, num_experts, moe_tp_size, moe_ep_size, moe_dtype, distribution, latency in
   - on the other rows, with those two terms held, ``+ FLOPs / (compute x the math's dense
     peak)`` (`gnomon.predict.efficiency.MOE_PEAK`). At prefill's token counts a layer is neither
     memory- nor compute-bound (too few tokens per expert to fill the GEMM tiles), which the sum
-    fits and the memory term alone misses by 30-60%. A compute fit the checks reject leaves the
+    fits and the memory term alone misses by 25-60%. A compute fit the checks reject leaves the
     math's FLOPs to the grouped-GEMM curves.
 
 Decode attention (``attention/<engine>/<version>/generation_attention_perf.parquet``:
