@@ -196,7 +196,7 @@ class RooflinePredictor:
             floor, fraction, rate = measured
             memory = op.bytes / (self._hbm_bytes_per_s * fraction)
             launch = floor / 2 if grouped else floor  # the MoE layer runs two grouped GEMMs
-            if rate:  # and its FLOP rate, each term in turn as the fit found them
+            if rate:  # and its FLOPs at the fitted rate: the fit's three terms, summed
                 return memory + op.flops / rate + op.launches * launch
         elif curves is None or not op.depth:
             memory = op.bytes / self._bytes_per_s
@@ -255,7 +255,7 @@ class RooflinePredictor:
         if fit is None:
             return None
         floor, memory, compute = fit
-        peak = self.hardware.tflops(MOE_PEAK.get(math_, math_)) if compute else None
+        peak = self.hardware.tflops(MOE_PEAK[math_]) if compute else None  # parse checked it
         return floor, memory, (peak * 1e12 * compute if peak else 0.0)
 
     def _collective_seconds(self, op) -> float:
