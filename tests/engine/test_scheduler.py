@@ -61,7 +61,10 @@ class FakeModel:
                        if q.seq_id == s.seq_id)
             assert list(ctx) == seq.token_ids[:s.context_len], "KV cache content is wrong"
             self.checked_contexts += 1
-            out.append(hash((ctx, s.sampling_params.seed)) % VOCAB)
+            # hash(None) is its address on Python 3.11: an unseeded request takes -1, so that
+            # the tokens (and any prefix they happen to share) are the same on every run
+            seed = s.sampling_params.seed
+            out.append(hash((ctx, -1 if seed is None else seed)) % VOCAB)
         return StepOutput(tuple(out), seconds=0.001, breakdown={"fake": 0.001})
 
 
