@@ -19,6 +19,7 @@ BAD = {"block_size": 0, "max_num_seqs": -1, "max_num_batched_tokens": 2.5, "max_
        "kv_cache_bytes": True, "gpu_memory_utilization": 0.0, "tensor_parallel_size": 0,
        "expert_parallel_size": "2", "data_parallel_size": None, "attention_dp_balance": 0,
        "attention_dp_timeout_iters": -5, "attention_dp_batching_wait_iters": 1.0,
+       "num_speculative_tokens": -1, "draft_acceptance_rate": 1.5,
        "dtype": "int8", "device": "", "seed": -1}
 
 
@@ -47,6 +48,14 @@ def test_rules_across_fields():
         EngineConfig(num_kv_blocks=8, gpu_memory_utilization=0.9)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):  # replace checks again
         EngineConfig().replace(max_num_batched_tokens=8)
+    # a decode verifying 3 drafts takes 4 tokens of the budget: 64 sequences need 256
+    EngineConfig(max_num_seqs=64, max_num_batched_tokens=256, num_speculative_tokens=3)
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens: expected >= max_num_seqs "
+                                         r"\(64\) x 4 tokens per decode"):
+        EngineConfig(max_num_seqs=64, max_num_batched_tokens=255, num_speculative_tokens=3)
+    with pytest.raises(ValueError, match="draft_acceptance_rate: expected 0 without "
+                                         "speculative decoding"):
+        EngineConfig(draft_acceptance_rate=0.5)
 
 
 def test_a_torch_dtype_is_taken_by_its_name():
@@ -88,6 +97,8 @@ def test_the_engine_takes_a_config_or_its_fields_and_resolves_its_defaults():
     ({"data_parallel_size": 2}, "the real engine runs tensor parallelism only"),
     ({"gpu_memory_utilization": 0.5}, "gpu_memory_utilization: sizes a simulated engine's"),
     ({"scheduler_recv_interval": 30}, "scheduler_recv_interval: 30, but the real engine"),
+    ({"num_speculative_tokens": 2}, "num_speculative_tokens: 2, but the real engine has no "
+                                    "drafter"),
 ])
 def test_the_real_engine_refuses_what_only_a_simulation_prices(setting, match):
     with pytest.raises(ValueError, match=match):

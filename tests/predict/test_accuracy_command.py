@@ -109,19 +109,25 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
         "attention_dp_batching_wait_iters": 0}
     p = measured.from_silicon(_row(**{**deepseek, "tp_size": "8"}))
     assert p.engine_settings == ""
-    # its MTP launches, told apart by their TensorRT-LLM image on B200, are refused by name,
-    # in InferenceMAX's exports and in the database dump of its runs (which names the model
-    # DeepSeek-V3); its other launches, the H200 ones (one image for both) and other sources'
-    # rows run
+    # its MTP launches, told apart by their TensorRT-LLM image on B200, draft 3 tokens each
+    # accepted with 0.69, in InferenceMAX's exports and in the database dump of its runs
+    # (which names the model DeepSeek-V3); their one-draft launches under attention DP are
+    # refused by name; its other launches, the H200 ones (one image for both) and other
+    # sources' rows run without drafts
     mtp = {**deepseek, "tp_size": "8", "moe_ep_size": "1", "moe_tp_size": "8",
            "backend_version": "1.2.0rc6.post3"}
     dump = {"silicon_data_source": "db-dump/2026-04-27; config_id=91"}
+    drafts = {"num_speculative_tokens": 3, "draft_acceptance_rate": 0.69}
     for over in ({}, dump, {**dump, "model_path": "deepseek-ai/DeepSeek-V3"}):
-        with pytest.raises(measured.PointRefused, match="speculative decoding"):
-            measured.from_silicon(_row(**{**mtp, **over}))
+        assert _launched(measured.from_silicon(_row(**{**mtp, **over}))) == drafts
+        with pytest.raises(measured.PointRefused, match="speculative decoding under attention "
+                                                        "data parallelism"):
+            measured.from_silicon(_row(**{**mtp, **over, "tp_size": "1", "moe_ep_size": "8",
+                                          "moe_tp_size": "1", "attention_dp_size": "8"}))
     for over in ({"backend_version": "1.2.0rc6.post2"}, {"system": "h200_sxm"},
                  {"silicon_data_source": "source_file=/a/deepseek_r1.csv"}):
-        assert measured.from_silicon(_row(**{**mtp, **over})).engine_version
+        q = measured.from_silicon(_row(**{**mtp, **over}))
+        assert q.engine_version and "num_speculative_tokens" not in q.engine_settings
     # InferenceMAX ran GB200 disaggregated only: its GB200 rows labelled agg are refused as
     # such on either engine, in its exports and its dump; another source's GB200 row runs
     gb200 = {**mtp, "backend_version": "", "system": "gb200", "tp_size": "32",

@@ -43,7 +43,10 @@ class ScheduledSequence(NamedTuple):
     ``sampling_params`` are the sample's own: for ``n > 1`` each sample carries a seed derived from
     the request's seed and ``sample_index``; they also ask for logprobs. ``output_position`` is
     the index within the completion of the token the step samples for the sequence (0 for a
-    prompt's first token), which a seeded sample draws from.
+    prompt's first token), which a seeded sample draws from. ``num_draft_tokens`` (speculative
+    decoding, `EngineConfig.num_speculative_tokens`): a decode also verifies that many draft
+    tokens after ``token_ids``, which the runner proposed itself; their slots are allocated, and
+    the runner may return up to ``1 + num_draft_tokens`` tokens for the sequence.
     """
 
     seq_id: int
@@ -57,6 +60,7 @@ class ScheduledSequence(NamedTuple):
     full: bool = True
     replaced_blocks: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
     output_position: int = 0
+    num_draft_tokens: int = 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -106,7 +110,9 @@ class StepOutput:
     """What the runner returns for one batch.
 
     ``sampled_token_ids[i]`` is the token sampled for ``batch.sequences[i]``, or None when that
-    entry is not the last chunk of its prompt (``is_last_prefill_chunk`` False).
+    entry is not the last chunk of its prompt (``is_last_prefill_chunk`` False). For an entry
+    that verified draft tokens (``num_draft_tokens``) it may be a tuple of the accepted drafts
+    and the token sampled after them: 1 to ``1 + num_draft_tokens`` tokens.
     ``seconds`` is the step's duration and ``breakdown`` its decomposition (op family ->
     seconds). ``logprobs``, when given, is aligned with the sequences too: each entry is None (no
     token, or logprobs not requested) or ``(sampled_logprob, ((token_id, logprob), ...))`` with
@@ -115,7 +121,7 @@ class StepOutput:
     ``sampling_params.prompt_logits`` (sampled nothing), None elsewhere.
     """
 
-    sampled_token_ids: Tuple[Optional[int], ...]
+    sampled_token_ids: Tuple[object, ...]
     seconds: float = 0.0
     breakdown: Dict[str, float] = field(default_factory=dict)
     logprobs: Optional[Tuple[object, ...]] = None

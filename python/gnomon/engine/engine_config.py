@@ -12,7 +12,10 @@ alone: SGLang); SGLang's ``scheduler_recv_interval``, which only a simulation ru
 (`gnomon.predict.serve.run_workload`)); the KV cache's (hybrid KV, and its size: ``num_kv_blocks``,
 ``kv_cache_bytes`` per rank, or ``gpu_memory_utilization`` of a simulated GPU, at most one);
 the parallel layout (tensor; expert and attention data parallelism and TensorRT-LLM's
-attention-DP balance, which only a simulation prices); and ``dtype`` ("auto": the
+attention-DP balance, which only a simulation prices); speculative decoding, which only a
+simulation runs (``num_speculative_tokens`` draft tokens verified with each decode, each
+accepted with ``draft_acceptance_rate`` when the ones before it were: the scheduler's policy,
+`gnomon.predict.simulated.SimulatedRunner`'s drafter); and ``dtype`` ("auto": the
 checkpoint's), ``device`` and ``seed`` (unseeded random requests draw from it; None: random).
 """
 
@@ -87,6 +90,8 @@ class EngineConfig:
     attention_dp_balance: bool = False
     attention_dp_timeout_iters: int = 50
     attention_dp_batching_wait_iters: int = 10
+    num_speculative_tokens: int = 0
+    draft_acceptance_rate: float = 0.0
     dtype: str = "auto"
     device: str = "cpu"
     seed: Optional[int] = 0
@@ -99,19 +104,25 @@ class EngineConfig:
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_bytes"):
             _int(name, getattr(self, name), 1, optional=True)
         for name in ("batch_wait_timeout_iters", "attention_dp_timeout_iters",
-                     "attention_dp_batching_wait_iters"):
+                     "attention_dp_batching_wait_iters", "num_speculative_tokens"):
             _int(name, getattr(self, name), 0)
         _int("seed", self.seed, 0, optional=True)
         for name in ("enable_prefix_caching", "enable_hybrid_kv", "attention_dp_balance"):
             _bool(name, getattr(self, name))
-        if self.max_num_batched_tokens < self.max_num_seqs:
+        per_decode = 1 + self.num_speculative_tokens
+        if self.max_num_batched_tokens < self.max_num_seqs * per_decode:
             raise ValueError(f"max_num_batched_tokens: expected >= max_num_seqs "
-                             f"({self.max_num_seqs}) so every running decode fits a step, "
-                             f"got {self.max_num_batched_tokens}")
+                             f"({self.max_num_seqs}) x {per_decode} tokens per decode "
+                             f"(1 + num_speculative_tokens) so every running decode fits a "
+                             f"step, got {self.max_num_batched_tokens}")
         for name, choices in (("capacity_policy", CAPACITY_POLICIES), ("batching", BATCHINGS)):
             choice(name, getattr(self, name), choices)
         _fraction("batch_wait_max_tokens_ratio", self.batch_wait_max_tokens_ratio, False)
         _fraction("gpu_memory_utilization", self.gpu_memory_utilization, True, optional=True)
+        _fraction("draft_acceptance_rate", self.draft_acceptance_rate, False)
+        if self.draft_acceptance_rate and not self.num_speculative_tokens:
+            raise ValueError(f"draft_acceptance_rate: expected 0 without speculative decoding "
+                             f"(num_speculative_tokens 0), got {self.draft_acceptance_rate!r}")
         sized = [n for n in ("num_kv_blocks", "kv_cache_bytes", "gpu_memory_utilization")
                  if getattr(self, n) is not None]
         if len(sized) > 1:

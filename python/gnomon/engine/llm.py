@@ -97,6 +97,9 @@ def _check_real(config: EngineConfig) -> None:
         raise ValueError(f"scheduler_recv_interval: {config.scheduler_recv_interval}, but the "
                          f"real engine takes in new requests every step (1); gnomon simulate "
                          f"prices SGLang's interval")
+    if config.num_speculative_tokens:
+        raise ValueError(f"num_speculative_tokens: {config.num_speculative_tokens}, but the real "
+                         f"engine has no drafter (0); gnomon simulate prices speculative decoding")
 
 
 class LLMEngine:

@@ -29,16 +29,18 @@ cdef class Scheduler:
     cdef public long long _batch_wait_iters
     cdef public bint hold_prompts
     cdef public bint prefill_first
+    cdef public long long num_speculative_tokens
 
     @cython.locals(seq=Sequence, req=Request, k=cython.longlong, c=cython.longlong,
                    budget=cython.longlong, start=cython.longlong, ok=cython.longlong,
                    slots=cython.longlong, num_prefill=cython.longlong,
                    num_decode=cython.longlong, cached=cython.longlong, i=cython.longlong,
                    need=cython.longlong, reserve=cython.bint, waits=cython.bint,
-                   alone=cython.bint)
+                   alone=cython.bint, per_decode=cython.longlong, drafts=cython.longlong)
     cpdef schedule(self, double now=*)
 
-    @cython.locals(seq=Sequence, req=Request, i=cython.longlong, context_len=cython.longlong)
+    @cython.locals(seq=Sequence, req=Request, i=cython.longlong, context_len=cython.longlong,
+                   n=cython.longlong, kept=cython.longlong)
     cpdef update(self, batch, output, now=*)
 
     @cython.locals(start=cython.longlong, freed=cython.longlong, i=cython.longlong,

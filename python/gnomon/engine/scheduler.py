@@ -60,6 +60,15 @@ Policy
 - **Stop conditions**, checked on each sampled token in this order: an EOS id (unless
   ``ignore_eos``) or a stop token id -> finish reason ``"stop"``; ``max_tokens`` generated ->
   ``"length"``. The stop token is kept in the output. ``abort(request_id)`` -> ``"abort"``.
+- **Speculative decoding** (``num_speculative_tokens`` k > 0, as vLLM's scheduler and
+  TensorRT-LLM's MTP run it): a decode computes its last token and verifies the k draft tokens
+  the runner proposed after it, so it takes ``1 + k`` tokens of the budget and slots for them
+  (``max_num_batched_tokens >= max_num_seqs x (1 + k)``, `EngineConfig`); the runner returns
+  the accepted drafts and the token after them (1 to ``1 + k``), which are appended and
+  checked against the stop conditions one by one (a stop drops the rest), and the KV of the
+  token and the accepted drafts is committed, the rejected drafts' slots reused by the next
+  step. A request reserves slots for its drafts past its last token (``add``'s block counts),
+  and takes ``n = 1``.
 - **Parallel sampling (n > 1)** through the allocator's ``fork``: the prompt is computed once by
   sample 0 up to its last token; then the other samples are forked (sharing every block), and
   each sample computes the prompt's last token itself (a one-token last chunk, copy-on-write on
@@ -151,6 +160,7 @@ class Scheduler:
         self.vocab_size = None if vocab_size is None else _check_int("vocab_size", vocab_size, 1)
         self.batch_wait_timeout_iters = config.batch_wait_timeout_iters
         self.batch_wait_max_tokens_ratio = float(config.batch_wait_max_tokens_ratio)
+        self.num_speculative_tokens = config.num_speculative_tokens
         self.hold_prompts = False  # set for one step by a data-parallel engine's balance
         self._batch_wait_iters = 0  # steps whose prompt work has waited since it last ran
         self._reservations: Dict[int, int] = {}  # seq_id -> blocks reserved (guaranteed_no_evict)
@@ -195,7 +205,9 @@ class Scheduler:
                              f"vocab_size={self.vocab_size})")
         prompt = tuple(ids.tolist())
         total = len(prompt) + params.max_tokens
-        blocks = self.kv.max_blocks(total, self.max_num_batched_tokens)
+        # a decode's draft tokens take slots past the last token
+        blocks = self.kv.max_blocks(total + self.num_speculative_tokens,
+                                    self.max_num_batched_tokens)
         if total > self.max_model_len:
             raise ValueError(f"request {request_id!r} can never run: prompt ({len(prompt)}) + "
                              f"max_tokens ({params.max_tokens}) = {total} tokens exceeds "
@@ -206,12 +218,16 @@ class Scheduler:
                              f"blocks of {self.kv.block_size} at once (over the KV-cache "
                              f"groups), the KV cache has {self.kv.num_blocks}")
         if self.capacity_policy == GUARANTEED_NO_EVICT:
-            reserved = self.kv.max_blocks(total, 0)
+            reserved = self.kv.max_blocks(total + self.num_speculative_tokens, 0)
             if params.n * reserved > self.kv.num_blocks:
                 raise ValueError(f"request {request_id!r} can never run: its {params.n} samples "
                                  f"reserve {params.n} x {reserved} blocks "
                                  f"({GUARANTEED_NO_EVICT}), the KV cache has "
                                  f"{self.kv.num_blocks}")
+        if params.n > 1 and self.num_speculative_tokens:
+            raise ValueError(f"request {request_id!r}: n={params.n} with speculative decoding "
+                             f"(num_speculative_tokens {self.num_speculative_tokens}); it takes "
+                             f"n=1")
         if params.n > self.max_num_seqs:
             raise ValueError(f"request {request_id!r} can never run: n={params.n} samples "
                              f"exceed max_num_seqs={self.max_num_seqs}")
@@ -283,9 +299,10 @@ class Scheduler:
         # (1) decodes, (2) continuing prefill chunks: one allocate_batch for all of them
         decodes: List[List] = []  # [seq, num_tokens, is_decode]
         prefilling = []
+        per_decode = 1 + self.num_speculative_tokens  # its last token and the drafts
         for seq in self._running:
             if seq.is_decoding:
-                decodes.append([seq, 1, True])
+                decodes.append([seq, per_decode, True])
             else:
                 prefilling.append(seq)
         waits = self.hold_prompts  # a data-parallel engine's balance holds them this step
@@ -299,7 +316,7 @@ class Scheduler:
         # prefill first: prompt work to do runs alone; the decodes run if none gets in
         alone = self.prefill_first and not waits and bool(prefilling or self._waiting)
         plan: List[List] = [] if alone else decodes
-        budget -= len(plan)
+        budget -= len(plan) * per_decode
         for seq in prefilling:
             if budget == 0:
                 break
@@ -364,8 +381,11 @@ class Scheduler:
         num_prefill = num_decode = 0
         for (seq, k, decoding), (full, block_ids, replaced) in zip(scheduled, updates):
             c = seq.num_computed_tokens
+            drafts = 0
             if decoding:
                 num_decode += k
+                drafts = k - 1
+                k = 1
             else:
                 num_prefill += k
             req = seq.request
@@ -374,7 +394,7 @@ class Scheduler:
             seqs.append(ScheduledSequence(
                 seq.seq_id, req.request_id, seq.sample_index, tuple(seq.token_ids[c:c + k]), c,
                 block_ids, c + k == len(seq.token_ids), seq.params, full, replaced,
-                len(seq.token_ids) - seq.num_prompt_tokens))
+                len(seq.token_ids) - seq.num_prompt_tokens, drafts))
         batch = ScheduledBatch(sequences=tuple(seqs), block_copies=self.kv.pending_copies(),
                                finished_seq_ids=tuple(self._finished_since_batch),
                                num_prefill_tokens=num_prefill, num_decode_tokens=num_decode)
@@ -451,13 +471,25 @@ class Scheduler:
             raise ValueError(f"output.sampled_token_ids: expected {len(batch.sequences)} entries "
                              f"(one per scheduled sequence), got {len(sampled)}")
         ids, context_lens = [], []
+        drafted, accepted, counts = [], [], []  # the allocator learns the accepted drafts
         for s, t in zip(batch.sequences, sampled):
             samples = s.is_last_prefill_chunk and not s.sampling_params.prompt_logits
             if samples != (t is not None):
                 raise ValueError(f"output.sampled_token_ids: sequence {s.seq_id} expected "
                                  f"{'a token' if samples else 'None'}, got {t!r}")
             ids.append(s.seq_id)
-            context_lens.append(s.num_computed_tokens + len(s.token_ids))
+            n = len(s.token_ids)
+            if isinstance(t, tuple):
+                if not 1 <= len(t) <= 1 + s.num_draft_tokens:
+                    raise ValueError(f"output.sampled_token_ids: sequence {s.seq_id} verified "
+                                     f"{s.num_draft_tokens} draft tokens, so it takes 1 to "
+                                     f"{1 + s.num_draft_tokens} tokens, got {t!r}")
+                if len(t) > 1:  # the accepted drafts' KV is computed, the last token's not
+                    drafted.append(s.seq_id)
+                    accepted.extend(t[:-1])
+                    counts.append(len(t) - 1)
+                    n += len(t) - 1
+            context_lens.append(s.num_computed_tokens + n)
         logprobs = output.logprobs
         if logprobs is not None and len(logprobs) != len(batch.sequences):
             raise ValueError(f"output.logprobs: expected {len(batch.sequences)} entries, "
@@ -471,6 +503,8 @@ class Scheduler:
         live = self._live
         freed: List[int] = []
         forks: List[Sequence] = []
+        if drafted:
+            self.kv.allocate_running(drafted, accepted, counts, [0] * len(drafted))
         for i, (seq_id, context_len, token) in enumerate(zip(ids, context_lens, sampled)):
             seq = live[seq_id]  # the batch is the outstanding one: all its sequences are live
             seq.num_computed_tokens = context_len
@@ -489,9 +523,9 @@ class Scheduler:
                     deltas.append(SampleDelta(req.request_id, seq.sample_index, (),
                                               FINISH_LENGTH, True))
                 continue
-            token = int(token)
-            seq.token_ids.append(token)
-            seq.token_times.append(now)
+            tokens = token if isinstance(token, tuple) else (token,)
+            if len(tokens) > 1:
+                seq.num_known = len(seq.token_ids) + len(tokens) - 1
             lp = None
             if logprobs is not None and logprobs[i] is not None:
                 lp = logprobs[i]
@@ -500,17 +534,26 @@ class Scheduler:
                 req.first_token_time = now
             params = seq.params
             reason = None
-            if (token in eos and not params.ignore_eos) or token in params.stop_token_ids:
-                reason = FINISH_STOP
-            elif len(seq.token_ids) - seq.num_prompt_tokens >= params.max_tokens:
-                reason = FINISH_LENGTH
+            kept = 0
+            for token in tokens:  # a stop drops the tokens after it
+                token = int(token)
+                seq.token_ids.append(token)
+                seq.token_times.append(now)
+                kept += 1
+                if (token in eos and not params.ignore_eos) or token in params.stop_token_ids:
+                    reason = FINISH_STOP
+                elif len(seq.token_ids) - seq.num_prompt_tokens >= params.max_tokens:
+                    reason = FINISH_LENGTH
+                if reason is not None:
+                    break
             if reason is not None:
                 self._running.remove(seq)
                 self._finish(seq, reason, free=False)
                 freed.append(seq_id)
                 if req.finished:
                     req.finish_time = now
-            deltas.append(SampleDelta(req.request_id, seq.sample_index, (token,), reason,
+            new = (token,) if kept == 1 else tuple(seq.token_ids[len(seq.token_ids) - kept:])
+            deltas.append(SampleDelta(req.request_id, seq.sample_index, new, reason,
                                       reason is not None and req.finished, lp))
         # the step's KV committed and the finished freed in one allocator call; a fork needs
         # its parent committed, and neither a fork nor a free touches the other's blocks
@@ -526,11 +569,11 @@ class Scheduler:
         sequence computes its one new token and samples `token` (a runner that knows its
         tokens beforehand: the simulator's), and nothing else happens. 0 when the next step
         is not one: a batch outstanding, a request waiting, a finish the runner has not been
-        told of, a prompt still being computed, an ``n > 1`` request, or a sample that `token`
-        would stop. Otherwise one less than the fewest tokens a running sample has left, so
+        told of, a prompt still being computed, an ``n > 1`` request, a sample that `token`
+        would stop, or speculative decoding (its steps verify drafts). Otherwise one less than the fewest tokens a running sample has left, so
         that none finishes. Arrivals and KV are `begin_decode`'s to check, step by step."""
         if self._outstanding is not None or self._waiting or self._finished_since_batch \
-                or not self._running:
+                or not self._running or self.num_speculative_tokens:
             return 0
         steps = self.max_model_len
         eos = self.eos_token_ids

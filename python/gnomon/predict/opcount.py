@@ -51,13 +51,14 @@ def step_ops(shape: StepShape) -> List[Op]:
 def attention_ops(shape: StepShape) -> List[Op]:
     spec, c, tp = shape.model, shape.model.config, shape.tp
     if c.mla is not None:  # its decode and prefill forms differ (gnomon.engine.models.mla)
+        width = 1 + shape.draft_tokens  # a decode's tokens: its last and the drafts it verifies
         if shape.num_prefill_tokens:
-            decode = [r for r in shape.requests if r[0] == 1 and r[1] > 0]
-            prefill = [r for r in shape.requests if not (r[0] == 1 and r[1] > 0)]
+            decode = [r for r in shape.requests if r[0] == width and r[1] > 0]
+            prefill = [r for r in shape.requests if not (r[0] == width and r[1] > 0)]
         else:  # a decode step (every DP group's, most steps)
             decode, prefill = shape.requests, ()
         return mla.attention_ops(c, tp, spec.pricing, spec.kv_bytes,
-                                 (len(decode), *attention_sums(decode, NO_WINDOW)),
+                                 (len(decode) * width, *attention_sums(decode, NO_WINDOW)),
                                  (sum(n for n, _ in prefill),
                                   *attention_sums(prefill, NO_WINDOW)))
     a, T, ckv = spec.dtype_bytes, shape.num_tokens, spec.kv_bytes

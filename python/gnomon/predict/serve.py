@@ -64,6 +64,9 @@ def simulated_engine(model: ModelSpec, hardware, predictor,
                   config.data_parallel_size)
     check_tp(model.config, tp, "tp")
     check_dp(model.config, dp)
+    if dp > 1 and config.num_speculative_tokens:
+        raise ValueError(f"num_speculative_tokens: speculative decoding under attention data "
+                         f"parallelism (data_parallel_size {dp}) is not simulated")
     if dp > 1 and keep_batches:
         raise ValueError("keep_batches: a data-parallel simulation records its steps without "
                          "their batches")
@@ -80,7 +83,9 @@ def simulated_engine(model: ModelSpec, hardware, predictor,
         runner = DataParallelRunner(model, predictor, clock, tp=tp, ep=ep, dp=dp)
     else:
         runner = SimulatedRunner(model, predictor, clock, tp=tp, ep=ep,
-                                 keep_batches=keep_batches)
+                                 keep_batches=keep_batches,
+                                 num_speculative_tokens=config.num_speculative_tokens,
+                                 draft_acceptance_rate=config.draft_acceptance_rate)
     group = config.replace(dtype=model.dtype, num_kv_blocks=num_kv_blocks,
                            gpu_memory_utilization=None)
     if dp > 1:  # TensorRT-LLM skips batch waiting under attention DP (PyExecutor._schedule)

@@ -249,7 +249,10 @@ class StepShape:
     sample a token, the split into prefill and decode tokens, the model, ``tp``, the expert
     parallelism ``ep`` over the GPUs (`gnomon.engine.parallel.check_ep`) and, under attention
     data parallelism, the ``dp`` groups' step: the shape is one group's batch, and
-    ``dp_tokens`` the tokens of every group, which the routed experts see (0: dp is 1)."""
+    ``dp_tokens`` the tokens of every group, which the routed experts see (0: dp is 1).
+    Under speculative decoding each decode verifies ``draft_tokens`` drafts: its entry is
+    ``(1 + draft_tokens, context_len)``, and it samples (computes logits for) every one of
+    those tokens."""
 
     model: ModelSpec
     requests: Tuple[Tuple[int, int], ...]
@@ -260,6 +263,7 @@ class StepShape:
     ep: int = 1
     dp: int = 1
     dp_tokens: int = 0
+    draft_tokens: int = 0
 
     @classmethod
     def from_batch(cls, batch: ScheduledBatch, model: ModelSpec, tp: int = 1, ep: int = 1,
@@ -267,6 +271,13 @@ class StepShape:
         if not isinstance(batch, ScheduledBatch):
             raise TypeError(f"batch: expected a ScheduledBatch, got {type(batch).__name__}")
         seqs = batch.sequences
+        drafts = max([s.num_draft_tokens for s in seqs], default=0)
+        if drafts:
+            return cls(model, tuple([(len(s.token_ids) + s.num_draft_tokens,
+                                      s.num_computed_tokens) for s in seqs]),
+                       sum([s.is_last_prefill_chunk * (1 + s.num_draft_tokens) for s in seqs]),
+                       batch.num_prefill_tokens, batch.num_decode_tokens, tp, ep, dp, dp_tokens,
+                       drafts)
         return cls(model, tuple([(len(s.token_ids), s.num_computed_tokens) for s in seqs]),
                    sum([s.is_last_prefill_chunk for s in seqs]),
                    batch.num_prefill_tokens, batch.num_decode_tokens, tp, ep, dp, dp_tokens)

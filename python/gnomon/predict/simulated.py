@@ -6,6 +6,20 @@ predictor for the cost, advances the `VirtualClock` by it, and returns a fixed n
 every sequence that samples. Workloads run with ``ignore_eos=True`` and ``max_tokens`` equal to
 each request's output length, so requests end exactly where the workload says.
 
+Speculative decoding (``num_speculative_tokens`` k, `gnomon.engine.scheduler`'s policy): the
+drafter is one more decoder layer of the target's shape, its last, with the target's embedding
+and lm_head, as DeepSeek-V3's multi-token-prediction module is (its ``eh_proj``, a
+``2 x hidden`` to ``hidden`` projection, is left out: under 1% of the layer's bytes). Each step
+it runs once over the step's tokens, as the target does (its own KV for every position), then
+``k - 1`` more times over one token per sequence that samples, TensorRT-LLM's MTP-Eagle way of
+reusing one module for k drafts; a step costs the target's prediction plus those passes' (their
+engine overhead left out: the one step carries it). Each draft is accepted with
+``draft_acceptance_rate`` a when the drafts before it were, so a decode yields on average
+``1 + a + ... + a^k`` tokens (the acceptance length). The tokens are drawn without randomness:
+each sequence adds the acceptance length to a running credit every decode, starting from a
+phase of its own (the golden-ratio sequence over its id, so sequences do not step together),
+and takes the whole tokens of it, 1 to ``1 + k``.
+
 `TimedRunner` wraps a real `ModelRunner` so a real run keeps time on the same kind of clock: the
 clock advances by the wall time that really passed since the previous step's forward ended
 (scheduling, input prep, forward, sampling, bookkeeping), while idle gaps between arrivals are
@@ -16,6 +30,7 @@ durations come from, which is what makes "same decisions" testable.
 from __future__ import annotations
 
 import time
+import math
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Set
 
@@ -161,7 +176,8 @@ class SimulatedRunner:
     never saw in full fails as in the real runner."""
 
     def __init__(self, model: ModelSpec, predictor, clock: VirtualClock, *, tp: int = 1,
-                 ep: int = 1, keep_batches: bool = False) -> None:
+                 ep: int = 1, keep_batches: bool = False, num_speculative_tokens: int = 0,
+                 draft_acceptance_rate: float = 0.0) -> None:
         if not isinstance(model, ModelSpec):
             raise TypeError(f"model: expected a ModelSpec, got {type(model).__name__}")
         if not callable(getattr(predictor, "predict", None)):
@@ -174,17 +190,69 @@ class SimulatedRunner:
         self.keep_batches = bool(keep_batches)
         self.known: Set[int] = set()
         self.steps: List[StepRecord] = []
+        self.drafts = int(num_speculative_tokens)
+        if self.drafts:  # one decoder layer of the target's shape, its last (module docstring)
+            c = model.config
+            self.drafter = replace(model, name=f"{model.name} drafter", config=replace(
+                c, num_layers=1, layer_types=c.layer_types[-1:], first_dense_layers=0,
+                dense_intermediate_size=0))
+            a = float(draft_acceptance_rate)
+            self.acceptance_length = sum(a ** i for i in range(self.drafts + 1))
+            self.credit: Dict[int, float] = {}
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         track(self.known, batch)
         if batch.is_empty:
             return StepOutput(())
-        cost = self.predictor.predict(StepShape.from_batch(batch, self.model, self.tp, self.ep))
+        shape = StepShape.from_batch(batch, self.model, self.tp, self.ep)
+        cost = self.predictor.predict(shape)
+        seconds, breakdown = cost.seconds, cost.breakdown
+        tokens = sampled(batch, self.token)
+        if self.drafts:
+            seconds, breakdown = self.draft(batch, shape, seconds, breakdown)
+            tokens = self.accepted(batch, tokens)
         start = self.clock()
-        self.clock.advance(cost.seconds)
-        self.steps.append(StepRecord.of(start, batch, cost.seconds, cost.breakdown,
-                                        self.keep_batches))
-        return StepOutput(sampled(batch, self.token), cost.seconds, cost.breakdown)
+        self.clock.advance(seconds)
+        self.steps.append(StepRecord.of(start, batch, seconds, breakdown, self.keep_batches))
+        return StepOutput(tokens, seconds, breakdown)
+
+    def draft(self, batch: ScheduledBatch, shape: StepShape, seconds: float,
+              breakdown: Dict[str, float]):
+        """The step's seconds and breakdown with the drafter's passes added (module
+        docstring): once over `shape`'s tokens, then ``k - 1`` times over one token per
+        sequence of `batch` that samples."""
+        passes = [(replace(shape, model=self.drafter), 1)]
+        ends = [s.num_computed_tokens + len(s.token_ids) + s.num_draft_tokens
+                for s in batch.sequences if s.is_last_prefill_chunk]
+        if self.drafts > 1 and ends:
+            one = tuple([(1, e) for e in ends])
+            passes.append((StepShape(self.drafter, one, len(one), 0, len(one), self.tp,
+                                     self.ep), self.drafts - 1))
+        breakdown = dict(breakdown)
+        for draft_shape, times in passes:
+            cost = self.predictor.predict(draft_shape)
+            for family, part in cost.breakdown.items():
+                if family != "overhead":
+                    breakdown[family] = breakdown.get(family, 0.0) + times * part
+                    seconds += times * part
+        return seconds, breakdown
+
+    def accepted(self, batch: ScheduledBatch, tokens):
+        """Each decode's accepted drafts and the token after them (module docstring)."""
+        credit, length, token = self.credit, self.acceptance_length, self.token
+        for seq_id in batch.finished_seq_ids:
+            credit.pop(seq_id, None)
+        out = list(tokens)
+        for i, s in enumerate(batch.sequences):
+            if s.num_draft_tokens and out[i] is not None:
+                have = credit.get(s.seq_id)
+                if have is None:
+                    have = (s.seq_id * 0.6180339887498949) % 1.0
+                have += length
+                m = min(max(int(math.floor(have)), 1), 1 + s.num_draft_tokens)
+                credit[s.seq_id] = have - m
+                out[i] = (token,) * m
+        return tuple(out)
 
     def execute_decode(self, pairs) -> None:
         """A plain decode step without a batch (`Scheduler.begin_decode`'s ``(1, context_len)``
