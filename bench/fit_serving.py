@@ -87,11 +87,14 @@ def answered_by_engine(points, jobs: int, keep, edit, models=None, engine_names=
     """Per engine profile, in name order: ``(name, pairs)``, the ``(point, record)`` of each
     fit-split row of a client-known source that ``keep(point)`` takes (and `models` /
     `engine_names`, sets, where given), simulated under the shipped profile after ``edit(raw
-    entry)`` (`profile_with`), that the simulation answered."""
+    entry)`` (`profile_with`), that the simulation answered. Rows launched with speculative
+    decoding stay out: their times rest on an assumed draft acceptance (silicon.json's launch
+    rule), not only on what the steps and the serving path cost."""
     known = set(measured.silicon_table()["workload"]["client_sources"])
     by_engine = defaultdict(list)
     for p in points:
         if (p.split == "fit" and p.concurrency is not None and p.source in known and keep(p)
+                and "num_speculative_tokens" not in p.engine_settings
                 and (models is None or p.model in models)
                 and (engine_names is None or p.engine in engine_names)):
             by_engine[p.engine].append(p)

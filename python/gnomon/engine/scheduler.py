@@ -6,10 +6,11 @@ Policy
   waiting queue. A step computes at most ``max_num_batched_tokens`` tokens and at most
   ``max_num_seqs`` sequences run at once. ``max_num_batched_tokens >= max_num_seqs`` is required,
   so every running decode always fits the token budget.
-- **Order within a step.** (1) every running decode (one token each), oldest first; (2) the
-  running sequences still computing a prompt ("continuing prefill chunks"), oldest first, each
-  taking ``min(remaining prompt, remaining budget)``; (3) new admissions from the waiting queue in
-  FCFS order while budget and sequence slots remain. Admission stops at the first request that
+- **Order within a step.** (1) every running decode (one token each; ``1 + k`` under
+  speculative decoding, below), oldest first; (2) the running sequences still computing a
+  prompt ("continuing prefill chunks"), oldest first, each taking ``min(remaining prompt,
+  remaining budget)``; (3) new admissions from the waiting queue in FCFS order while budget and
+  sequence slots remain. Admission stops at the first request that
   does not fit (no skipping ahead of the head of the queue).
 - **Chunked prefill, mixed with decode.** A prompt larger than the remaining budget is computed
   in chunks over several steps, in the same batches as the decodes.
@@ -570,8 +571,8 @@ class Scheduler:
         tokens beforehand: the simulator's), and nothing else happens. 0 when the next step
         is not one: a batch outstanding, a request waiting, a finish the runner has not been
         told of, a prompt still being computed, an ``n > 1`` request, a sample that `token`
-        would stop, or speculative decoding (its steps verify drafts). Otherwise one less than the fewest tokens a running sample has left, so
-        that none finishes. Arrivals and KV are `begin_decode`'s to check, step by step."""
+        would stop, or speculative decoding (its steps verify drafts). Otherwise one less than
+        the fewest tokens a running sample has left, so that none finishes. Arrivals and KV are `begin_decode`'s to check, step by step."""
         if self._outstanding is not None or self._waiting or self._finished_since_batch \
                 or not self._running or self.num_speculative_tokens:
             return 0

@@ -46,11 +46,22 @@ def make_predictor(spec: str, hardware: Union[str, Hardware],
 
 
 def limits_for(model: ModelSpec, predictor, hardware: Hardware,
-               engine: Optional[EngineProfile] = None, hybrid_kv: bool = True,
-               ep: int = 1, dp: int = 1) -> List[str]:
-    """What the report cannot see, stated next to its figures."""
+               engine: Optional[EngineProfile] = None,
+               config: EngineConfig = EngineConfig()) -> List[str]:
+    """What the report cannot see, stated next to its figures (`config`: the engine's
+    resolved settings)."""
     out = []
     c = model.config
+    hybrid_kv, ep, dp = (config.enable_hybrid_kv, config.expert_parallel_size,
+                         config.data_parallel_size)
+    k, a = config.num_speculative_tokens, config.draft_acceptance_rate
+    if k:
+        out.append(f"speculative decoding: {k} drafts per decode, each accepted with {a:g} when "
+                   f"those before it were: {sum(a ** i for i in range(k + 1)):.2f} tokens per "
+                   f"decode on average, drawn without randomness; the drafter is one more layer "
+                   f"of {model.name}'s shape, run over the step's tokens and {k - 1} more "
+                   f"time{'s' if k != 2 else ''} over one token per sequence, its weights and KV "
+                   f"not counted in the memory (gnomon.predict.simulated)")
     if ep > 1:
         out.append(f"expert parallelism over {ep} GPUs: each holds {c.num_experts // ep} "
                    f"experts; routing is taken as balanced (each computes 1/{ep} of the "
@@ -212,7 +223,6 @@ def simulate(spec: SimulationSpec = SimulationSpec(), *,
     report = build_report(trace=trace,
                           metrics=compute_metrics(trace, spec.slo, num_gpus=tp * dp),
                           setup=setup,
-                          limits=limits_for(model, pred, hw, profile, config.enable_hybrid_kv,
-                                            ep, dp),
+                          limits=limits_for(model, pred, hw, profile, config),
                           spec=spec.to_json())
     return report, trace

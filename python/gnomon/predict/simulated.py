@@ -9,7 +9,8 @@ each request's output length, so requests end exactly where the workload says.
 Speculative decoding (``num_speculative_tokens`` k, `gnomon.engine.scheduler`'s policy): the
 drafter is one more decoder layer of the target's shape, its last, with the target's embedding
 and lm_head, as DeepSeek-V3's multi-token-prediction module is (its ``eh_proj``, a
-``2 x hidden`` to ``hidden`` projection, is left out: under 1% of the layer's bytes). Each step
+``2 x hidden`` to ``hidden`` projection, is left out: under 1% of the layer's weights, a few
+percent of what a small decode reads of them). Each step
 it runs once over the step's tokens, as the target does (its own KV for every position), then
 ``k - 1`` more times over one token per sequence that samples, TensorRT-LLM's MTP-Eagle way of
 reusing one module for k drafts; a step costs the target's prediction plus those passes' (their
@@ -29,8 +30,8 @@ durations come from, which is what makes "same decisions" testable.
 
 from __future__ import annotations
 
-import time
 import math
+import time
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Set
 

@@ -6,8 +6,10 @@ best ``topk_group`` of them) and ``routed_scaling_factor``, beside ``n_shared_ex
 experts that every token runs.
 
 Simulation only: gnomon's engine has no MLA kernel. The checkpoints' multi-token-prediction layer
-(``num_nextn_predict_layers``) serves speculative decoding, which gnomon does not simulate; it is
-not counted.
+(``num_nextn_predict_layers``) serves speculative decoding: a simulation with
+``num_speculative_tokens`` prices it as one more layer of this shape
+(`gnomon.predict.simulated.SimulatedRunner`); its weights and KV are not counted in the
+memory.
 
 Cost assumptions: routing is balanced, so a step of T tokens reads ``E (1 - (1 - k/E)^T)``
 distinct experts (`gnomon.costing.StepOps.moe`): group-limited routing leaves each expert's

@@ -10,8 +10,10 @@ name. No shared experts, no dense layers.
 
 Simulation only: gnomon's engine has no routing kernel for sigmoid scores with a bias, takes no
 partial rotary dim, and has no norm that spans the tensor-parallel ranks. The checkpoints'
-multi-token-prediction modules (``use_mtp``, ``num_mtp_modules``) serve speculative decoding,
-which gnomon does not simulate; they are not counted.
+multi-token-prediction modules (``use_mtp``, ``num_mtp_modules``) serve speculative decoding:
+a simulation with ``num_speculative_tokens`` prices one more layer of this shape as its drafter
+(`gnomon.predict.simulated.SimulatedRunner`); their weights and KV are not counted in the
+memory.
 
 Cost assumptions:
 
