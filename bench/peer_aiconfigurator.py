@@ -42,6 +42,18 @@ perf database).  Rows run in parallel in ``--jobs`` spawned worker processes
 (default: CPU count); ``--limit N`` runs only the first N selected rows, in CSV
 order.
 
+Speculative rows
+----------------
+The rows do not say that a launch drafted; gnomon's launch rules do (``silicon.json``:
+InferenceMAX's DeepSeek-R1 MTP launches on TensorRT-LLM). ``--drafts ACCURACY.json`` runs only
+the rows a ``gnomon accuracy --out`` document simulated with drafts, passing ``cli_estimate`` the
+same drafts: ``nextn`` k and ``nextn_accepted`` (the accepted drafts per decode step, ``a + ... +
+a^k`` for a draft acceptance rate a); their lines record both. ``--replace-in FILE`` then puts
+them in place of FILE's lines of the same ids::
+
+    /tmp/aic/bin/python bench/peer_aiconfigurator.py --drafts accuracy.json \
+        --out /tmp/aic_drafts.jsonl --replace-in bench/data/aiconfigurator_0.12.0_rows.jsonl
+
 Row-to-arguments mapping
 ------------------------
 The installed wheels contain no code that reads ``silicon_sample.csv``; the
@@ -246,6 +258,45 @@ def estimate_args(row: dict[str, str], version: str) -> dict:
     )
 
 
+def read_drafts(path: str) -> dict[str, dict]:
+    """Row id -> ``{"nextn": k, "nextn_accepted": a + ... + a^k}`` for each answered row of a
+    gnomon accuracy document whose ``engine_settings`` drafted (``num_speculative_tokens=k``,
+    ``draft_acceptance_rate=a``)."""
+    with open(path) as f:
+        doc = json.load(f)
+    out = {}
+    for row in doc["rows"]:
+        if row["status"] != "answered":
+            continue
+        settings = dict(kv.split("=", 1) for kv in row["point"]["engine_settings"].split(";")
+                        if kv)
+        k = int(settings.get("num_speculative_tokens", 0))
+        if k:
+            a = float(settings.get("draft_acceptance_rate", 0))
+            out[row["id"]] = {"nextn": k, "nextn_accepted": sum(a ** i for i in range(1, k + 1))}
+    return out
+
+
+def replace_lines(path: str, new_path: str) -> int:
+    """Puts `new_path`'s JSON lines in place of `path`'s lines of the same ids (others kept,
+    in order); how many it replaced."""
+    with open(new_path) as f:
+        new = {json.loads(line)["id"]: line for line in f if line.strip()}
+    with open(path) as f:
+        old = [line for line in f if line.strip()]
+    done = 0
+    with open(path, "w") as f:
+        for line in old:
+            rid = json.loads(line)["id"]
+            if rid in new:
+                line = new.pop(rid)
+                done += 1
+            f.write(line if line.endswith("\n") else line + "\n")
+        for line in new.values():
+            f.write(line if line.endswith("\n") else line + "\n")
+    return done
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -296,6 +347,7 @@ def _call(args: dict) -> tuple[dict | None, BaseException | str | None]:
             raise
         return None, e
     seconds = time.perf_counter() - t0
+    drafted = {k: args[k] for k in ("nextn", "nextn_accepted") if k in args}
     ttft = getattr(result, "ttft", None) if result is not None else None
     tpot = getattr(result, "tpot", None) if result is not None else None
     ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (ttft, tpot))
@@ -310,6 +362,7 @@ def _call(args: dict) -> tuple[dict | None, BaseException | str | None]:
         "gemm_quant_used": raw.get("gemm"),
         "moe_quant_used": raw.get("moe"),
         "seconds": round(seconds, 4),
+        **drafted,
     }, None
 
 
@@ -349,6 +402,11 @@ def main() -> None:
     )
     ap.add_argument("--log", default=None,
                     help="aiconfigurator's own stdout/stderr (default: OUT.log)")
+    ap.add_argument("--drafts", default=None, metavar="ACCURACY.json",
+                    help="run only the rows a gnomon accuracy document simulated with "
+                         "speculative decoding, with the same drafts (see Speculative rows)")
+    ap.add_argument("--replace-in", default=None, metavar="FILE",
+                    help="then put these rows' lines in place of FILE's lines of the same ids")
     opts = ap.parse_args()
 
     out_path = os.path.abspath(opts.out)
@@ -361,12 +419,16 @@ def main() -> None:
     if unknown:
         ap.error(f"--models: {', '.join(unknown)} not in MODELS ({', '.join(MODELS)})")
     rows = select_rows(models)
+    drafts = read_drafts(opts.drafts) if opts.drafts else None
+    if drafts is not None:
+        rows = [r for r in rows if r["id"] in drafts]
     n_selected = len(rows)
     if opts.limit is not None:
         rows = rows[: opts.limit]
     versions = resolve_versions(rows)
     tasks = [
-        (r["id"], estimate_args(r, versions[(r["system"], r["backend"], r["backend_version"])]))
+        (r["id"], {**estimate_args(r, versions[(r["system"], r["backend"], r["backend_version"])]),
+                   **(drafts or {}).get(r["id"], {})})
         for r in rows
     ]
 
@@ -419,6 +481,9 @@ def main() -> None:
         f"in {time.perf_counter() - t_start:.1f}s -> {out_path}",
         file=sys.stderr,
     )
+    if opts.replace_in:
+        n = replace_lines(opts.replace_in, out_path)
+        print(f"replaced {n} lines of {opts.replace_in}", file=sys.stderr)
 
 
 if __name__ == "__main__":
