@@ -927,3 +927,35 @@ def test_speculative_decoding_checks_what_it_is_given():
     tight.add("fits", [1] * 20, SamplingParams(max_tokens=10))
     with pytest.raises(ValueError, match="can never run"):
         tight.add("over", [1] * 21, SamplingParams(max_tokens=10))
+
+
+def test_speculative_decoding_random_workloads_property():
+    pytest.importorskip("hypothesis")
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=100, deadline=None, derandomize=True)
+    @given(seed=st.integers(0, 10**6), num_blocks=st.integers(8, 40),
+           block_size=st.sampled_from([1, 2, 4, 8]), max_seqs=st.integers(1, 6),
+           extra_budget=st.integers(0, 20), prefix=st.booleans(), spec=st.integers(1, 3),
+           policy=st.sampled_from(["max_utilization", "guaranteed_no_evict"]))
+    def check(seed, num_blocks, block_size, max_seqs, extra_budget, prefix, spec, policy):
+        rng = np.random.default_rng(seed)
+        cap = num_blocks * block_size - spec  # a request's drafts take slots past its end
+        reqs = []
+        for i in range(int(rng.integers(1, 16))):
+            plen = int(rng.integers(1, max(2, min(cap // 2, 24))))
+            mt = int(rng.integers(1, max(2, min(cap - plen, 12) + 1)))
+            prompt = [int(x) for x in rng.integers(0, 4, plen)]  # small alphabet: prefix hits
+            reqs.append((f"q{i}", prompt, SamplingParams(max_tokens=mt, seed=i,
+                                                          stop_token_ids=(7,))))
+        arrivals = sorted(float(x) for x in rng.integers(0, 5, len(reqs)) * 0.002)
+        _, _, want = run_workload(reqs, arrivals, num_blocks=2000, block_size=block_size,
+                                  max_num_seqs=64, max_num_batched_tokens=4096)
+        _, _, got = run_workload(reqs, arrivals, num_blocks=num_blocks, block_size=block_size,
+                                 max_num_seqs=max_seqs,
+                                 max_num_batched_tokens=max_seqs * (1 + spec) + extra_budget,
+                                 prefix=prefix, spec=spec, capacity_policy=policy,
+                                 model=DraftingModel)
+        assert got == want
+
+    check()
