@@ -117,13 +117,18 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
     mtp = {**deepseek, "tp_size": "8", "moe_ep_size": "1", "moe_tp_size": "8",
            "backend_version": "1.2.0rc6.post3"}
     dump = {"silicon_data_source": "db-dump/2026-04-27; config_id=91"}
-    drafts = {"num_speculative_tokens": 3, "draft_acceptance_rate": 0.69}
+    # and size their batch from the row: --max_batch_size 16, --max_num_tokens
+    # 4 x 16 + 1024 + 64 = 1152, a multiple of 64 already
+    drafts = {"num_speculative_tokens": 3, "draft_acceptance_rate": 0.69, "max_num_seqs": 16,
+              "max_num_batched_tokens": 1152}
     for over in ({}, dump, {**dump, "model_path": "deepseek-ai/DeepSeek-V3"}):
         assert _launched(measured.from_silicon(_row(**{**mtp, **over}))) == drafts
         with pytest.raises(measured.PointRefused, match="speculative decoding under attention "
                                                         "data parallelism"):
             measured.from_silicon(_row(**{**mtp, **over, "tp_size": "1", "moe_ep_size": "8",
                                           "moe_tp_size": "1", "attention_dp_size": "8"}))
+    odd = _launched(measured.from_silicon(_row(**{**mtp, "batch_size": "20", "isl": "8192"})))
+    assert (odd["max_num_seqs"], odd["max_num_batched_tokens"]) == (20, 8384)  # 8336 rounded up
     for over in ({"backend_version": "1.2.0rc6.post2"}, {"system": "h200_sxm"},
                  {"silicon_data_source": "source_file=/a/deepseek_r1.csv"}):
         q = measured.from_silicon(_row(**{**mtp, **over}))

@@ -572,7 +572,8 @@ class Scheduler:
         is not one: a batch outstanding, a request waiting, a finish the runner has not been
         told of, a prompt still being computed, an ``n > 1`` request, a sample that `token`
         would stop, or speculative decoding (its steps verify drafts). Otherwise one less than
-        the fewest tokens a running sample has left, so that none finishes. Arrivals and KV are `begin_decode`'s to check, step by step."""
+        the fewest tokens a running sample has left, so that none finishes. Arrivals and KV are
+        `begin_decode`'s to check, step by step."""
         if self._outstanding is not None or self._waiting or self._finished_since_batch \
                 or not self._running or self.num_speculative_tokens:
             return 0

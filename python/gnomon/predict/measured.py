@@ -409,6 +409,12 @@ def from_silicon(row: dict) -> MeasuredPoint:
                 raise PointRefused(rule["refuse"], rule.get("inconsistent", False))
             settings.update(rule.get("settings", {}))
             kv_dtype = rule.get("kv_dtype", kv_dtype)
+            budget = rule.get("launch_budget")
+            if budget:  # the launch sizes its batch from the row (silicon.json's note)
+                seqs, step = _int(row, "batch_size"), budget["multiple_of"]
+                tokens = budget["tokens_per_seq"] * seqs + isl + budget["extra_tokens"]
+                settings.update(max_num_seqs=seqs,
+                                max_num_batched_tokens=-(-tokens // step) * step)
     point = MeasuredPoint(
         id=rid, source=source, model=model["model"], hardware=system["hardware"],
         engine=engine, engine_version=row.get("backend_version") or "", tp=tp, ep=ep, dp=dp,
