@@ -111,9 +111,9 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
     assert p.engine_settings == ""
     # its MTP launches, told apart by their TensorRT-LLM image on B200, draft 3 tokens each
     # accepted with 0.69, in InferenceMAX's exports and in the database dump of its runs
-    # (which names the model DeepSeek-V3); their one-draft launches under attention DP are
-    # refused by name; its other launches, the H200 ones (one image for both) and other
-    # sources' rows run without drafts
+    # (which names the model DeepSeek-V3), and 1 accepted with 0.85 under attention DP; its
+    # other launches, the H200 ones (one image for both) and other sources' rows run without
+    # drafts
     mtp = {**deepseek, "tp_size": "8", "moe_ep_size": "1", "moe_tp_size": "8",
            "backend_version": "1.2.0rc6.post3"}
     dump = {"silicon_data_source": "db-dump/2026-04-27; config_id=91"}
@@ -121,12 +121,15 @@ def test_a_sources_launch_rules_give_its_rows_their_server_settings():
     # 4 x 16 + 1024 + 64 = 1152, a multiple of 64 already
     drafts = {"num_speculative_tokens": 3, "draft_acceptance_rate": 0.69, "max_num_seqs": 16,
               "max_num_batched_tokens": 1152}
+    # (under attention DP: 2 x 16 + 1024 + 64 = 1120, rounded up to 1152)
+    one = {"num_speculative_tokens": 1, "draft_acceptance_rate": 0.85, "max_num_seqs": 16,
+           "max_num_batched_tokens": 1152, "attention_dp_balance": True,
+           "attention_dp_timeout_iters": 60, "attention_dp_batching_wait_iters": 0}
     for over in ({}, dump, {**dump, "model_path": "deepseek-ai/DeepSeek-V3"}):
         assert _launched(measured.from_silicon(_row(**{**mtp, **over}))) == drafts
-        with pytest.raises(measured.PointRefused, match="speculative decoding under attention "
-                                                        "data parallelism"):
-            measured.from_silicon(_row(**{**mtp, **over, "tp_size": "1", "moe_ep_size": "8",
-                                          "moe_tp_size": "1", "attention_dp_size": "8"}))
+        assert _launched(measured.from_silicon(_row(**{
+            **mtp, **over, "tp_size": "1", "moe_ep_size": "8", "moe_tp_size": "1",
+            "attention_dp_size": "8"}))) == one
     odd = _launched(measured.from_silicon(_row(**{**mtp, "batch_size": "20", "isl": "8192"})))
     assert (odd["max_num_seqs"], odd["max_num_batched_tokens"]) == (20, 8384)  # 8336 rounded up
     for over in ({"backend_version": "1.2.0rc6.post2"}, {"system": "h200_sxm"},

@@ -1,7 +1,7 @@
 """Speculative decoding in a simulation: what a step with drafts costs (the target's verify
 pass and the drafter's passes, counted by hand), how many tokens a decode yields (the
-acceptance length), MLA's verify pass in its absorbed decode form, and the layouts it is
-refused in."""
+acceptance length), MLA's verify pass in its absorbed decode form, and drafting under attention
+data parallelism."""
 
 import math
 
@@ -119,11 +119,24 @@ def test_mla_verifies_drafts_in_its_absorbed_decode_form():
     assert mla.attention_ops  # the ops come from the model's own MLA module
 
 
-def test_drafts_under_attention_data_parallelism_are_refused():
-    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, num_speculative_tokens=1,
-                          tensor_parallel_size=1, expert_parallel_size=8,
-                          data_parallel_size=8)
-    with pytest.raises(ValueError, match=r"num_speculative_tokens: speculative decoding under "
-                                         r"attention data parallelism \(data_parallel_size 8\) "
-                                         r"is not simulated"):
-        simulated_engine(DEEPSEEK, "B200", RooflinePredictor("B200"), config)
+def test_under_attention_data_parallelism_each_group_drafts_and_the_slowest_step_counts():
+    # 2 groups of tiny-deepseek-v3 (a dense layer, then a MoE one), one draft accepted with
+    # 0.8: every group's step adds its drafter's pass over its own tokens (PerToken prices a
+    # group by its own tokens); the step lasts as long as the slowest group's; each decode
+    # yields 1.8 tokens on average
+    model = ModelSpec.from_config(ModelConfig.preset("tiny-deepseek-v3"), name="tiny-dsv3")
+    L, k, n, output = model.config.num_layers, 1, 16, 200
+    config = EngineConfig(block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
+                          max_model_len=512, num_kv_blocks=200, num_speculative_tokens=k,
+                          draft_acceptance_rate=0.8, data_parallel_size=2)
+    trace = _closed_loop(model, config, PerToken(), n=n, output=output, concurrency=8)
+    decodes = [s for s in trace.steps if s.num_prefill_tokens == 0]
+    assert decodes
+    for step in decodes:  # both groups decode 4 sequences: either one is the slowest
+        B = step.num_seqs // 2
+        target = B * (k + 1) * L * 1e-6 + B * (k + 1) * 1e-5 + 1e-3
+        drafter = B * (k + 1) * 1e-6 + B * (k + 1) * 1e-5
+        assert step.seconds == pytest.approx(target + drafter, rel=1e-12)
+    decoded = sum(s.num_decode_tokens // (k + 1) for s in trace.steps)
+    assert n * (output - 1) / decoded == pytest.approx(1.8, rel=0.01)
+    assert all(len(o.outputs[0].token_ids) == output for o in trace.outputs)

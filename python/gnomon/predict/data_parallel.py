@@ -14,7 +14,9 @@ iteration time is dominated by the slowest rank"). A group with nothing to run s
 MoE layers with a dummy batch, as the engines do; its step is never the slowest, so it is not
 priced. Every group's scheduler then takes its tokens at the step's end. A group whose step is
 a plain decode takes it without a batch (`Scheduler.begin_decode`), and batch waiting is off in
-the groups, as TensorRT-LLM's executor skips it under attention DP.
+the groups, as TensorRT-LLM's executor skips it under attention DP. Under speculative decoding
+each group has its own `gnomon.predict.simulated.Drafter`, whose passes add to that group's
+step; the routed experts of its one-token passes see every group's sampling sequences.
 
 Balance (TensorRT-LLM's ``attention_dp_config``: ``enable_balance``, ``timeout_iters``,
 ``batching_wait_iters``; `AttentionDpBalance`): every group's prompt work waits until every group
@@ -43,7 +45,7 @@ from gnomon.engine.parallel import check_dp, check_ep, check_tp
 from gnomon.engine.sequence import Request, SampleDelta
 
 from .shapes import ModelSpec, StepShape
-from .simulated import StepRecord, VirtualClock, filler_token, sampled, track
+from .simulated import Drafter, StepRecord, VirtualClock, filler_token, sampled, track
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,10 @@ class DataParallelRunner:
     keep_batches = False
 
     def __init__(self, model: ModelSpec, predictor, clock: VirtualClock, *, tp: int, ep: int,
-                 dp: int) -> None:
+                 dp: int, num_speculative_tokens: int = 0,
+                 draft_acceptance_rate: float = 0.0) -> None:
+        """With ``num_speculative_tokens`` k > 0, a `Drafter` per group (k drafts accepted
+        with ``draft_acceptance_rate``), whose passes add to that group's step."""
         self.model, self.predictor, self.clock = model, predictor, clock
         self.tp = check_tp(model.config, tp, "tp")
         self.dp = check_dp(model.config, dp)
@@ -72,37 +77,55 @@ class DataParallelRunner:
         self.token = filler_token(model)
         self.known = [set() for _ in range(self.dp)]
         self.steps: List[StepRecord] = []
+        self.drafters = ([Drafter(model, num_speculative_tokens, draft_acceptance_rate)
+                          for _ in range(self.dp)] if num_speculative_tokens else None)
 
     def execute(self, work: Sequence[Union[ScheduledBatch, Tuple]]) -> List[StepOutput]:
         """Every group's output of the step, the clock advanced by the slowest group's time. A
         group's work is its `ScheduledBatch`, or the ``(1, context_len)`` pairs of a plain
         decode step (`Scheduler.begin_decode`), whose sequences all sample."""
         shapes = []
-        for known, w in zip(self.known, work):
+        for g, (known, w) in enumerate(zip(self.known, work)):
             if isinstance(w, ScheduledBatch):
                 track(known, w)
                 if not w.is_empty:
                     shapes.append((w.num_prefill_tokens, w.num_decode_tokens,
-                                   len(w.sequences), w))
+                                   len(w.sequences), w, g))
             elif w:
-                shapes.append((0, len(w), len(w), w))
+                shapes.append((0, len(w), len(w), w, g))
         if not shapes:
             return [StepOutput(())] * len(work)
         prefill = sum(s[0] for s in shapes)
         decode = sum(s[1] for s in shapes)
         X = prefill + decode
-        cost = max((self.predictor.predict(
-            StepShape.from_batch(w, self.model, self.tp, self.ep, self.dp, X)
-            if isinstance(w, ScheduledBatch) else
-            StepShape(self.model, w, n, 0, n, self.tp, self.ep, self.dp, X))
-            for _, _, n, w in shapes), key=lambda c: c.seconds)
+        drafters = self.drafters
+        samples = sum(sum(q.is_last_prefill_chunk for q in w.sequences)
+                      for *_, w, _ in shapes) if drafters else 0
+        seconds, breakdown = -1.0, {}
+        for _, _, n, w, g in shapes:
+            shape = (StepShape.from_batch(w, self.model, self.tp, self.ep, self.dp, X)
+                     if isinstance(w, ScheduledBatch) else
+                     StepShape(self.model, w, n, 0, n, self.tp, self.ep, self.dp, X))
+            cost = self.predictor.predict(shape)
+            group = (cost.seconds, cost.breakdown)
+            if drafters:  # a plain decode never drafts (`Scheduler.plain_decode_steps`)
+                group = drafters[g].add_cost(self.predictor, w, shape, *group, samples)
+            if group[0] > seconds:
+                seconds, breakdown = group
         start = self.clock()
-        self.clock.advance(cost.seconds)
-        self.steps.append(StepRecord(start, cost.seconds, cost.breakdown, prefill, decode,
+        self.clock.advance(seconds)
+        self.steps.append(StepRecord(start, seconds, breakdown, prefill, decode,
                                      sum(s[2] for s in shapes)))
-        return [StepOutput(sampled(w, self.token), cost.seconds, cost.breakdown)
-                if isinstance(w, ScheduledBatch) and not w.is_empty else StepOutput(())
-                for w in work]
+        out = []
+        for g, w in enumerate(work):
+            if not isinstance(w, ScheduledBatch) or w.is_empty:
+                out.append(StepOutput(()))
+                continue
+            tokens = sampled(w, self.token)
+            if drafters:
+                tokens = drafters[g].accepted(w, tokens)
+            out.append(StepOutput(tokens, seconds, breakdown))
+        return out
 
     def idle(self) -> None:
         """Nothing to reset: predicted steps carry no wall time."""

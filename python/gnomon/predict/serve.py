@@ -64,9 +64,6 @@ def simulated_engine(model: ModelSpec, hardware, predictor,
                   config.data_parallel_size)
     check_tp(model.config, tp, "tp")
     check_dp(model.config, dp)
-    if dp > 1 and config.num_speculative_tokens:
-        raise ValueError(f"num_speculative_tokens: speculative decoding under attention data "
-                         f"parallelism (data_parallel_size {dp}) is not simulated")
     if dp > 1 and keep_batches:
         raise ValueError("keep_batches: a data-parallel simulation records its steps without "
                          "their batches")
@@ -80,7 +77,9 @@ def simulated_engine(model: ModelSpec, hardware, predictor,
             enable_hybrid_kv=config.enable_hybrid_kv, kv_memory=kv_memory, dp=dp)
     clock = VirtualClock()
     if dp > 1:
-        runner = DataParallelRunner(model, predictor, clock, tp=tp, ep=ep, dp=dp)
+        runner = DataParallelRunner(model, predictor, clock, tp=tp, ep=ep, dp=dp,
+                                    num_speculative_tokens=config.num_speculative_tokens,
+                                    draft_acceptance_rate=config.draft_acceptance_rate)
     else:
         runner = SimulatedRunner(model, predictor, clock, tp=tp, ep=ep,
                                  keep_batches=keep_batches,

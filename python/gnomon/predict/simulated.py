@@ -179,6 +179,8 @@ class SimulatedRunner:
     def __init__(self, model: ModelSpec, predictor, clock: VirtualClock, *, tp: int = 1,
                  ep: int = 1, keep_batches: bool = False, num_speculative_tokens: int = 0,
                  draft_acceptance_rate: float = 0.0) -> None:
+        """With ``num_speculative_tokens`` k > 0, a `Drafter` of k drafts accepted with
+        ``draft_acceptance_rate``."""
         if not isinstance(model, ModelSpec):
             raise TypeError(f"model: expected a ModelSpec, got {type(model).__name__}")
         if not callable(getattr(predictor, "predict", None)):
@@ -191,15 +193,8 @@ class SimulatedRunner:
         self.keep_batches = bool(keep_batches)
         self.known: Set[int] = set()
         self.steps: List[StepRecord] = []
-        self.drafts = int(num_speculative_tokens)
-        if self.drafts:  # one decoder layer of the target's shape, its last (module docstring)
-            c = model.config
-            self.drafter = replace(model, name=f"{model.name} drafter", config=replace(
-                c, num_layers=1, layer_types=c.layer_types[-1:], first_dense_layers=0,
-                dense_intermediate_size=0))
-            a = float(draft_acceptance_rate)
-            self.acceptance_length = sum(a ** i for i in range(self.drafts + 1))
-            self.credit: Dict[int, float] = {}
+        self.drafter = (Drafter(model, num_speculative_tokens, draft_acceptance_rate)
+                        if num_speculative_tokens else None)
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         track(self.known, batch)
@@ -209,51 +204,14 @@ class SimulatedRunner:
         cost = self.predictor.predict(shape)
         seconds, breakdown = cost.seconds, cost.breakdown
         tokens = sampled(batch, self.token)
-        if self.drafts:
-            seconds, breakdown = self.draft(batch, shape, seconds, breakdown)
-            tokens = self.accepted(batch, tokens)
+        if self.drafter is not None:
+            seconds, breakdown = self.drafter.add_cost(self.predictor, batch, shape, seconds,
+                                                       breakdown)
+            tokens = self.drafter.accepted(batch, tokens)
         start = self.clock()
         self.clock.advance(seconds)
         self.steps.append(StepRecord.of(start, batch, seconds, breakdown, self.keep_batches))
         return StepOutput(tokens, seconds, breakdown)
-
-    def draft(self, batch: ScheduledBatch, shape: StepShape, seconds: float,
-              breakdown: Dict[str, float]):
-        """The step's seconds and breakdown with the drafter's passes added (module
-        docstring): once over `shape`'s tokens, then ``k - 1`` times over one token per
-        sequence of `batch` that samples."""
-        passes = [(replace(shape, model=self.drafter), 1)]
-        ends = [s.num_computed_tokens + len(s.token_ids) + s.num_draft_tokens
-                for s in batch.sequences if s.is_last_prefill_chunk]
-        if self.drafts > 1 and ends:
-            one = tuple([(1, e) for e in ends])
-            passes.append((StepShape(self.drafter, one, len(one), 0, len(one), self.tp,
-                                     self.ep), self.drafts - 1))
-        breakdown = dict(breakdown)
-        for draft_shape, times in passes:
-            cost = self.predictor.predict(draft_shape)
-            for family, part in cost.breakdown.items():
-                if family != "overhead":
-                    breakdown[family] = breakdown.get(family, 0.0) + times * part
-                    seconds += times * part
-        return seconds, breakdown
-
-    def accepted(self, batch: ScheduledBatch, tokens):
-        """Each decode's accepted drafts and the token after them (module docstring)."""
-        credit, length, token = self.credit, self.acceptance_length, self.token
-        for seq_id in batch.finished_seq_ids:
-            credit.pop(seq_id, None)
-        out = list(tokens)
-        for i, s in enumerate(batch.sequences):
-            if s.num_draft_tokens and out[i] is not None:
-                have = credit.get(s.seq_id)
-                if have is None:
-                    have = (s.seq_id * 0.6180339887498949) % 1.0
-                have += length
-                m = min(max(int(math.floor(have)), 1), 1 + s.num_draft_tokens)
-                credit[s.seq_id] = have - m
-                out[i] = (token,) * m
-        return tuple(out)
 
     def execute_decode(self, pairs) -> None:
         """A plain decode step without a batch (`Scheduler.begin_decode`'s ``(1, context_len)``
@@ -271,6 +229,65 @@ class SimulatedRunner:
     def execute_logits(self, batch: ScheduledBatch):
         raise NotImplementedError("a simulated runner computes no logits (it has no weights); "
                                   "LLM.score needs a real model")
+
+
+class Drafter:
+    """Speculative decoding's drafter in a simulation (module docstring): `model`'s last layer
+    as ``model``, ``k`` drafts, each accepted with `rate` when those before it were, and each
+    sequence's running credit of accepted tokens (one `Drafter` per scheduler: the credits go
+    by sequence id)."""
+
+    def __init__(self, model: ModelSpec, k: int, rate: float) -> None:
+        c = model.config
+        self.model = replace(model, name=f"{model.name} drafter", config=replace(
+            c, num_layers=1, layer_types=c.layer_types[-1:], first_dense_layers=0,
+            dense_intermediate_size=0))
+        self.k = int(k)
+        self.acceptance_length = sum(float(rate) ** i for i in range(self.k + 1))
+        self.token = filler_token(model)
+        self.credit: Dict[int, float] = {}
+
+    def add_cost(self, predictor, batch: ScheduledBatch, shape: StepShape, seconds: float,
+                 breakdown: Dict[str, float], dp_samples: int = 0):
+        """`seconds` and `breakdown` (the target's step, `shape`) with the drafter's passes
+        added: once over `shape`'s tokens, then ``k - 1`` times over one token per sequence of
+        `batch` that samples; under attention data parallelism the routed experts of those
+        passes see `dp_samples`, every group's sampling sequences. Their engine overhead is
+        left out: the one step carries it."""
+        passes = [(replace(shape, model=self.model), 1)]
+        ends = [s.num_computed_tokens + len(s.token_ids) + s.num_draft_tokens
+                for s in batch.sequences if s.is_last_prefill_chunk]
+        if self.k > 1 and ends:
+            one = tuple([(1, e) for e in ends])
+            passes.append((StepShape(self.model, one, len(one), 0, len(one), shape.tp,
+                                     shape.ep, shape.dp, dp_samples if shape.dp > 1 else 0),
+                           self.k - 1))
+        breakdown = dict(breakdown)
+        for draft_shape, times in passes:
+            cost = predictor.predict(draft_shape)
+            for family, part in cost.breakdown.items():
+                if family != "overhead":
+                    breakdown[family] = breakdown.get(family, 0.0) + times * part
+                    seconds += times * part
+        return seconds, breakdown
+
+    def accepted(self, batch: ScheduledBatch, tokens):
+        """`tokens` (`sampled`'s) with each decode's entry the accepted drafts and the token
+        after them (module docstring)."""
+        credit, length, token = self.credit, self.acceptance_length, self.token
+        for seq_id in batch.finished_seq_ids:
+            credit.pop(seq_id, None)
+        out = list(tokens)
+        for i, s in enumerate(batch.sequences):
+            if s.num_draft_tokens and out[i] is not None:
+                have = credit.get(s.seq_id)
+                if have is None:
+                    have = (s.seq_id * 0.6180339887498949) % 1.0
+                have += length
+                m = min(max(int(math.floor(have)), 1), 1 + s.num_draft_tokens)
+                credit[s.seq_id] = have - m
+                out[i] = (token,) * m
+        return tuple(out)
 
 
 class TimedRunner:
