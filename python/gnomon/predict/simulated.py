@@ -7,11 +7,11 @@ every sequence that samples. Workloads run with ``ignore_eos=True`` and ``max_to
 each request's output length, so requests end exactly where the workload says.
 
 Speculative decoding (``num_speculative_tokens`` k, `gnomon.engine.scheduler`'s policy): the
-drafter is one more decoder layer of the target's shape, its last, with the target's embedding
-and lm_head, as DeepSeek-V3's multi-token-prediction module is (its ``eh_proj``, a
-``2 x hidden`` to ``hidden`` projection, is left out: under 1% of the layer's weights, a few
-percent of what a small decode reads of them). Each step
-it runs once over the step's tokens, as the target does (its own KV for every position), then
+drafter (`Drafter`) is one more decoder layer of the target's shape, its last, with the
+target's embedding and lm_head, as DeepSeek-V3's multi-token-prediction module is (its
+``eh_proj``, a ``2 x hidden`` to ``hidden`` projection, is left out: under 1% of the layer's
+weights, a few percent of what a small decode reads of them). Each step it runs once over the
+step's tokens, as the target does (its own KV for every position), then
 ``k - 1`` more times over one token per sequence that samples, TensorRT-LLM's MTP-Eagle way of
 reusing one module for k drafts; a step costs the target's prediction plus those passes' (their
 engine overhead left out: the one step carries it). Each draft is accepted with
