@@ -36,8 +36,10 @@ topk, num_experts, moe_tp_size, moe_ep_size, moe_dtype, distribution, latency in
   ``moe``: per engine and math (the dtypes as gnomon prices them: ``fp8_block`` is fp8, or
   per-tensor ``fp8`` in a table without block-scaled rows: the FP8 MoE checkpoints gnomon
   serves, DeepSeek's, MiniMax's and Qwen3's, are block-scaled, and the two kernels' rates differ
-  by up to 2x at prefill's token counts; ``nvfp4`` is fp4, ``w4a16_mxfp4`` and ``int4_wo``
-  w4a16, ``w4a8_mxfp4_mxfp8`` w4a8), its newest table with such rows: the rows of balanced
+  by up to 2x at prefill's token counts; ``nvfp4`` is fp4, ``int4_wo`` w4a16 (INT4 weights,
+  bf16 activations: Kimi-K2.5's experts), ``w4a16_mxfp4`` w4a16_fp4 (MXFP4 weights run
+  weight-only, as gpt-oss's on Hopper: another kernel, whose rate at prefill's token counts is
+  not INT4's), ``w4a8_mxfp4_mxfp8`` w4a8), its newest table with such rows: the rows of balanced
   routing, no expert parallelism and moe_tp_size <= 8. Balanced routing touches
   ``min(num_tokens x topk, num_experts)`` experts of ``3 x hidden x inter / moe_tp`` weights
   each (gate, up and down), at the dtype's bits per weight (`MOE_BITS`), and runs ``2 x 3 x
@@ -96,7 +98,7 @@ GPU_COUNTS = (2, 4, 8)
 # a table's MoE dtypes as the math gnomon prices them in, and their bits per weight (NVFP4: a
 # scale byte per 16 codes; MXFP4: one per 32; INT4: a bf16 scale per 128)
 MOE_MATH = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4",
-            "w4a16_mxfp4": "w4a16", "int4_wo": "w4a16", "w4a8_mxfp4_mxfp8": "w4a8"}
+            "w4a16_mxfp4": "w4a16_fp4", "int4_wo": "w4a16", "w4a8_mxfp4_mxfp8": "w4a8"}
 MOE_BITS = {"bfloat16": 16.0, "fp8": 8.0, "fp8_block": 8.0, "nvfp4": 4.5, "w4a16_mxfp4": 4.25,
             "int4_wo": 4.125, "w4a8_mxfp4_mxfp8": 4.25}
 MOE_TOKENS_PER_EXPERT = 8

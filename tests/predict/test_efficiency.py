@@ -258,7 +258,7 @@ def test_giving_the_ring_models_figures_prices_the_allreduce_with_them():
 def test_every_fitted_kernel_names_its_fit_and_stays_within_the_peak(kind):
     tables = {k: v for k, v in efficiency._data()[kind].items() if k != "about"}
     assert {"H100 SXM", "H200", "B200"} <= set(tables)
-    maths = {"moe": ("bfloat16", "fp8", "fp4", "w4a16", "w4a8"),
+    maths = {"moe": ("bfloat16", "fp8", "fp4", "w4a16", "w4a16_fp4", "w4a8"),
              "decode_attention": ("bfloat16", "fp8")}[kind]
     for gpu, entry in tables.items():
         hw = hardware.gpu(gpu)
@@ -303,18 +303,19 @@ def test_a_fitted_kernel_comes_through_the_gpus_alias_and_a_bad_entry_names_itse
 
 
 def test_roofline_prices_the_engines_fused_moe_as_measured_in_the_math_the_experts_run_in():
-    """gpt-oss's MXFP4 experts run w4a16 on H100 (no FP4 math) and w4a8 on B200: each grouped
-    GEMM streams its weights at the fit's fraction of the HBM peak, runs its FLOPs at the fit's
-    fraction of the dense peak of that math (bf16 for w4a16, FP8 for w4a8) and adds half its
-    floor per layer, at a decode's four tokens and a prefill's 8,192 alike; without the engine,
-    the curves and the launch cost."""
+    """gpt-oss's MXFP4 experts run weight-only on H100 (no FP4 math: the engine's kernel for
+    FP4-coded weights, w4a16_fp4) and w4a8 on B200: each grouped GEMM streams its weights at the
+    fit's fraction of the HBM peak, runs its FLOPs at the fit's fraction of the dense peak of
+    that math (bf16 for w4a16_fp4, FP8 for w4a8) and adds half its floor per layer, at a
+    decode's four tokens and a prefill's 8,192 alike; without the engine, the curves and the
+    launch cost."""
     spec = ModelSpec.from_model("gpt-oss-120b")
     layers = spec.config.num_layers
     for requests in ([(1, 500)] * 4, [(8192, 0)]):
         ops = {o.name: o for o in step_ops(StepShape.of(spec, requests))}
         w13, w2 = ops["fused_moe[w13]"], ops["fused_moe[w2]"]
         assert w13.launches == w2.launches == layers
-        for gpu, math_, peak in (("H100", "w4a16", "bfloat16"), ("B200", "w4a8", "fp8")):
+        for gpu, math_, peak in (("H100", "w4a16_fp4", "bfloat16"), ("B200", "w4a8", "fp8")):
             hw = hardware.gpu(gpu)
             floor, memory, compute = efficiency.fitted_kernel("moe", hw, "vllm").maths[math_]
             p = RooflinePredictor(gpu, kernels="vllm")
@@ -335,6 +336,30 @@ def test_roofline_prices_the_engines_fused_moe_as_measured_in_the_math_the_exper
                                                   [(1, 500)])) if o.family == "gemm")
     assert RooflinePredictor("H100", kernels="vllm").op_seconds(dense) == \
         RooflinePredictor("H100").op_seconds(dense)  # dense GEMMs are not the MoE's
+
+
+def test_int4_and_fp4_experts_run_weight_only_each_at_its_own_measured_kernel():
+    """Kimi-K2.5's INT4 experts and gpt-oss's MXFP4 ones both run weight-only on H100, on two
+    kernels: the INT4 one is fitted on the table's int4_wo rows alone ("w4a16") and the FP4 one
+    on its w4a16_mxfp4 rows ("w4a16_fp4"), and each op is priced with its own. On B200 the INT4
+    experts keep theirs (the chip's FP4 math does not run INT4 weights)."""
+    kimi = ModelSpec.from_model("kimi-k2.5")
+    gpt = ModelSpec.from_model("gpt-oss-120b")
+    for gpu, spec, math_, table in (("H100", kimi, "w4a16", "(int4_wo)"),
+                                    ("H100", gpt, "w4a16_fp4", "(w4a16_mxfp4)"),
+                                    ("B200", kimi, "w4a16", "(int4_wo)")):
+        hw = hardware.gpu(gpu)
+        floor, memory, compute = efficiency.fitted_kernel("moe", hw, "vllm").maths[math_]
+        raw = efficiency._data()["moe"]["H100 SXM" if gpu == "H100" else gpu]["vllm"]
+        assert raw["maths"][math_]["table"].endswith(table)
+        op = next(o for o in step_ops(StepShape.of(spec, [(8192, 0)], tp=8))
+                  if o.name == "fused_moe[w13]")
+        assert RooflinePredictor(gpu, kernels="vllm").op_seconds(op) == pytest.approx(
+            op.bytes / (hw.hbm_tbps.value * 1e12 * memory)
+            + op.flops / (hw.bf16_tflops.value * 1e12 * compute) + op.launches * floor / 2,
+            rel=1e-9)
+    h100 = efficiency.fitted_kernel("moe", hardware.gpu("H100"), "vllm").maths
+    assert h100["w4a16"] != h100["w4a16_fp4"]
 
 
 def test_a_measured_moe_without_a_compute_fit_runs_its_flops_at_the_grouped_gemm_curve():

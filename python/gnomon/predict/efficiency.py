@@ -54,9 +54,10 @@ CURVES = ("gemm", "gemm_k", "gemm_memory", "gemm_memory_fp4", "grouped_gemm",
           "attention_prefill_d128", "attention_decode")
 DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "efficiency.json")
 # a fused MoE's math -> the dense peak its fitted ``compute`` is a fraction of (weight-only W4A16
-# runs bf16 math; W4A8, FP4 weights with FP8 activations, the FP8 peak)
+# runs bf16 math, INT4 weights ("w4a16") or FP4 ones ("w4a16_fp4", MXFP4 or NVFP4 experts on a
+# chip without FP4 math); W4A8, FP4 weights with FP8 activations, the FP8 peak)
 MOE_PEAK = {"bfloat16": "bfloat16", "fp8": "fp8", "fp4": "fp4", "w4a16": "bfloat16",
-            "w4a8": "fp8", "w8a16": "bfloat16"}
+            "w4a16_fp4": "bfloat16", "w4a8": "fp8", "w8a16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ class FittedKernel:
     memory, compute)``: one layer's call takes ``floor_s`` plus the bytes it streams at
     ``memory`` x the HBM peak plus its FLOPs at ``compute`` x the dense peak of `MOE_PEAK`'s
     math (0: no FLOP term). ``moe``: the fused MoE layer by its experts' math (``"bfloat16"``,
-    ``"fp8"``, ``"fp4"``, ``"w4a16"``, ``"w4a8"``) at every token count, the floor its kernels'
+    ``"fp8"``, ``"fp4"``, ``"w4a16"`` for INT4 weights, ``"w4a16_fp4"`` for FP4 weights run
+    weight-only, ``"w4a8"``) at every token count, the floor its kernels'
     fixed time (the top-k routing is not in it); ``decode_attention``: paged
     attention by the KV cache's dtype, the bytes its KV reads. `includes`: the ops of gnomon's
     count that the measured call performs too (the KV cache write, RoPE), so priced with it."""

@@ -67,6 +67,9 @@ _WEIGHT_ONLY = {"fp4": "w4a16", "fp8": "w8a16", "w4a16": "w4a16", "w4a8": "w4a16
 # mixed precision: the math the weights need the chip to have, and the math it runs in ("w4a8":
 # FP4 weights, FP8 activations, at the FP8 peak where the chip has FP4 math)
 _MIXED = {"w4a8": ("fp4", "fp8")}
+# the maths whose weights are FP4-coded (NVFP4, MXFP4): run weight-only, a fused MoE takes the
+# engine's kernel for such weights (efficiency.json's "w4a16_fp4"), not its INT4 one ("w4a16")
+_FP4_CODED = ("fp4", "w4a8")
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,8 @@ class RooflinePredictor:
     def _measured(self, op, attention, grouped):
         """``(floor_s, memory, FLOP/s or 0)`` of the engine's measured kernel for `op`, or None:
         the fused MoE's for experts in the math they run in on this chip (weight-only where it
-        lacks theirs), decode attention's for the KV cache's dtype."""
+        lacks theirs: FP4-coded weights on their own kernel, ``w4a16_fp4``, not INT4's), decode
+        attention's for the KV cache's dtype."""
         eff = self.efficiencies
         if attention and eff.attention is not None and op.kv_dtype:
             return eff.attention.maths.get(op.kv_dtype)  # its compute is 0: no FLOP term
@@ -251,6 +255,8 @@ class RooflinePredictor:
         if cached is None:
             cached = self._flops_per_s[op.compute] = self._best_flops(op.compute)
         math_ = cached[1] or op.compute
+        if math_ == "w4a16" and op.compute in _FP4_CODED:
+            math_ = "w4a16_fp4"
         fit = eff.moe.maths.get(math_)
         if fit is None:
             return None
