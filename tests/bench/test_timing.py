@@ -1,6 +1,8 @@
 """The sampler's stopping rule on a fake timer and clock, and exact quantile statistics."""
 
 import itertools
+import math
+from dataclasses import replace
 
 import pytest
 
@@ -58,6 +60,46 @@ def test_spread_that_settles_converges_once_under_the_threshold():
     ordered = sorted(run.samples_ns)
     assert relative_spread(ordered) <= 0.2
     assert relative_spread(sorted(run.samples_ns[:-1])) > 0.2 or len(run.samples_ns) == 3
+
+
+def test_a_wide_case_samples_past_the_time_limit_until_its_median_is_known():
+    """With a precision limit the time limit stops a pass only once its median's standard
+    error is within rel_precision; else it samples on, to the precision limit at most."""
+    durations = [1000, 2000]  # IQR / median stays near 0.67: never converged
+    clock = FakeClock()
+    settings = Sampling(min_samples=3, rel_spread=0.05, time_limit_s=1e-5, rel_precision=0.05,
+                        precision_limit_s=1.0)
+    run = sample(fake_op(clock, itertools.cycle(durations)), settings, clock=clock)
+    assert run.stopped == "time_limit" and sum(run.samples_ns) > 10_000
+    # it stopped at the first sample that made the median precise, past the time limit
+    assert timing.median_error(sorted(run.samples_ns)) <= 0.05
+    assert timing.median_error(sorted(run.samples_ns[:-1])) > 0.05
+    assert len(run.samples_ns) > 100
+    # the precision limit ends a pass that never gets there
+    clock = FakeClock()
+    capped = replace(settings, rel_precision=1e-6, precision_limit_s=1e-4)  # 100 000 ns
+    run = sample(fake_op(clock, itertools.cycle(durations)), capped, clock=clock)
+    assert run.stopped == "precision_limit"
+    assert sum(run.samples_ns) >= 100_000 > sum(run.samples_ns[:-1])
+    # without one, the time limit stops it as before
+    clock = FakeClock()
+    run = sample(fake_op(clock, itertools.cycle(durations)),
+                 replace(settings, precision_limit_s=None), clock=clock)
+    assert run.stopped == "time_limit" and sum(run.samples_ns[:-1]) < 10_000
+
+
+def test_the_median_error_is_the_robust_standard_error_of_a_median():
+    values = sorted([90.0, 100.0, 100.0, 110.0, 100.0, 95.0, 105.0, 100.0, 100.0])
+    iqr = quantile(values, 0.75) - quantile(values, 0.25)
+    assert timing.median_error(values) == pytest.approx(
+        math.sqrt(math.pi / 2) * iqr / 1.349 / math.sqrt(9) / 100.0)
+    assert Sampling(time_limit_s=0.4, precision_limit_s=2.0, rounds=4).per_round() == \
+        Sampling(time_limit_s=0.1, precision_limit_s=0.5, rounds=1)
+    assert timing.QUICK.precision_limit_s and timing.FULL.precision_limit_s
+    with pytest.raises(ValueError, match="precision_limit_s must be None or at least"):
+        Sampling(time_limit_s=1.0, precision_limit_s=0.5)
+    with pytest.raises(ValueError, match="rel_precision must be positive"):
+        Sampling(rel_precision=0)
 
 
 def test_sample_cap_stops_and_minimum_is_respected():

@@ -9,7 +9,13 @@
   timed region.
 - The sampler takes samples until the relative spread (IQR / median) falls under a threshold,
   once it has a minimum count, or until the case's time limit or the sample cap is reached,
-  and says which of these stopped it. Every raw sample is kept.
+  and says which of these stopped it. Every raw sample is kept. `QUICK` and `FULL` let the
+  time limit stop a case only once its median is known to 2% (its standard error); one whose
+  calls scatter widely, a collective on a busy machine, samples on to a longer limit. Such a
+  case had stopped at the time limit with 10-180 samples, and its runs' medians scattered by
+  6-11% between processes, as much as those few samples' sampling error of the median: the
+  samples, not the processes, were most of the noise (`bench/regression_gate.py`'s pools;
+  the README gives the figures).
 - A run samples each case in ``rounds`` passes over all the cases (asv's rounds), each pass
   with the stopping rule above and its share of the time limit; the run's samples are the
   passes' together. A burst of interference on a shared machine (another process taking a
@@ -38,7 +44,14 @@ FALLBACK_LLC_BYTES = 256 << 20  # when the cache size cannot be read: larger tha
 class Sampling:
     """The sampler's settings: stop when IQR / median <= `rel_spread` with at least
     `min_samples`, or after `time_limit_s` of sampling, or at `max_samples`; each of a run's
-    `rounds` passes over the cases samples by that rule with ``time_limit_s / rounds``."""
+    `rounds` passes over the cases samples by that rule with ``time_limit_s / rounds``.
+
+    With `precision_limit_s`, the time limit stops a pass only once its median is known to
+    `rel_precision` (`median_error`); a pass whose median is not goes on until it is, or
+    until `precision_limit_s` (split over the rounds as the time limit is). A case whose calls
+    scatter widely (a collective, which ends when the later of its ranks arrives) would
+    otherwise stop at the time limit with a few samples, and its run's median would scatter
+    between runs by its sampling error alone."""
 
     min_samples: int = 20
     max_samples: int = 100_000
@@ -47,24 +60,32 @@ class Sampling:
     warmup_calls: int = 2
     warmup_s: float = 0.05
     rounds: int = 1
+    rel_precision: float = 0.02
+    precision_limit_s: Optional[float] = None
 
     def __post_init__(self):
         if self.min_samples < 1 or self.max_samples < self.min_samples:
             raise ValueError(f"Sampling: need 1 <= min_samples <= max_samples, got "
                              f"{self.min_samples}, {self.max_samples}")
-        if not self.rel_spread > 0 or not self.time_limit_s > 0:
-            raise ValueError("Sampling: rel_spread and time_limit_s must be positive")
+        if not self.rel_spread > 0 or not self.time_limit_s > 0 or not self.rel_precision > 0:
+            raise ValueError("Sampling: rel_spread, time_limit_s and rel_precision must be "
+                             "positive")
+        if self.precision_limit_s is not None and not self.precision_limit_s >= self.time_limit_s:
+            raise ValueError(f"Sampling: precision_limit_s must be None or at least "
+                             f"time_limit_s ({self.time_limit_s}), got {self.precision_limit_s}")
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
             raise ValueError(f"Sampling: rounds must be an integer >= 1, got {self.rounds!r}")
 
     def per_round(self) -> "Sampling":
-        """The rule of one of the `rounds` passes: its share of the time limit."""
-        return replace(self, time_limit_s=self.time_limit_s / self.rounds, rounds=1)
+        """The rule of one of the `rounds` passes: its share of the time limits."""
+        extended = self.precision_limit_s
+        return replace(self, time_limit_s=self.time_limit_s / self.rounds, rounds=1,
+                       precision_limit_s=None if extended is None else extended / self.rounds)
 
 
-FULL = Sampling(rounds=4)
+FULL = Sampling(rounds=4, precision_limit_s=10.0)
 QUICK = Sampling(min_samples=10, max_samples=2000, rel_spread=0.05, time_limit_s=0.15,
-                 warmup_calls=2, warmup_s=0.005, rounds=4)
+                 warmup_calls=2, warmup_s=0.005, rounds=4, precision_limit_s=1.5)
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -99,6 +120,14 @@ def relative_spread(sorted_values: Sequence[float]) -> float:
     return (quantile(sorted_values, 0.75) - quantile(sorted_values, 0.25)) / median
 
 
+def median_error(sorted_values: Sequence[float]) -> float:
+    """The standard error of the sorted values' median over the median: the large-sample
+    ``sqrt(pi / 2) sigma / sqrt(n)`` of a median, with sigma estimated robustly as
+    IQR / 1.349 (so 0.929 IQR / sqrt(n))."""
+    return math.sqrt(math.pi / 2) / 1.349 * relative_spread(sorted_values) \
+        / math.sqrt(len(sorted_values))
+
+
 @dataclass
 class SampleRun:
     samples_ns: List[int]
@@ -130,8 +159,13 @@ def sample(one_sample: Callable[[], int], settings: Sampling,
             return SampleRun(samples, "converged", spread)
         if len(samples) >= settings.max_samples:
             return SampleRun(samples, "max_samples", spread)
-        if clock() - start >= limit_ns:
-            return SampleRun(samples, "time_limit", spread)
+        elapsed = clock() - start
+        if elapsed >= limit_ns:
+            if settings.precision_limit_s is None \
+                    or median_error(ordered) <= settings.rel_precision:
+                return SampleRun(samples, "time_limit", spread)
+            if elapsed >= settings.precision_limit_s * 1e9:
+                return SampleRun(samples, "precision_limit", spread)
 
 
 def warm_up(call: Callable[[], Any], settings: Sampling, sync: Callable[[], None],
