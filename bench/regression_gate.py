@@ -7,8 +7,9 @@ of the same code; a slowdown is planted by multiplying every sample and stat of 
 head's runs by a factor. Each scenario is repeated ``--repeats`` times over fresh random deals,
 each into a fresh SQLite store, through the same `compare` the CLI runs:
 
-- A/A, 3 runs a side: the keys flagged REGRESSION or IMPROVEMENT (false alarms), and the
-  keys left AMBIGUOUS;
+- A/A, 3 runs a side: the keys flagged REGRESSION or IMPROVEMENT (false alarms), the keys
+  left AMBIGUOUS, and how many deals `compare` would exit 0 (pass), 1 (a REGRESSION) or 3
+  (AMBIGUOUS) on, which is what a CI job running it sees;
 - A/A, 1 run a side with `stats.HISTORY_COMMITS` (16) earlier commits of 1 run as history: the
   same;
 - 1.5x planted, 3 runs a side, and 1 run a side with history: is the key a REGRESSION;
@@ -117,9 +118,11 @@ def main(argv=None) -> int:
                  ("1.10x, 1 run a side + history", dict(side=1, history=True), 1.10)]
         for name, kw, factor in plans:
             flagged, ambiguous, caught, missed = Counter(), Counter(), 0, Counter()
+            exits = Counter()
             for _ in range(args.repeats):
                 key = rng.choice(keys) if factor else None
                 verdicts = scenario(doc, rng, folder, slow_key=key, factor=factor or 1.0, **kw)
+                exits[comparison.exit_code(verdicts.values())] += 1
                 others = {k: v for k, v in verdicts.items() if k != key}
                 flagged.update(f"{k}: {v}" for k, v in others.items()
                                if v in (stats.REGRESSION, stats.IMPROVEMENT))
@@ -132,14 +135,17 @@ def main(argv=None) -> int:
             row = {"false_alarm_keys": sum(flagged.values()),
                    "false_alarms_by_key": dict(flagged.most_common()),
                    "ambiguous_keys": sum(ambiguous.values()),
-                   "ambiguous_by_key": dict(ambiguous.most_common())}
+                   "ambiguous_by_key": dict(ambiguous.most_common()),
+                   "exit_codes": {str(code): exits[code] for code in (0, 1, 3)}}
             if factor:
                 row.update(planted_caught=caught, missed=dict(missed))
             figures["scenarios"][name] = row
             print(f"{name:32s} over {args.repeats} deals: {sum(flagged.values())} false alarm(s), "
                   f"{sum(ambiguous.values())} AMBIGUOUS key(s)"
                   + (f", planted slowdown a REGRESSION in {caught} of {args.repeats}"
-                     if factor else ""), flush=True)
+                     if factor else "")
+                  + f"; compare exits 0 / 1 / 3 in {exits[0]} / {exits[1]} / {exits[3]}",
+                  flush=True)
             for what, n in (list(flagged.items()) + list(missed.items())
                             + list(ambiguous.most_common(3))):
                 print(f"    {n} x {what}")

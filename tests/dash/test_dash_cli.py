@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from dash.synthetic import KEYS, document, sha, write
 from gnomon import cli
-from gnomon.dash import site_data, store
+from gnomon.dash import comparison, site_data, store
 
 SLOW_KEY = "attention/paged_attention[batch=8,ctx=1024]"
 FAST_KEY = "norm/rms_norm[tokens=512,hidden=4096]"
@@ -121,6 +121,15 @@ def test_keys_at_one_commit_only_are_new_or_gone_and_do_not_fail(db, tmp_path, c
     assert dash(db, "compare", sha("hn"), sha("bn")) == 0
     assert "GONE" in next(line for line in capsys.readouterr().out.splitlines()
                           if "extra/new_case" in line)
+
+
+def test_the_exit_status_is_the_worst_verdict_and_only_ambiguity_can_be_allowed():
+    exit_code = comparison.exit_code
+    passing = ["SAME", "IMPROVEMENT", "NEW", "GONE"]
+    assert exit_code(passing) == 0 and exit_code([]) == 0
+    assert exit_code([*passing, "AMBIGUOUS"]) == 3
+    assert exit_code([*passing, "AMBIGUOUS"], allow_ambiguous=True) == 0
+    assert exit_code(["AMBIGUOUS", "REGRESSION"], allow_ambiguous=True) == 1
 
 
 def test_compare_usage_errors_exit_2(db, two_commits, tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -120,6 +121,17 @@ def test_a_change_within_a_keys_noise_is_ambiguous_and_named():
     assert out[0].ratio == pytest.approx(1.1194, rel=1e-3)
     assert out[0].verdict == stats.AMBIGUOUS and out[0].q > stats.ALPHA
     assert "within this key's noise" in out[0].note and "record more runs" in out[0].note
+
+
+def test_an_ambiguous_note_gives_the_change_its_runs_would_confirm():
+    base = [100.0, 110.0, 90.0]
+    out = stats.judge({"noisy": (base, [x * 1.12 for x in base])})[0]
+    assert out.verdict == stats.AMBIGUOUS
+    reach = float(re.search(r"confirm a change only beyond ([0-9.]+)x", out.note).group(1))
+    assert reach > 1.12
+    # the same runs moved by just beyond that ratio are a regression, just short of it not
+    for factor, verdict in ((reach * 1.01, stats.REGRESSION), (reach * 0.99, stats.AMBIGUOUS)):
+        assert stats.judge({"noisy": (base, [x * factor for x in base])})[0].verdict == verdict
 
 
 def test_run_effects_are_what_every_key_shares():

@@ -17,12 +17,19 @@
   samples, not the processes, were most of the noise (`bench/regression_gate.py`'s pools;
   the README gives the figures).
 - A run samples each case in ``rounds`` passes over all the cases (asv's rounds), each pass
-  with the stopping rule above and its share of the time limit; the run's samples are the
-  passes' together. A burst of interference on a shared machine (another process taking a
-  core for some milliseconds) then falls on one pass of a case rather than on every sample
-  the run has of it, so the run's median holds: on this 2-core machine the per-run scatter
-  of the short cases (a norm or a cache write timed in under a millisecond) came mostly from
-  whole runs shifted by such bursts (`bench/regression_gate.py`).
+  with the stopping rule above and its share of the time limit, on inputs built for it; the
+  run's samples are the passes' together. A burst of interference on a shared machine
+  (another process taking a core for some milliseconds) then falls on one pass of a case
+  rather than on every sample the run has of it, and one allocation's placement decides one
+  pass, not the run. `QUICK` takes 16 passes, not 4: the passes are independent windows of
+  the machine's state (within one run, a collective's quarter-run medians scattered twice as
+  much as its whole runs' medians, as four independent windows would), so a run's value is
+  as steady as the number of windows it averages. On this 2-core machine, 48 `--quick` runs
+  of each, alternated run by run, scattered by 3.5 % instead of 4.9 % over the 18 kernels
+  (16 of them lower; the root mean square of each key's standard deviation of the log, the
+  runs' common part out) and 4.8 % instead of 5.0 % over the 4 collectives (one all-gather
+  6.4 -> 3.7 %, another 5.3 -> 7.2 %); a run took about 15 s instead of 9
+  (`bench/regression_gate.py`'s pools; the README gives the gate's figures). `FULL` keeps 4.
 """
 
 from __future__ import annotations
@@ -85,7 +92,7 @@ class Sampling:
 
 FULL = Sampling(rounds=4, precision_limit_s=10.0)
 QUICK = Sampling(min_samples=10, max_samples=2000, rel_spread=0.05, time_limit_s=0.15,
-                 warmup_calls=2, warmup_s=0.005, rounds=4, precision_limit_s=1.5)
+                 warmup_calls=2, warmup_s=0.005, rounds=16, precision_limit_s=1.5)
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:

@@ -12,8 +12,6 @@ from gnomon.dash import comparison as compare_mod
 from gnomon.dash import history, store
 from gnomon.dash.store import DashError
 
-EXIT_AMBIGUOUS = 3  # compare: no REGRESSION, but a key the evidence cannot judge
-
 
 def parse_threshold(text: str, what: str = "--threshold") -> float:
     """'5%' or '0.05' -> 0.05; anything else is refused."""
@@ -84,9 +82,8 @@ def run(args) -> int:  # noqa: ANN001 - argparse.Namespace
                 except OSError as error:
                     raise DashError(f"--markdown {args.markdown!r}: cannot write: "
                                     f"{error.strerror or error}") from None
-            if result.regressions:
-                return 1
-            return EXIT_AMBIGUOUS if result.ambiguous and not args.allow_ambiguous else 0
+            return compare_mod.exit_code([row.verdict for row in [*result.rows, *result.accuracy]],
+                                         args.allow_ambiguous)
         if command == "history":
             found = history.update_history(engine, **thresholds)
             history.render_history(found, console)

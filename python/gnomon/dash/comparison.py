@@ -19,6 +19,20 @@ from gnomon.dash.store import (SIMULATION, DashError, accuracy, benchmarks, mach
                                run_value, runs, steps)
 
 
+EXIT_REGRESSION = 1
+EXIT_AMBIGUOUS = 3  # no REGRESSION, but a key the evidence cannot judge
+
+
+def exit_code(verdicts, allow_ambiguous: bool = False) -> int:
+    """`gnomon dash compare`'s exit status for its rows' `verdicts`: 1 with a REGRESSION,
+    else 3 with an AMBIGUOUS one (unless `allow_ambiguous`), else 0. NEW, GONE, SAME and
+    IMPROVEMENT pass."""
+    verdicts = list(verdicts)
+    if stats.REGRESSION in verdicts:
+        return EXIT_REGRESSION
+    return EXIT_AMBIGUOUS if stats.AMBIGUOUS in verdicts and not allow_ambiguous else 0
+
+
 @dataclass
 class Comparison:
     base: str

@@ -59,7 +59,8 @@ Verdicts, with ``alpha = 0.01`` and ``threshold`` (default 5 %, overridable per 
 * ``IMPROVEMENT``: ``q < alpha`` for "head faster by more than the threshold".
 * ``SAME``: the change is within the threshold.
 * ``AMBIGUOUS``: the change crosses the threshold but is not confirmed beyond it (the key is
-  too noisy for that change at these runs: the note names it), the base's runs moved from its
+  too noisy for that change at these runs: the note names it, with the smallest change its
+  runs would confirm, `confirmable`), the base's runs moved from its
   history and are too few to measure the noise alone (one slow base run would otherwise
   hide a slowdown of the head as large as its own), the noise cannot be estimated
   (``df < MIN_DF``: one run on each side and no history), or the key moved with every key.
@@ -196,6 +197,15 @@ def _test(sides, prior: tuple[float, float], margin: float):
     return d, float(law.sf((d - margin) / se)), float(law.cdf((d + margin) / se)), total, s
 
 
+def confirmable(s: float, df: float, na: int, nb: int, margin: float, p: float) -> float:
+    """The smallest slowdown (a ratio) that runs of noise `s` (log, per run) on `df` degrees
+    of freedom, `na` and `nb` a side, confirm beyond `margin` (a log ratio) at p-value `p`:
+    `judge` takes ``p = alpha / keys``, what one change alone among that many keys must reach
+    for Benjamini-Hochberg's ``q < alpha``. Mirrored, its inverse is the smallest speed-up."""
+    law = _scipy_stats.norm if math.isinf(df) else _scipy_stats.t(df)
+    return math.exp(margin + float(law.isf(p)) * s * math.sqrt(1 / na + 1 / nb))
+
+
 def run_effects(medians: Mapping[tuple[int, str], float]) -> dict[int, float]:
     """{run: its log effect}: how much slower than usual a run was for every key at once,
     the median over the keys it timed of ``log median - the key's median log median`` over
@@ -317,8 +327,12 @@ def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],
             verdict = REGRESSION if slower else IMPROVEMENT
         else:
             verdict = AMBIGUOUS
+            _, _, _, na, nb = logs[key]
+            reach = confirmable(s, df, na, nb, math.log1p(t), alpha / len(judged))
             note = (f"a {ratio:.3g}x change within this key's noise ({s:.1%} per run, "
-                    f"q {q:.2g}); record more runs")
+                    f"q {q:.2g}): {len(a)} + {len(b)} runs"
+                    f"{f' and {past} from history' if past else ''} confirm a change only "
+                    f"beyond {reach if slower else 1 / reach:.3g}x; record more runs")
         verdicts.append(Verdict(key, base, head, ratio, q, verdict, len(a), len(b), t, note,
                                 past))
     return verdicts
