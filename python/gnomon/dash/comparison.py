@@ -47,10 +47,6 @@ class Comparison:
     def regressions(self) -> list:
         return [row for row in [*self.rows, *self.accuracy] if row.verdict == stats.REGRESSION]
 
-    @property
-    def ambiguous(self) -> list:
-        return [row for row in [*self.rows, *self.accuracy] if row.verdict == stats.AMBIGUOUS]
-
 
 def resolve_commit(conn: Connection, prefix: str) -> str:
     """The one stored commit that starts with ``prefix``; DashError if none or several."""
