@@ -42,21 +42,26 @@ estimated from, as conbench judges a new result against its baseline's distribut
   lend it the rest, so a key is neither trusted on 4 degrees of freedom nor judged by the
   others' noise where its own differs (``d0`` is small when the keys' noise differs). With
   history one run of each commit is enough; without it each side needs two.
-* **Test.** A one-sided two-sample t-test of "the head is slower by more than the threshold":
-  ``t = (log ratio - log(1 + threshold)) / (s sqrt(1/n_a + 1/n_b))``, its p-value from
-  Student's t with the moderated degrees of freedom; mirrored, "faster by more than the
-  threshold". A change is confirmed beyond the threshold, not merely confirmed and then found
-  beyond it: a run that fell into a slower state of the machine (one process in several is
-  10-15 % slower on some keys here) moves a key by about the threshold, which a test against
-  no change would call significant. Unlike a rank test it has no floor on the p-value three
-  runs can reach.
+* **Test.** A one-sided two-sample t-test of "the head is slower by more than the margin":
+  ``t = (log ratio - margin) / (s sqrt(1/n_a + 1/n_b))``, its p-value from Student's t with
+  the moderated degrees of freedom; mirrored, "faster by more than the margin". The margin
+  (`margin`) is what one run in a slower state of the machine can move its side's mean by:
+  such a run is up to ``SLOW_RUN`` (2) thresholds slower on a key (in four pools of 48
+  ``--quick`` runs, one run in three was more than 10 % slower than usual on some key, 2-3 %
+  of all run values; beyond 15 %, 0.4-1.1 %), which moves the mean of ``n`` runs by a
+  ``n``-th of that; the side with fewer runs decides, and the margin is never more than the
+  threshold itself. A test against no change would call such a run significant, since the
+  t-test's noise model has no tails that heavy; a test against the threshold alone leaves a
+  1.10x change with seven runs a side 4.7 % to stand out of the noise by, where this margin
+  leaves it 8.2 %. Unlike a rank test it has no floor on the p-value three runs can reach.
 * **Multiple keys.** Benjamini-Hochberg across all keys compared, separately for the
   regression family and the improvement family, gives each key a q-value.
 
 Verdicts, with ``alpha = 0.01`` and ``threshold`` (default 5 %, overridable per op):
 
-* ``REGRESSION``: ``q < alpha`` for "head slower by more than the threshold".
-* ``IMPROVEMENT``: ``q < alpha`` for "head faster by more than the threshold".
+* ``REGRESSION``: the change is beyond the threshold and ``q < alpha`` for "head slower by
+  more than the margin".
+* ``IMPROVEMENT``: likewise, faster.
 * ``SAME``: the change is within the threshold.
 * ``AMBIGUOUS``: the change crosses the threshold but is not confirmed beyond it (the key is
   too noisy for that change at these runs: the note names it, with the smallest change its
@@ -83,6 +88,7 @@ ALPHA = 0.01
 DEFAULT_THRESHOLD = 0.05
 MIN_RUNS = 3  # history's per-window rule (`gnomon.dash.history`)
 MIN_DF = 2  # compare: the fewest degrees of freedom the noise is estimated with
+SLOW_RUN = 2.0  # compare: a run in a slower state is up to this many thresholds slower
 HISTORY_COMMITS = 16  # compare: the latest commits before the base whose runs join its side
 RUN_VALUE = "min"  # the result column compare and history judge: the run's fastest sample
 RUN_VALUE_BY_SUITE = {"comm": "median"}  # ... except these suites': the collectives' median
@@ -197,6 +203,13 @@ def _test(sides, prior: tuple[float, float], margin: float):
     return d, float(law.sf((d - margin) / se)), float(law.cdf((d + margin) / se)), total, s
 
 
+def margin(threshold: float, na: int, nb: int) -> float:
+    """The log change `judge` confirms a change beyond, with `na` and `nb` runs a side: what
+    one run in a slower state (``SLOW_RUN`` thresholds) moves the mean of the side with fewer
+    runs by, at most the threshold's own (module docstring)."""
+    return min(math.log1p(threshold), math.log1p(SLOW_RUN * threshold) / max(1, min(na, nb)))
+
+
 def confirmable(s: float, df: float, na: int, nb: int, margin: float, p: float) -> float:
     """The smallest slowdown (a ratio) that runs of noise `s` (log, per run) on `df` degrees
     of freedom, `na` and `nb` a side, confirm beyond `margin` (a log ratio) at p-value `p`:
@@ -287,7 +300,7 @@ def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     logs = {key: _log_sides(*sides[key]) for key in keys}
     prior = noise_prior([ss / df if df else 0.0 for _, ss, df, _, _ in logs.values()],
                         [df for _, _, df, _, _ in logs.values()])
-    tests = {key: _test(logs[key], prior, math.log1p(thresholds.get(key, threshold)))
+    tests = {key: _test(logs[key], prior, margin(thresholds.get(key, threshold), *logs[key][3:]))
              for key in keys}
     judged = [k for k in keys if len(evidence[k][0]) and len(evidence[k][1])]
     q_reg = dict(zip(judged, benjamini_hochberg([tests[k][1] for k in judged])))
@@ -328,11 +341,12 @@ def judge(evidence: Mapping[str, tuple[Sequence[float], Sequence[float]]],
         else:
             verdict = AMBIGUOUS
             _, _, _, na, nb = logs[key]
-            reach = confirmable(s, df, na, nb, math.log1p(t), alpha / len(judged))
+            reach = confirmable(s, df, na, nb, margin(t, na, nb), alpha / len(judged))
+            reach = max(reach, 1 + t) if slower else min(1 / reach, 1 - t)
             note = (f"a {ratio:.3g}x change within this key's noise ({s:.1%} per run, "
                     f"q {q:.2g}): {len(a)} + {len(b)} runs"
                     f"{f' and {past} from history' if past else ''} confirm a change only "
-                    f"beyond {reach if slower else 1 / reach:.3g}x; record more runs")
+                    f"beyond {reach:.3g}x; record more runs")
         verdicts.append(Verdict(key, base, head, ratio, q, verdict, len(a), len(b), t, note,
                                 past))
     return verdicts
