@@ -30,6 +30,11 @@
   runs' common part out) and 4.8 % instead of 5.0 % over the 4 collectives (one all-gather
   6.4 -> 3.7 %, another 5.3 -> 7.2 %); a run took about 15 s instead of 9
   (`bench/regression_gate.py`'s pools; the README gives the gate's figures). `FULL` keeps 4.
+  On that machine a pass of a kernel on two threads runs either at its speed or at about
+  twice its time throughout (torch's OpenMP threads, spinning after the pass's input building,
+  take the vCPU gnomon's helper thread needs); the run's fastest sample comes from the passes
+  at speed. Running the runs with ``OMP_WAIT_POLICY=passive`` removed the slow passes but left
+  the runs' scatter as it was (48 runs of each, alternated: 3.65 % and 3.76 % over the kernels).
 """
 
 from __future__ import annotations

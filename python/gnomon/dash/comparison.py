@@ -340,6 +340,7 @@ def to_markdown(comparison: Comparison) -> str:
     lines += ["", "Verdicts (`gnomon.dash.stats`): a one-sided t-test on the log of each run's "
               "fastest sample, the runs' machine-wide effect taken out, the base's history on "
               "its side and the noise moderated across keys; Benjamini–Hochberg across keys, "
-              "q < 0.01 and the ratio beyond the threshold. A change the runs cannot confirm "
-              "is AMBIGUOUS."]
+              "q < 0.01 for a change beyond what one run in a slower state moves its side by, "
+              "and the ratio beyond the threshold. A change the runs cannot confirm is "
+              "AMBIGUOUS."]
     return "\n".join(lines) + "\n"
