@@ -63,9 +63,9 @@ Verdicts, with ``alpha = 0.01`` and ``threshold`` (default 5 %, overridable per 
   more than the margin".
 * ``IMPROVEMENT``: likewise, faster.
 * ``SAME``: the change is within the threshold.
-* ``AMBIGUOUS``: the change crosses the threshold but is not confirmed beyond it (the key is
-  too noisy for that change at these runs: the note names it, with the smallest change its
-  runs would confirm, `confirmable`), the base's runs moved from its
+* ``AMBIGUOUS``: the change crosses the threshold but is not confirmed beyond the margin (the
+  key is too noisy for that change at these runs: the note names it, with the smallest change
+  its runs would confirm, `confirmable`), the base's runs moved from its
   history and are too few to measure the noise alone (one slow base run would otherwise
   hide a slowdown of the head as large as its own), the noise cannot be estimated
   (``df < MIN_DF``: one run on each side and no history), or the key moved with every key.
