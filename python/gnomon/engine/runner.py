@@ -30,11 +30,12 @@ has one slot mapping and one block table per group. paged_attention applies a sl
 window when reading; with the hybrid cache the blocks behind it are released (-1 entries),
 without it they stay.
 
-`StepOutput.breakdown` is the step's time by op family (DESIGN.md): ``overhead`` (block copies
-and input prep), ``attention`` (reshape_and_cache, paged_attention), ``gemm`` (the projections,
-dense MLP and lm_head), ``moe`` (router, topk_routing, fused_moe), ``elementwise`` (embedding,
-norms, rotary, activation), ``communication`` (a tensor-parallel shard's all-reduces and
-gathers, and rank 0's broadcast of the batch; 0 on one rank) and ``sampling``.
+`StepOutput.breakdown` is the step's time by op family (DESIGN.md), adding up to it:
+``overhead`` (block copies, input prep and the call around them), ``attention``
+(reshape_and_cache, paged_attention), ``gemm`` (the projections, dense MLP and lm_head), ``moe``
+(router, topk_routing, fused_moe), ``elementwise`` (embedding, norms, rotary, activation),
+``communication`` (a tensor-parallel shard's all-reduces and gathers, and rank 0's broadcast of
+the batch; 0 on one rank) and ``sampling``.
 
 Tensor parallelism: given a `Shard` (`gnomon.engine.parallel`) and its `Collectives`
 (`gnomon.engine.distributed`), the runner holds one rank's weights and KV heads (``local``: the
@@ -370,9 +371,12 @@ class ModelRunner:
         """Runs one step and samples one token per sequence whose ``is_last_prefill_chunk``."""
         t0 = time.perf_counter()
         logits, breakdown = self.execute_logits(batch)
-        if batch.is_empty:
-            return StepOutput((), time.perf_counter() - t0, breakdown)
         t1 = time.perf_counter()
+        # what no family's charge saw (the call, inference mode's entry and exit) is overhead,
+        # so the families add up to the step
+        breakdown["overhead"] += (t1 - t0) - sum(breakdown.values())
+        if batch.is_empty:
+            return StepOutput((), t1 - t0, breakdown)
         # the logits' rows, in batch order: a sequence that samples, or returns its logits
         rows = [s for s in batch.sequences if s.is_last_prefill_chunk]
         drawn = [j for j, s in enumerate(rows) if not s.sampling_params.prompt_logits]
